@@ -1,0 +1,176 @@
+"""The ``trace-gym`` command line: parse, call the library, print.
+
+A mistake of the user's (an unknown id, a bad path, an unreachable endpoint)
+prints one line, ``trace-gym: error: ...``, and exits 2; never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Sequence
+
+from .errors import TraceGymError
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except TraceGymError as exc:
+        print(f"trace-gym: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("trace-gym: interrupted; finished episodes are saved, rerun with --resume to continue", file=sys.stderr)
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="trace-gym",
+        description="TRACE: capability-targeted training environments for tool-using agents.",
+    )
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND")
+
+    envs = sub.add_parser("envs", help="list and manage registered environments")
+    envs_sub = envs.add_subparsers(title="envs commands", metavar="COMMAND")
+    listing = envs_sub.add_parser("list", help="id, kind, target, capability and validation status of every env")
+    listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    listing.set_defaults(func=cmd_envs_list)
+    freeze = envs_sub.add_parser("freeze-tools", help="re-freeze a target's tool schemas into env_registry/<target>/tools.json")
+    freeze.add_argument("env_id")
+    freeze.set_defaults(func=cmd_envs_freeze)
+
+    roll = sub.add_parser("rollout", help="roll an agent out on an env and write trajectories to JSONL")
+    roll.add_argument("--env", required=True, help="env id, e.g. trace/tau2-retail-v0")
+    roll.add_argument("--agent", required=True, help="oracle or random")
+    roll.add_argument("--out", required=True, help="trajectory file (JSONL), appended as episodes finish")
+    roll.add_argument("--split", default=None, help="task split of the target (train, test, base); default: the env's")
+    roll.add_argument("--tasks", type=int, default=None, metavar="N", help="only the first N tasks of the split")
+    roll.add_argument("--task-ids", default=None, help="comma-separated task ids instead of a split")
+    roll.add_argument("--samples", type=int, default=1, metavar="K", help="episodes per task (for pass^k)")
+    roll.add_argument("--seed", type=int, default=0, help="run seed; each episode's seed derives from it")
+    roll.add_argument("--resume", action="store_true", help="continue a run: skip episodes already in --out")
+    roll.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+    roll.add_argument("--user", choices=["scripted", "llm"], default=None, help="τ² user simulator (default scripted)")
+    roll.add_argument("--user-model", default=None, help="model of the LLM user (or TRACE_GYM_USER_MODEL)")
+    roll.add_argument("--user-base-url", default=None, help="OpenAI-compatible base URL of the LLM user (or OPENAI_BASE_URL)")
+    roll.add_argument("--max-steps", type=int, default=None, help="agent actions per episode before truncation")
+    roll.add_argument("--json", action="store_true", help="print the summary as JSON")
+    roll.add_argument("--no-progress", action="store_true", help="no progress bar")
+    roll.set_defaults(func=cmd_rollout)
+
+    report = sub.add_parser("report", help="a table of pass rate and mean reward per trajectory file")
+    report.add_argument("files", nargs="+")
+    report.set_defaults(func=cmd_report)
+    return parser
+
+
+def cmd_envs_list(args: argparse.Namespace) -> int:
+    from .registry import discover
+
+    rows = [
+        {
+            "id": e.id,
+            "kind": e.kind,
+            "target": e.target or "",
+            "capability": e.capability.get("name", ""),
+            "status": e.validation_status(),
+        }
+        for e in discover().values()
+    ]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print(format_table(rows, ["id", "kind", "target", "capability", "status"]))
+    return 0
+
+
+def cmd_envs_freeze(args: argparse.Namespace) -> int:
+    from .freeze import freeze_tools
+
+    print(f"wrote {freeze_tools(args.env_id)}")
+    return 0
+
+
+def cmd_rollout(args: argparse.Namespace) -> int:
+    from trace_gym.agents import make_agent
+
+    from .registry import get_entry
+    from .rollout import rollout
+
+    entry = get_entry(args.env)  # an unknown id fails here, before any heavy import
+    env_kwargs: dict[str, Any] = {}
+    for key, value in (("user", args.user), ("user_model", args.user_model), ("user_base_url", args.user_base_url), ("max_steps", args.max_steps)):
+        if value is not None:
+            env_kwargs[key] = value
+    task_ids = [t.strip() for t in args.task_ids.split(",") if t.strip()] if args.task_ids else None
+    make_agent(args.agent)  # an unknown agent fails before the env is built
+    summary = rollout(
+        entry.id,
+        lambda: make_agent(args.agent, seed=args.seed),
+        args.out,
+        split=args.split,
+        task_ids=task_ids,
+        limit=args.tasks,
+        samples=args.samples,
+        seed=args.seed,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        env_kwargs=env_kwargs,
+        progress=False if args.no_progress else None,
+    )
+    if args.json:
+        print(json.dumps(summary.as_dict(), indent=2))
+        return 0
+    pass_k = ", ".join(f"pass^{k} {v:.3f}" for k, v in summary.pass_hat_k.items())
+    print(
+        f"{summary.agent} on {summary.env_id}: {summary.episodes} episodes"
+        + (f" ({summary.resumed} resumed)" if summary.resumed else "")
+        + f", pass rate {summary.successes / max(summary.episodes, 1):.3f} ({pass_k}), "
+        f"mean reward {summary.mean_reward:.3f}, wall {summary.wall_s:.1f}s -> {summary.out}"
+    )
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .rollout import summarize
+    from .store import read_trajectories
+
+    rows = []
+    for path in args.files:
+        trajectories = read_trajectories(path)
+        groups: dict[tuple[str, str], list] = {}
+        for t in trajectories:
+            groups.setdefault((t.agent, t.env_id), []).append(t)
+        for (agent, env_id), group in sorted(groups.items()):
+            s = summarize(group, env_id=env_id, agent=agent)
+            rows.append(
+                {
+                    "agent": agent,
+                    "env": env_id,
+                    "episodes": str(s.episodes),
+                    "pass rate": f"{s.successes / max(s.episodes, 1):.3f}",
+                    "mean reward": f"{s.mean_reward:.3f}",
+                    "file": path,
+                }
+            )
+    print(format_table(rows, ["agent", "env", "episodes", "pass rate", "mean reward", "file"]))
+    return 0
+
+
+def format_table(rows: list[dict[str, str]], columns: list[str]) -> str:
+    widths = {c: max([len(c), *(len(str(r.get(c, ""))) for r in rows)]) for c in columns}
+    line = lambda values: "  ".join(str(v).ljust(widths[c]) for c, v in zip(columns, values))  # noqa: E731
+    out = [line(columns), line(["-" * widths[c] for c in columns])]
+    out += [line([r.get(c, "") for c in columns]) for r in rows]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,265 @@
+"""The text environment API every trace-gym env speaks (targets and synthesized).
+
+``reset(seed, options) -> (obs, info)`` with ``info["system_prompt"]``,
+``info["tools"]`` (OpenAI function schemas) and ``info["task_id"]``;
+``step(action_text) -> (obs, reward, terminated, truncated, info)``. The action
+is the agent's raw text, parsed here by :func:`trace_gym.actions.parse_action`;
+a malformed call is answered with an observation that says what was wrong,
+never an exception. The reward arrives when the episode ends, with its
+components in ``info["reward_info"]``.
+
+Subclasses implement a handful of hooks (``_start``, ``_call_tool``,
+``_reply``, ``_score``); the bookkeeping (transcript, step limit, the
+after-the-end guard) lives here once.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import gymnasium as gym
+from gymnasium import spaces
+
+from .actions import ParsedAction, ToolCall, parse_action
+from .errors import EpisodeStateError
+from .tools import ToolSchema, tool_name
+from .trajectory import Message, ToolCallRecord
+
+MAX_TEXT = 1_000_000
+ENV_FEEDBACK = "environment"  # the `name` of user-role messages the env itself wrote
+
+
+class AnyText(spaces.Text):
+    """A ``gymnasium.spaces.Text`` that holds any Unicode string up to ``max_length``.
+
+    ``spaces.Text`` checks membership against a charset (alphanumerics by
+    default); agent and tool text is JSON, punctuation and any language.
+    """
+
+    def __init__(self, max_length: int = MAX_TEXT):
+        super().__init__(max_length=max_length, min_length=0)
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, str) and len(x) <= self.max_length
+
+    def __repr__(self) -> str:
+        return f"AnyText(max_length={self.max_length})"
+
+
+@dataclass
+class ToolResult:
+    content: str
+    error: bool = False
+
+
+@dataclass
+class Start:
+    """What ``_start`` returns: the first observation and the episode's framing."""
+
+    observation: str
+    system_prompt: str
+    task_id: str | None = None
+    prelude: list[Message] = field(default_factory=list)  # e.g. the agent's greeting
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Reply:
+    """The other side's answer to an agent message."""
+
+    content: str
+    done: bool = False
+    reason: str | None = None
+    from_user: bool = True  # False when the agent itself ended the episode
+
+
+@dataclass
+class Score:
+    reward: float
+    components: dict[str, float]
+    reason: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def as_info(self, termination_reason: str | None) -> dict[str, Any]:
+        failed = sorted(name for name, value in self.components.items() if value < 1.0)
+        return {
+            "reward": self.reward,
+            "components": dict(self.components),
+            "failed_components": failed,
+            "reason": self.reason,
+            "termination_reason": termination_reason,
+            **({"details": self.details} if self.details else {}),
+        }
+
+
+class TextEnv(gym.Env[str, str]):
+    """Base class of trace-gym's Gymnasium text environments."""
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
+    observation_space = AnyText()
+    action_space = AnyText()
+
+    def __init__(self, *, max_steps: int = 50, render_mode: str | None = None):
+        self.max_steps = int(max_steps)
+        self.render_mode = render_mode
+        self.messages: list[Message] = []
+        self._tools: list[ToolSchema] = []
+        self._steps = 0
+        self._done = True
+        self._started = False
+        self._termination_reason: str | None = None
+        self._reward_info: dict[str, Any] | None = None
+        self._task_id: str | None = None
+        self._call_counter = 0
+
+    # --- hooks for subclasses -------------------------------------------------
+    @property
+    def tools(self) -> list[ToolSchema]:
+        """The OpenAI function schemas the agent sees."""
+        return self._tools
+
+    def _start(self, seed: int | None, options: dict[str, Any]) -> Start:
+        raise NotImplementedError
+
+    def _call_tool(self, call: ToolCall, call_id: str) -> ToolResult:
+        raise NotImplementedError
+
+    def _call_tools(self, calls: list[tuple[ToolCall, str]]) -> list[ToolResult]:
+        """All calls of one agent turn, in order; override to see them together."""
+        return [self._call_tool(call, call_id) for call, call_id in calls]
+
+    def _reply(self, content: str) -> Reply:
+        raise NotImplementedError
+
+    def _score(self, termination_reason: str) -> Score:
+        raise NotImplementedError
+
+    def oracle_actions(self) -> list[str] | None:
+        """Action texts that solve the current task, if the env knows them."""
+        return None
+
+    # --- Gymnasium API ----------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        start = self._start(seed, dict(options or {}))
+        self._steps = 0
+        self._done = False
+        self._started = True
+        self._termination_reason = None
+        self._reward_info = None
+        self._task_id = start.task_id
+        self._call_counter = 0
+        self.messages = [Message(role="system", content=start.system_prompt), *start.prelude]
+        self.messages.append(Message(role="user", content=start.observation))
+        info = {
+            "system_prompt": start.system_prompt,
+            "tools": self.tools,
+            "task_id": start.task_id,
+            "max_steps": self.max_steps,
+            **start.info,
+        }
+        return start.observation, info
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if not self._started:
+            raise EpisodeStateError("call reset() before step()")
+        if self._done:
+            info = {"reward_info": self._reward_info, "after_end": True}
+            return "The episode is over; call reset() to start another.", 0.0, True, False, info
+        self._steps += 1
+        parsed = parse_action(action)
+        info: dict[str, Any] = {"action_kind": parsed.kind}
+        reply: Reply | None
+        if parsed.kind == "malformed":
+            observation = self._malformed_observation(parsed)
+            self.messages.append(Message(role="assistant", content=action, raw=action, error=True))
+            self.messages.append(Message(role="user", name=ENV_FEEDBACK, content=observation))
+            reply = None
+        elif parsed.kind == "tool_calls":
+            observation, results = self._run_tool_calls(parsed, action)
+            info["tool_results"] = results
+            reply = None
+        else:
+            self.messages.append(Message(role="assistant", content=parsed.content, raw=action))
+            reply = self._reply(parsed.content)
+            if reply.from_user:
+                self.messages.append(Message(role="user", content=reply.content))
+            observation = reply.content
+
+        terminated = bool(reply and reply.done)
+        truncated = not terminated and self._steps >= self.max_steps
+        reward = 0.0
+        if terminated or truncated:
+            reason = (reply.reason if terminated and reply else None) or ("max_steps" if truncated else "done")
+            reward = self._finish(reason)
+            info["reward_info"] = self._reward_info
+        return observation, reward, terminated, truncated, info
+
+    def render(self) -> str | None:
+        lines = []
+        for m in self.messages:
+            if m.tool_calls:
+                lines.append(f"[{m.role}] " + "; ".join(f"{c.name}({json.dumps(c.arguments)})" for c in m.tool_calls))
+            else:
+                lines.append(f"[{m.role}{':' + m.name if m.name else ''}] {m.content}")
+        return "\n".join(lines)
+
+    # --- shared mechanics -------------------------------------------------------
+    @property
+    def steps(self) -> int:
+        return self._steps
+
+    @property
+    def termination_reason(self) -> str | None:
+        return self._termination_reason
+
+    @property
+    def reward_info(self) -> dict[str, Any] | None:
+        return self._reward_info
+
+    @property
+    def task_id(self) -> str | None:
+        return self._task_id
+
+    def _finish(self, reason: str) -> float:
+        self._done = True
+        self._termination_reason = reason
+        score = self._score(reason)
+        self._reward_info = score.as_info(reason)
+        return float(score.reward)
+
+    def _next_call_id(self) -> str:
+        self._call_counter += 1
+        return f"tg_call_{self._call_counter}"  # a prefix no benchmark's seeded history uses
+
+    def _run_tool_calls(self, parsed: ParsedAction, raw: str) -> tuple[str, list[dict[str, Any]]]:
+        records = [ToolCallRecord(id=self._next_call_id(), name=c.name, arguments=c.arguments) for c in parsed.tool_calls]
+        self.messages.append(Message(role="assistant", content=None, tool_calls=records, raw=raw))
+        results = []
+        outcomes = self._call_tools([(call, record.id) for call, record in zip(parsed.tool_calls, records)])
+        for call, record, result in zip(parsed.tool_calls, records, outcomes):
+            self.messages.append(
+                Message(role="tool", tool_call_id=record.id, name=call.name, content=result.content, error=result.error)
+            )
+            results.append({"id": record.id, "name": call.name, "content": result.content, "error": result.error})
+        return render_tool_results(results), results
+
+    def _malformed_observation(self, parsed: ParsedAction) -> str:
+        names = ", ".join(tool_name(t) for t in self.tools[:50])
+        return (
+            f"Error: {parsed.error}. A tool call is a JSON object "
+            '{"name": "<tool>", "arguments": {...}}, alone or inside <tool_call>...</tool_call>; '
+            f"any other text is a message to the user. Tools: {names}."
+        )
+
+
+def render_tool_results(results: list[dict[str, Any]]) -> str:
+    """The observation for a turn of tool calls: the result itself for one call,
+    one tagged block per call for several."""
+    if len(results) == 1:
+        return results[0]["content"]
+    return "\n".join(
+        f'<tool_response name="{r["name"]}" id="{r["id"]}">\n{r["content"]}\n</tool_response>' for r in results
+    )

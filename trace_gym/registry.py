@@ -1,0 +1,176 @@
+"""The environment registry: one folder per env, each with a ``manifest.toml``.
+
+``import trace_gym`` calls :func:`register_all`, which reads the manifests
+(tomllib, no other import) and registers Gymnasium specs with string entry
+points: nothing heavy is imported until an env is made. Folders come from the
+installed ``trace_gym.env_registry`` package plus any listed in the
+``TRACE_GYM_REGISTRY_PATH`` environment variable (``os.pathsep``-separated).
+
+A manifest::
+
+    id = "trace/structured-data-v0"
+    kind = "synthesized"                 # or "target"
+    target = "trace/tau2-retail-v0"      # synthesized: the target it trains for
+    entry_point = "trace_gym.sandbox.env:SandboxedEnv"   # optional for synthesized
+    description = "..."
+    [capability]                         # synthesized only
+    name = "structured-data reasoning"
+    description = "..."
+    [kwargs]                             # passed to the entry point
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ManifestError, UnknownEnvError
+
+NAMESPACE = "trace"
+SANDBOXED_ENTRY_POINT = "trace_gym.sandbox.env:SandboxedEnv"
+VALIDATION_REPORT = "validation.json"
+
+
+@dataclass(frozen=True)
+class EnvEntry:
+    """What the registry knows of one env folder."""
+
+    id: str
+    kind: str
+    path: Path
+    entry_point: str
+    target: str | None = None
+    description: str = ""
+    capability: dict[str, str] = field(default_factory=dict)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    manifest: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tools_path(self) -> Path:
+        return self.path / "tools.json"
+
+    def validation_status(self) -> str:
+        """trusted (targets), unvalidated, passed, failed, or stale (code changed since)."""
+        if self.kind == "target":
+            return "trusted"
+        report_path = self.path / VALIDATION_REPORT
+        if not report_path.exists():
+            return "unvalidated"
+        try:
+            report = json.loads(report_path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            return "unvalidated"
+        from .hashing import code_hash  # local: keeps import trace_gym small
+
+        if report.get("code_hash") != code_hash(self.path):
+            return "stale"
+        return "passed" if report.get("passed") else "failed"
+
+
+def registry_dirs() -> list[Path]:
+    """Folders that hold env folders, the installed registry first."""
+    from . import env_registry  # a package with no code, cheap to import
+
+    dirs = [Path(p) for p in env_registry.__path__]
+    extra = os.environ.get("TRACE_GYM_REGISTRY_PATH", "")
+    dirs += [Path(p) for p in extra.split(os.pathsep) if p]
+    return dirs
+
+
+def read_manifest(folder: Path) -> EnvEntry:
+    path = folder / "manifest.toml"
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ManifestError(f"{folder} has no manifest.toml") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ManifestError(f"{path}: not valid TOML ({exc})") from None
+    env_id = data.get("id")
+    if not isinstance(env_id, str) or not env_id.startswith(f"{NAMESPACE}/") or "-v" not in env_id:
+        raise ManifestError(f"{path}: 'id' must look like '{NAMESPACE}/<name>-v<N>', got {env_id!r}")
+    kind = data.get("kind")
+    if kind not in ("target", "synthesized"):
+        raise ManifestError(f"{path}: 'kind' must be 'target' or 'synthesized', got {kind!r}")
+    entry_point = data.get("entry_point") or (SANDBOXED_ENTRY_POINT if kind == "synthesized" else None)
+    if not entry_point or ":" not in entry_point:
+        raise ManifestError(f"{path}: a target needs 'entry_point = \"module:Class\"'")
+    kwargs = dict(data.get("kwargs", {}))
+    if kind == "synthesized":
+        if not data.get("target"):
+            raise ManifestError(f"{path}: a synthesized env must name its 'target' env id")
+        cap = data.get("capability", {})
+        if not cap.get("name") or not cap.get("description"):
+            raise ManifestError(f"{path}: [capability] needs 'name' and 'description'")
+        kwargs.setdefault("path", str(folder))
+    return EnvEntry(
+        id=env_id,
+        kind=kind,
+        path=folder,
+        entry_point=entry_point,
+        target=data.get("target"),
+        description=data.get("description", ""),
+        capability=dict(data.get("capability", {})),
+        kwargs=kwargs,
+        manifest=data,
+    )
+
+
+def discover(*, strict: bool = False) -> dict[str, EnvEntry]:
+    """Every env folder in the registry dirs, by id. A broken manifest warns
+    (or raises with ``strict``) rather than hiding the others."""
+    entries: dict[str, EnvEntry] = {}
+    for root in registry_dirs():
+        if not root.is_dir():
+            continue
+        for folder in sorted(p for p in root.iterdir() if (p / "manifest.toml").is_file()):
+            try:
+                entry = read_manifest(folder)
+            except ManifestError as exc:
+                if strict:
+                    raise
+                warnings.warn(f"trace-gym: skipping an env folder: {exc}")
+                continue
+            if entry.id in entries:
+                msg = f"trace-gym: {entry.id} is defined twice ({entries[entry.id].path} and {folder}); keeping the first"
+                if strict:
+                    raise ManifestError(msg)
+                warnings.warn(msg)
+                continue
+            entries[entry.id] = entry
+    return entries
+
+
+def register_all() -> list[str]:
+    """Register every env folder with Gymnasium; returns the ids."""
+    import gymnasium
+
+    ids = []
+    for entry in discover().values():
+        if entry.id not in gymnasium.registry:
+            gymnasium.register(id=entry.id, entry_point=entry.entry_point, kwargs=entry.kwargs, disable_env_checker=False)
+        ids.append(entry.id)
+    return ids
+
+
+def get_entry(env_id: str) -> EnvEntry:
+    """The registry entry of ``env_id`` (also accepts the ``trace_gym:`` prefix)."""
+    env_id = env_id.removeprefix("trace_gym:")
+    entries = discover()
+    if env_id not in entries:
+        known = ", ".join(sorted(entries)) or "none"
+        raise UnknownEnvError(f"unknown env id '{env_id}'; registered: {known}")
+    return entries[env_id]
+
+
+def make(env_id: str, **kwargs: Any):
+    """``gymnasium.make`` with a one-line error for an unknown id."""
+    import gymnasium
+
+    entry = get_entry(env_id)
+    register_all()
+    return gymnasium.make(entry.id, **kwargs)

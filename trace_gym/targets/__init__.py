@@ -1,0 +1,1 @@
+"""Targets: trusted adapters over real benchmarks, presented as trace-gym text envs."""

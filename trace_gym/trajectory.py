@@ -1,0 +1,99 @@
+"""The trajectory record: one episode of one agent in one environment.
+
+Messages follow the OpenAI chat format (system, user, assistant with
+``tool_calls``, tool with ``tool_call_id``) so that a trajectory can be fed to
+any chat model or trainer as it is. What the agent literally wrote is kept in
+``raw`` beside the parsed form, so that parsing can be audited later.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SUCCESS_THRESHOLD = 1.0 - 1e-6
+
+
+class ToolCallRecord(BaseModel):
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+    def to_openai(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": json.dumps(self.arguments, ensure_ascii=False)},
+        }
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = None
+    tool_calls: list[ToolCallRecord] | None = None
+    tool_call_id: str | None = None
+    name: str | None = Field(default=None, description="Tool name, on tool messages.")
+    raw: str | None = Field(default=None, description="The agent's raw text, on assistant turns.")
+    error: bool = Field(default=False, description="On tool messages: the tool reported an error.")
+    requestor: Literal["assistant", "user"] = Field(
+        default="assistant", description="Who made a tool call: user-side tools exist in τ²-telecom."
+    )
+
+    def to_openai(self) -> dict[str, Any]:
+        """This message as an OpenAI chat API message (our own fields dropped)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [c.to_openai() for c in self.tool_calls]
+        if self.role == "tool":
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+
+class Trajectory(BaseModel):
+    """One finished episode. ``episode_id`` is unique within a trajectory file."""
+
+    schema_version: Literal[1] = 1
+    episode_id: str
+    env_id: str
+    task_id: str | None = None
+    seed: int | None = None
+    sample: int = 0
+    agent: str
+    model: str | None = None
+    adapter: str | None = None
+    messages: list[Message]
+    reward: float
+    reward_info: dict[str, Any] = Field(default_factory=dict)
+    terminated: bool
+    truncated: bool
+    termination_reason: str | None = None
+    steps: int
+    started_at: str
+    wall_s: float
+    agent_s: float = 0.0
+    env_s: float = 0.0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    error: str | None = Field(default=None, description="Why the episode was aborted, if it was.")
+
+    @property
+    def success(self) -> bool:
+        return self.reward >= SUCCESS_THRESHOLD
+
+    def agent_tool_calls(self) -> list[ToolCallRecord]:
+        return [
+            call
+            for m in self.messages
+            if m.role == "assistant" and m.tool_calls and m.requestor == "assistant"
+            for call in m.tool_calls
+        ]
+
+
+def episode_id(env_id: str, task_id: str | None, sample: int, seed: int | None = None) -> str:
+    """The key that identifies an episode in a run, and lets a run resume."""
+    task = task_id if task_id is not None else f"seed={seed}"
+    return f"{env_id}|{task}|{sample}"
