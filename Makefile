@@ -1,0 +1,39 @@
+# trace-gym: two commands on a fresh machine.
+#   make quickstart   set up .venv, then the main job on the embedded default, offline
+#   make test         set up .venv (and the sandbox engines where possible), then every test
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# A plain `torch` requirement pulls a multi-GB CUDA build; 2.13.0 is the CPU build on disk.
+TORCH := torch==2.13.0
+export LITELLM_LOCAL_MODEL_COST_MAP := True
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: setup quickstart test test-fast bench clean
+
+$(VENV)/.stamp: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip setuptools wheel
+	$(PIP) install -q $(TORCH)
+	$(PIP) install -q -e '.[tau2,test]'
+	touch $@
+
+setup: $(VENV)/.stamp
+
+quickstart: setup
+	$(PY) examples/quickstart.py
+
+test: setup
+	$(PY) -m pytest -q tests
+
+# Everything but the tests marked slow (CI still runs them through `make test`).
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow" tests
+
+bench: setup
+	for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache runs

@@ -1,0 +1,31 @@
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+REPO = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+
+
+def run_cli(*args: str, timeout: float = 600, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run the installed console script as a user would."""
+    exe = shutil.which("trace-gym", path=str(Path(PYTHON).parent)) or "trace-gym"
+    return subprocess.run(
+        [exe, *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}, cwd=cwd
+    )
+
+
+@pytest.fixture(scope="session")
+def retail_env():
+    import gymnasium as gym
+
+    import trace_gym  # noqa: F401
+
+    env = gym.make("trace/tau2-retail-v0", split="base")
+    yield env
+    env.close()

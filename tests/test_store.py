@@ -1,0 +1,85 @@
+import pytest
+
+from trace_gym.errors import TrajectoryStoreError
+from trace_gym.store import TrajectoryStore, read_trajectories
+from trace_gym.trajectory import Message, Trajectory, episode_id
+
+
+def make(i: int, reward: float = 1.0) -> Trajectory:
+    return Trajectory(
+        episode_id=episode_id("trace/x-v0", str(i), 0),
+        env_id="trace/x-v0",
+        task_id=str(i),
+        agent="oracle",
+        messages=[Message(role="user", content=f"task {i}")],
+        reward=reward,
+        terminated=True,
+        truncated=False,
+        steps=1,
+        started_at="2026-01-01T00:00:00+00:00",
+        wall_s=0.1,
+    )
+
+
+def test_append_and_read_back(tmp_path):
+    path = tmp_path / "t.jsonl"
+    with TrajectoryStore(path) as store:
+        for i in range(3):
+            store.append(make(i, reward=i / 2))
+    got = read_trajectories(path)
+    assert [t.task_id for t in got] == ["0", "1", "2"]
+    assert [t.success for t in got] == [False, False, True]
+
+
+def test_existing_file_needs_resume_or_overwrite(tmp_path):
+    path = tmp_path / "t.jsonl"
+    with TrajectoryStore(path) as store:
+        store.append(make(0))
+    with pytest.raises(TrajectoryStoreError, match="--resume"):
+        TrajectoryStore(path)
+    with TrajectoryStore(path, overwrite=True) as store:
+        assert not store.completed
+
+
+def test_resume_cuts_a_torn_last_line_and_keeps_every_finished_episode(tmp_path):
+    path = tmp_path / "t.jsonl"
+    with TrajectoryStore(path) as store:
+        store.append(make(0))
+        store.append(make(1))
+    whole = path.read_bytes()
+    torn = make(2).model_dump_json().encode()[:57]  # a kill -9 in the middle of a write
+    path.write_bytes(whole + torn)
+    with pytest.warns(UserWarning, match="unfinished last line"):
+        store = TrajectoryStore(path, resume=True)
+    assert set(store.completed) == {make(0).episode_id, make(1).episode_id}
+    store.append(make(2))
+    store.close()
+    assert [t.task_id for t in read_trajectories(path)] == ["0", "1", "2"]
+    assert path.read_bytes().startswith(whole)
+
+
+def test_duplicate_append_is_refused(tmp_path):
+    with TrajectoryStore(tmp_path / "t.jsonl") as store:
+        store.append(make(0))
+        with pytest.raises(TrajectoryStoreError, match="already stored"):
+            store.append(make(0))
+
+
+def test_a_corrupt_middle_line_is_reported_not_dropped(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text(make(0).model_dump_json() + "\nnot json\n" + make(1).model_dump_json() + "\n")
+    with pytest.raises(TrajectoryStoreError, match=r"t.jsonl:2 is not a trajectory record"):
+        TrajectoryStore(path, resume=True)
+    assert "not json" in path.read_text()  # nothing was deleted
+
+
+def test_unwritable_path(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with pytest.raises(TrajectoryStoreError, match="cannot write trajectories"):
+        TrajectoryStore(blocker / "t.jsonl")
+
+
+def test_a_directory_is_not_a_file(tmp_path):
+    with pytest.raises(TrajectoryStoreError, match="is a directory"):
+        TrajectoryStore(tmp_path)

@@ -1,0 +1,179 @@
+"""The τ²-bench targets through gym.make and step(str), scored by tau2 itself."""
+
+import json
+
+import gymnasium as gym
+import pytest
+
+import trace_gym  # noqa: F401
+from trace_gym.actions import format_tool_call
+from trace_gym.errors import UnknownTaskError, UserSimulatorError
+from trace_gym.freeze import live_tools
+from trace_gym.registry import get_entry
+from trace_gym.rollout import Episode, run_episode
+from trace_gym.tools import canonical_tools, load_frozen_tools
+from trace_gym.trajectory import Trajectory
+
+from trace_gym.agents import OracleAgent
+
+
+def tau2_messages_from_record(trajectory: Trajectory):
+    """Rebuild tau2's message list from our stored record, independently of the
+    env's own conversion: the record must be enough to re-score the episode."""
+    from tau2.data_model.message import AssistantMessage, ToolCall, ToolMessage, UserMessage
+
+    out = []
+    for m in trajectory.messages:
+        if m.role == "system" or m.name == "environment" or (m.role == "assistant" and m.error):
+            continue  # the system prompt, and malformed turns that reached no one
+        if m.role == "tool":
+            out.append(ToolMessage(id=m.tool_call_id, role="tool", content=m.content, requestor=m.requestor, error=m.error))
+        elif m.tool_calls:
+            calls = [ToolCall(id=c.id, name=c.name, arguments=c.arguments, requestor=m.requestor) for c in m.tool_calls]
+            cls = UserMessage if m.role == "user" else AssistantMessage
+            out.append(cls(role=m.role, tool_calls=calls))
+        else:
+            cls = UserMessage if m.role == "user" else AssistantMessage
+            out.append(cls(role=m.role, content=m.content))
+    return out
+
+
+def tau2_reward(trajectory: Trajectory, domain: str) -> float:
+    from datetime import datetime, timezone
+
+    from tau2.data_model.simulation import SimulationRun
+    from tau2.evaluator.evaluator import EvaluationType, evaluate_simulation
+    from tau2.registry import registry
+
+    from trace_gym.targets.tau2 import to_tau2_termination
+
+    task = next(t for t in registry.get_tasks_loader(domain)(None) if t.id == trajectory.task_id)
+    now = datetime.now(timezone.utc).isoformat()
+    run = SimulationRun(
+        id="check", task_id=task.id, timestamp=now, start_time=now, end_time=now, duration=0.0,
+        termination_reason=to_tau2_termination(trajectory.termination_reason),
+        messages=tau2_messages_from_record(trajectory),
+    )
+    return evaluate_simulation(run, task, EvaluationType.ALL, solo_mode=False, domain=domain).reward
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("domain, count", [("retail", 114), ("airline", 50)])
+def test_oracle_scores_one_on_every_task_and_tau2_agrees(domain, count):
+    env = gym.make(f"trace/tau2-{domain}-v0", split="base")
+    ids = env.unwrapped.task_ids
+    assert len(ids) == count
+    mismatches, failures = [], []
+    for task_id in ids:
+        traj = run_episode(env, OracleAgent(), env.spec.id, Episode(task_id, 0, 0))
+        if traj.reward != 1.0:
+            failures.append((task_id, traj.reward_info))
+        stored = Trajectory.model_validate_json(traj.model_dump_json())  # what the JSONL file holds
+        theirs = tau2_reward(stored, domain)
+        if theirs != traj.reward:
+            mismatches.append((task_id, traj.reward, theirs))
+    env.close()
+    assert not failures, failures[:3]
+    assert not mismatches, mismatches[:3]
+
+
+def test_tau2_agrees_on_failed_episodes_too(retail_env):
+    from trace_gym.agents import RandomAgent
+
+    for task_id in ["0", "5", "17"]:
+        traj = run_episode(retail_env, RandomAgent(seed=3), "trace/tau2-retail-v0", Episode(task_id, 0, 1))
+        assert traj.reward == tau2_reward(Trajectory.model_validate_json(traj.model_dump_json()), "retail")
+
+
+def test_skipping_the_write_scores_zero_and_names_db(retail_env):
+    obs, info = retail_env.reset(options={"task_id": "0"})
+    assert info["task_id"] == "0" and info["tools"] and "policy" in info["system_prompt"]
+    actions = retail_env.unwrapped.oracle_actions()
+    reads_only = [a for a in actions if "exchange_delivered_order_items" not in a]
+    for action in reads_only:
+        obs, reward, terminated, truncated, step_info = retail_env.step(action)
+        if terminated:
+            break
+    assert terminated and reward == 0.0
+    assert step_info["reward_info"]["failed_components"] == ["DB"]
+    assert step_info["reward_info"]["components"] == {"DB": 0.0, "COMMUNICATE": 1.0}
+
+
+def test_not_saying_the_required_information_names_communicate(retail_env):
+    task_id = next(t for t in retail_env.unwrapped.task_ids
+                   if retail_env.unwrapped.get_task(t).evaluation_criteria.communicate_info)
+    retail_env.reset(options={"task_id": task_id})
+    for action in retail_env.unwrapped.oracle_actions()[:-2]:
+        retail_env.step(action)
+    _, reward, terminated, _, step_info = retail_env.step("Is there anything else I can help you with?")
+    assert terminated and reward == 0.0
+    assert step_info["reward_info"]["failed_components"] == ["COMMUNICATE"]
+
+
+def test_malformed_actions_and_unknown_tools_are_observations(retail_env):
+    retail_env.reset(options={"task_id": "3"})
+    obs, reward, terminated, truncated, info = retail_env.step('{"name": "get_order_details", "arguments": {"order_id": ')
+    assert obs.startswith("Error: invalid tool call") and not terminated and info["action_kind"] == "malformed"
+    obs, *_ = retail_env.step(format_tool_call("launch_rockets", {}))
+    assert "launch_rockets" in obs and "not found" in obs.lower()
+    obs, *_ = retail_env.step(format_tool_call("get_order_details", {"order": "#W1"}))
+    assert obs.startswith("Error:")
+
+
+def test_truncation_after_max_steps_scores_zero():
+    env = gym.make("trace/tau2-retail-v0", max_steps=3)
+    env.reset(seed=0)
+    for _ in range(3):
+        obs, reward, terminated, truncated, info = env.step(format_tool_call("list_all_product_types", {}))
+    assert truncated and not terminated and reward == 0.0
+    assert "termination" in info["reward_info"]["failed_components"]
+    obs, reward, terminated, _, info = env.step("hello?")
+    assert info["after_end"] and reward == 0.0 and "episode is over" in obs
+    env.close()
+
+
+def test_seeded_reset_is_deterministic_and_samples_the_split():
+    env = gym.make("trace/tau2-retail-v0", split="test")
+    firsts = [env.reset(seed=s)[1]["task_id"] for s in (1, 2, 1)]
+    assert firsts[0] == firsts[2]
+    assert set(firsts) <= set(env.unwrapped.task_ids) and len(env.unwrapped.task_ids) == 40
+    env.close()
+
+
+def test_unknown_task_and_split_are_one_clear_error(retail_env):
+    with pytest.raises(UnknownTaskError, match="no task 'nope'"):
+        retail_env.reset(options={"task_id": "nope"})
+    with pytest.raises(UnknownTaskError, match="no split 'dev'"):
+        gym.make("trace/tau2-retail-v0", split="dev")
+
+
+@pytest.mark.parametrize("domain", ["retail", "airline", "telecom", "mock"])
+def test_frozen_tool_schemas_equal_the_live_package(domain):
+    env_id = f"trace/tau2-{domain}-v0"
+    frozen = load_frozen_tools(get_entry(env_id).tools_path)
+    assert canonical_tools(frozen) == canonical_tools(live_tools(env_id))
+
+
+def test_telecom_oracle_with_scripted_user_side_actions():
+    env = gym.make("trace/tau2-telecom-v0", split="test")
+    rewards = []
+    for task_id in env.unwrapped.task_ids[:6]:
+        traj = run_episode(env, OracleAgent(), env.spec.id, Episode(task_id, 0, 0))
+        assert any(m.requestor == "user" and m.tool_calls for m in traj.messages), "the user acted on the phone"
+        rewards.append(traj.reward)
+        assert traj.reward == tau2_reward(Trajectory.model_validate_json(traj.model_dump_json()), "telecom")
+    assert rewards == [1.0] * 6
+    env.close()
+
+
+def test_llm_user_unreachable_endpoint_is_one_clear_error():
+    env = gym.make("trace/tau2-retail-v0", user="llm", user_model="m", user_base_url="http://127.0.0.1:9/v1")
+    with pytest.raises(UserSimulatorError, match=r"did not answer"):
+        env.reset(seed=0)
+    env.close()
+
+
+def test_scripted_user_speaks_in_the_first_person(retail_env):
+    obs, _ = retail_env.reset(options={"task_id": "0"})
+    assert obs.startswith("I received my order #W2378156")
+    assert "I am Yusuf Rossi in zip code 19122" in obs
