@@ -17,7 +17,7 @@ $(VENV)/.stamp: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip setuptools wheel
 	$(PIP) install -q $(TORCH)
-	$(PIP) install -q -e '.[tau2,test]'
+	$(PIP) install -q -e '.[tau2,sandbox,test]'
 	touch $@
 
 setup: $(VENV)/.stamp
