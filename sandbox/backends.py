@@ -21,6 +21,7 @@ from .errors import SandboxUnavailable
 from .rootfs import SANDBOX_UID, WORKER_IN_ROOTFS, WORKER_SOURCE, ensure_rootfs, interpreter, rootfs_key, rootfs_tarball
 
 IMAGE_REPOSITORY = "trace-gym-sandbox"
+WORKER_ARGS = ("-I", "-S", "-B", WORKER_IN_ROOTFS)
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,8 @@ class Backend:
     name = "abstract"
     isolated = True
 
-    def spawn(self, limits: Limits) -> Channel:
+    def spawn(self, limits: Limits, python_args: tuple[str, ...] = WORKER_ARGS) -> Channel:
+        """Start the jailed interpreter (the worker, unless tests ask for other args)."""
         raise NotImplementedError
 
 
@@ -72,7 +74,7 @@ class BwrapBackend(Backend):
     def __init__(self):
         self.rootfs = ensure_rootfs()
 
-    def argv(self, limits: Limits) -> list[str]:
+    def argv(self, limits: Limits, python_args: tuple[str, ...] = WORKER_ARGS) -> list[str]:
         return [
             shutil.which("bwrap") or "bwrap",
             "--ro-bind", str(self.rootfs), "/",
@@ -83,11 +85,11 @@ class BwrapBackend(Backend):
             "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
             "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv",
             "--chdir", "/tmp",
-            str(interpreter()), "-I", "-S", "-B", WORKER_IN_ROOTFS,
+            str(interpreter()), *python_args,
         ]
 
-    def spawn(self, limits: Limits) -> Channel:
-        return PipeChannel(self.argv(limits), limits.max_message_bytes + 1024, env={})
+    def spawn(self, limits: Limits, python_args: tuple[str, ...] = WORKER_ARGS) -> Channel:
+        return PipeChannel(self.argv(limits, python_args), limits.max_message_bytes + 1024, env={})
 
 
 class DockerBackend(Backend):
@@ -97,10 +99,10 @@ class DockerBackend(Backend):
         self.client = client or docker_client()
         self.image = ensure_image(self.client)
 
-    def spawn(self, limits: Limits) -> Channel:
+    def spawn(self, limits: Limits, python_args: tuple[str, ...] = WORKER_ARGS) -> Channel:
         container = self.client.containers.create(
             self.image,
-            command=[str(interpreter()), "-I", "-S", "-B", WORKER_IN_ROOTFS],
+            command=[str(interpreter()), *python_args],
             stdin_open=True,
             tty=False,
             network_mode="none",
@@ -139,8 +141,9 @@ class SubprocessBackend(Backend):
             stacklevel=3,
         )
 
-    def spawn(self, limits: Limits) -> Channel:
-        return PipeChannel([str(interpreter()), "-I", "-S", "-B", str(WORKER_SOURCE)], limits.max_message_bytes + 1024, env={})
+    def spawn(self, limits: Limits, python_args: tuple[str, ...] = WORKER_ARGS) -> Channel:
+        args = tuple(str(WORKER_SOURCE) if a == WORKER_IN_ROOTFS else a for a in python_args)
+        return PipeChannel([str(interpreter()), *args], limits.max_message_bytes + 1024, env={})
 
 
 def docker_client():

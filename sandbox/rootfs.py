@@ -29,7 +29,7 @@ from pathlib import Path
 WORKER_SOURCE = Path(__file__).with_name("worker.py")
 WORKER_IN_ROOTFS = "/opt/trace-gym/worker.py"
 SANDBOX_UID = 65534
-BUILDER_VERSION = "1"
+BUILDER_VERSION = "2"
 SKIP_STDLIB = {
     "test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "distutils", "pydoc_data",
     "site-packages", "venv", "unittest", "sqlite3", "dbm", "curses", "xmlrpc", "wsgiref", "http",
@@ -61,17 +61,16 @@ def rootfs_key() -> str:
 def ensure_rootfs() -> Path:
     """The cached root filesystem, built on first use (a few seconds)."""
     target = cache_root() / "sandbox" / f"rootfs-{rootfs_key()}"
-    if (target / ".complete").exists():
+    if target.is_dir():  # only ever appears whole: built aside, then renamed
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix="rootfs-", dir=target.parent))
     try:
         _build(staging)
-        (staging / ".complete").write_text(rootfs_key())
         try:
             staging.rename(target)
         except OSError:  # another process finished first
-            if not (target / ".complete").exists():
+            if not target.is_dir():
                 raise
     finally:
         if staging.exists():
@@ -113,6 +112,7 @@ def _build(root: Path) -> None:
         if path.is_symlink():
             continue
         path.chmod(0o755 if path.is_dir() or os.access(path, os.X_OK) else 0o644)
+    (root / "tmp").chmod(0o1777)  # Docker gives its tmpfs the image's mode, whatever the mount options say
 
 
 def _shared_libraries(binary: Path) -> list[str]:
@@ -144,8 +144,6 @@ def rootfs_tarball(root: Path) -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         for path in sorted(root.rglob("*")):
-            if path.name == ".complete":
-                continue
             info = tar.gettarinfo(str(path), arcname=str(path.relative_to(root)))
             info.uid = info.gid = 0
             info.uname = info.gname = "root"

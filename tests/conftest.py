@@ -29,3 +29,17 @@ def retail_env():
     env = gym.make("trace/tau2-retail-v0", split="base")
     yield env
     env.close()
+
+
+FIXTURE_ENVS = Path(__file__).parent / "fixtures" / "envs"
+
+
+@pytest.fixture(scope="session", params=["bwrap", "docker"])
+def sandbox_backend(request):
+    """Each real backend once per session; a missing engine skips loudly."""
+    from trace_gym.sandbox import SandboxUnavailable, select_backend
+
+    try:
+        return select_backend(request.param)
+    except SandboxUnavailable as exc:
+        pytest.skip(f"SANDBOX BACKEND {request.param} NOT TESTED HERE: {exc}")

@@ -52,6 +52,7 @@ class AnyText(spaces.Text):
 class ToolResult:
     content: str
     error: bool = False
+    done: bool = False  # the env ended the episode with this call
 
 
 @dataclass
@@ -180,7 +181,8 @@ class TextEnv(gym.Env[str, str]):
         elif parsed.kind == "tool_calls":
             observation, results = self._run_tool_calls(parsed, action)
             info["tool_results"] = results
-            reply = None
+            ended = any(r["done"] for r in results)
+            reply = Reply(content=observation, done=True, reason="env_done", from_user=False) if ended else None
         else:
             self.messages.append(Message(role="assistant", content=parsed.content, raw=action))
             reply = self._reply(parsed.content)
@@ -243,7 +245,9 @@ class TextEnv(gym.Env[str, str]):
             self.messages.append(
                 Message(role="tool", tool_call_id=record.id, name=call.name, content=result.content, error=result.error)
             )
-            results.append({"id": record.id, "name": call.name, "content": result.content, "error": result.error})
+            results.append(
+                {"id": record.id, "name": call.name, "content": result.content, "error": result.error, "done": result.done}
+            )
         return render_tool_results(results), results
 
     def _malformed_observation(self, parsed: ParsedAction) -> str:

@@ -45,3 +45,7 @@ class TrajectoryStoreError(TraceGymError):
 
 class EpisodeStateError(TraceGymError):
     """An env used out of order (step before reset)."""
+
+
+class EnvContractError(TraceGymError):
+    """A synthesized env broke the contract (a reward out of range, a tool the target lacks, ...)."""
