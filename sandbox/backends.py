@@ -95,14 +95,16 @@ class BwrapBackend(Backend):
 class DockerBackend(Backend):
     name = "docker"
 
-    def __init__(self, client=None):
+    def __init__(self, client=None, image: str | None = None):
         self.client = client or docker_client()
-        self.image = ensure_image(self.client)
+        # An image built from sandbox/Dockerfile runs its own python3; the imported one keeps host paths.
+        self.image = image or os.environ.get("TRACE_GYM_SANDBOX_IMAGE") or ensure_image(self.client)
+        self.python = "python3" if image or os.environ.get("TRACE_GYM_SANDBOX_IMAGE") else str(interpreter())
 
     def spawn(self, limits: Limits, python_args: tuple[str, ...] = WORKER_ARGS) -> Channel:
         container = self.client.containers.create(
             self.image,
-            command=[str(interpreter()), *python_args],
+            command=[self.python, *python_args],
             stdin_open=True,
             tty=False,
             network_mode="none",
