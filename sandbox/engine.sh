@@ -2,8 +2,8 @@
 # Set up the sandbox engines for the test suite, or tear them down.
 #   sandbox/engine.sh start   install docker.io + bubblewrap (as root, with apt), start a
 #                             private dockerd; prints the DOCKER_HOST line to export
-#   sandbox/engine.sh stop    stop that dockerd by its pid
-# A DOCKER_HOST that already answers is used as it is and never stopped.
+#   sandbox/engine.sh stop    stop that dockerd by its pid, if this run started it
+# A DOCKER_HOST (or private dockerd) that already answers is used as it is and never stopped.
 # Where nothing can be installed or started, it says so loudly and exits 0:
 # the docker tests then skip with that reason, the bwrap ones run if they can.
 set -u
@@ -40,7 +40,7 @@ start() {
   nohup dockerd --data-root "$STATE/data" --exec-root "$STATE/exec" --pidfile "$STATE/docker.pid" \
     -H "$SOCK" --iptables=false --ip6tables=false --bridge=none >"$STATE/dockerd.log" 2>&1 &
   for _ in $(seq 1 60); do
-    if answers "$SOCK"; then echo "export DOCKER_HOST=$SOCK"; return 0; fi
+    if answers "$SOCK"; then echo "export DOCKER_HOST=$SOCK TRACE_GYM_DOCKERD_OWNED=1"; return 0; fi
     sleep 0.5
   done
   say "WARNING: dockerd did not answer within 30 s; docker tests will skip. Its log ends:"
@@ -49,6 +49,7 @@ start() {
 }
 
 stop() {
+  [ "${TRACE_GYM_DOCKERD_OWNED:-}" = 1 ] || return 0
   [ -f "$STATE/docker.pid" ] || return 0
   local pid; pid=$(cat "$STATE/docker.pid")
   kill "$pid" 2>/dev/null || return 0
