@@ -10,12 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 from .base import Agent
+from .floor import MessageOnlyAgent, NoOpAgent
 from .oracle import OracleAgent
 from .random_agent import RandomAgent
 
-AGENTS = {"oracle": OracleAgent, "random": RandomAgent}
+AGENTS = {"oracle": OracleAgent, "random": RandomAgent, "noop": NoOpAgent, "message_only": MessageOnlyAgent}
 
-__all__ = ["Agent", "OracleAgent", "RandomAgent", "AGENTS", "make_agent"]
+__all__ = ["Agent", "OracleAgent", "RandomAgent", "NoOpAgent", "MessageOnlyAgent", "AGENTS", "make_agent"]
 
 
 def make_agent(name: str, **kwargs: Any) -> Agent:

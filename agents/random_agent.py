@@ -53,7 +53,7 @@ class RandomAgent:
             return self._stop
         if self._tools and roll < self.p_stop + self.p_tool:
             schema = self._rng.choice(self._tools)
-            return format_tool_call(tool_name(schema), self._arguments(tool_parameters(schema)))
+            return format_tool_call(tool_name(schema), self.arguments_for(tool_parameters(schema)))
         return self._rng.choice(_MESSAGES)
 
     def usage(self) -> dict[str, int | None]:
@@ -63,7 +63,8 @@ class RandomAgent:
         self._seen.extend(_TOKEN.findall(text or "")[:200])
         self._seen = self._seen[-500:]
 
-    def _arguments(self, params: dict[str, Any]) -> dict[str, Any]:
+    def arguments_for(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Random arguments that fit a tool's JSON-schema parameters."""
         props = params.get("properties", {}) or {}
         return {name: self._value(spec) for name, spec in props.items() if name in (params.get("required") or props)}
 

@@ -42,6 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
     listing = envs_sub.add_parser("list", help="id, kind, target, capability and validation status of every env")
     listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
     listing.set_defaults(func=cmd_envs_list)
+    new = envs_sub.add_parser("new", help="scaffold a new synthesized env folder that already passes validation")
+    new.add_argument("name", help="lower-case name with dashes, e.g. order-lookup (id trace/<name>-v0)")
+    new.add_argument("--target", required=True, help="the target env id, e.g. trace/tau2-retail-v0")
+    new.add_argument("--dir", default="env_registry", help="where to create the folder (default env_registry)")
+    new.add_argument("--capability", default="", help="the capability's short name")
+    new.add_argument("--description", default="", help="the capability in one sentence")
+    new.set_defaults(func=cmd_envs_new)
     freeze = envs_sub.add_parser("freeze-tools", help="re-freeze a target's tool schemas into env_registry/<target>/tools.json")
     freeze.add_argument("env_id")
     freeze.set_defaults(func=cmd_envs_freeze)
@@ -64,6 +71,16 @@ def build_parser() -> argparse.ArgumentParser:
     roll.add_argument("--json", action="store_true", help="print the summary as JSON")
     roll.add_argument("--no-progress", action="store_true", help="no progress bar")
     roll.set_defaults(func=cmd_rollout)
+
+    val = sub.add_parser("validate", help="run every validation check on a synthesized env (in the sandbox)")
+    val.add_argument("env", help="an env folder (with manifest.toml) or a registered id")
+    val.add_argument("--backend", default="auto", help="sandbox backend: auto, docker, bwrap (subprocess: trusted code only)")
+    val.add_argument("--seeds", type=int, default=None, help="seeds for the reset, diversity and solvable checks (default 100)")
+    val.add_argument("--policy", default=None, help="an agent for the calibration check (K rollouts per seed)")
+    val.add_argument("--k", type=int, default=None, help="rollouts per seed for calibration (default 4)")
+    val.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
+    val.add_argument("--no-write", action="store_true", help="do not store validation.json beside the env")
+    val.set_defaults(func=cmd_validate)
 
     report = sub.add_parser("report", help="a table of pass rate and mean reward per trajectory file")
     report.add_argument("files", nargs="+")
@@ -89,6 +106,30 @@ def cmd_envs_list(args: argparse.Namespace) -> int:
     else:
         print(format_table(rows, ["id", "kind", "target", "capability", "status"]))
     return 0
+
+
+def cmd_envs_new(args: argparse.Namespace) -> int:
+    from .scaffold import new_env
+
+    folder = new_env(args.name, args.target, args.dir, args.capability, args.description)
+    print(f"created {folder}/ (env.py, manifest.toml, README.md); next: edit env.py, then trace-gym validate {folder}")
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from .validation import ValidationConfig, validate
+
+    config = ValidationConfig()
+    if args.seeds is not None:
+        config.seeds = args.seeds
+    if args.policy is not None:
+        config.policy = args.policy
+    if args.k is not None:
+        config.k = args.k
+    progress = None if args.json else (lambda name: print(f"  checking {name}...", file=sys.stderr, flush=True))
+    report = validate(args.env, backend=args.backend, config=config, write=not args.no_write, progress=progress)
+    print(json.dumps(report.as_dict(), indent=2) if args.json else report.table())
+    return 0 if report.passed else 1
 
 
 def cmd_envs_freeze(args: argparse.Namespace) -> int:

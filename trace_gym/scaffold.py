@@ -1,0 +1,143 @@
+"""``trace-gym envs new``: a new env folder that already passes validation.
+
+The scaffold is a complete, small env (a lookup with one of the target's read
+tools) so that a contributor starts from green and changes one thing at a
+time: replace the scenario with the capability, rerun ``trace-gym validate``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from .errors import TraceGymError
+from .registry import get_entry
+from .tools import load_frozen_tools, tool_name, tool_parameters
+
+NAME = re.compile(r"^[a-z][a-z0-9-]{1,48}[a-z0-9]$")
+
+ENV_TEMPLATE = '''"""Transfer rationale: {capability_description} This scaffold only
+exercises calling {tool} with the exact value the user gives and reporting
+what it returns; replace the scenario below with the capability, keep the
+target's tool names and result formats, and rerun `trace-gym validate`."""
+import json
+import random
+
+TOOLS = ["{tool}"]
+STATES = ["active", "pending", "closed", "on hold", "archived"]
+
+
+class Environment:
+    max_steps = 8
+
+    def reset(self, seed, hint=False):
+        rng = random.Random(seed)
+        self.key = "{prefix}" + str(rng.randrange(10**6, 10**7))
+        self.state = rng.choice(STATES)
+        self.looked_up = False
+        self.answer = None
+        prompt = "You are a support agent. Use the tools to answer the user."
+        if hint:
+            prompt += " Hint: look the record up with the exact value the user gives before answering."
+        return {{"system_prompt": prompt, "user_message": "What is the state of {param} " + self.key + "?"}}
+
+    def step(self, action):
+        if action.get("type") == "tool_call":
+            if action.get("name") != "{tool}":
+                return {{"observation": "Error: Tool '%s' not found." % action.get("name"), "done": False}}
+            if action.get("arguments", {{}}).get("{param}") != self.key:
+                return {{"observation": "Error: not found", "done": False}}
+            self.looked_up = True
+            return {{"observation": json.dumps({{"{param}": self.key, "state": self.state}}), "done": False}}
+        self.answer = str(action.get("content", ""))
+        return {{"observation": "Thank you!", "done": True}}
+
+    def reward(self):
+        said = self.answer is not None and self.state in self.answer.lower()
+        components = {{"looked_up": 1.0 if self.looked_up else 0.0, "correct_answer": 1.0 if said else 0.0}}
+        reward = 0.4 * components["looked_up"] + 0.6 * components["correct_answer"]
+        return {{"reward": reward, "components": components, "reason": "looked up, then answered"}}
+
+    def oracle(self):
+        return [
+            {{"type": "tool_call", "name": "{tool}", "arguments": {{"{param}": self.key}}}},
+            {{"type": "message", "content": "It is " + self.state + "."}},
+        ]
+'''
+
+MANIFEST_TEMPLATE = '''id = "trace/{name}-v0"
+kind = "synthesized"
+target = "{target}"
+description = "{description}"
+
+[capability]
+name = "{capability}"
+description = "{capability_description}"
+
+[provenance]
+author = "scaffold"
+'''
+
+README_TEMPLATE = """# trace/{name}-v0
+
+**Capability:** {capability}: {capability_description}
+
+**Target:** `{target}` (tools: {tool})
+
+## What it trains
+Describe the scenario, how it varies across seeds, and why success here
+transfers to the target.
+
+## Reward
+- `looked_up` (0.4): the record was looked up with the exact value.
+- `correct_answer` (0.6): the final message states the record's state.
+
+Validate with `trace-gym validate {folder}`.
+"""
+
+
+def pick_tool(tools: list[dict]) -> tuple[str, str]:
+    """A read tool with a required string parameter (get_/find_ first)."""
+    candidates = []
+    for schema in tools:
+        params = tool_parameters(schema)
+        required = [p for p in params.get("required", []) or [] if params["properties"].get(p, {}).get("type") == "string"]
+        if required:
+            rank = 0 if tool_name(schema).startswith("get_") else 1 if tool_name(schema).startswith("find_") else 2
+            candidates.append((rank, tool_name(schema), required[0]))
+    if not candidates:
+        raise TraceGymError("the target has no tool with a required string parameter to scaffold from")
+    _, name, param = min(candidates)
+    return name, param
+
+
+def new_env(name: str, target: str, dest: str | Path, capability: str = "", description: str = "") -> Path:
+    if not NAME.match(name):
+        raise TraceGymError(f"env name '{name}' must be lower-case letters, digits and dashes (e.g. order-lookup)")
+    entry = get_entry(target)
+    if entry.kind != "target":
+        raise TraceGymError(f"{target} is not a target; synthesized envs train for a target such as trace/tau2-retail-v0")
+    folder = Path(dest) / name
+    if folder.exists():
+        raise TraceGymError(f"{folder} already exists; pick another name or remove it")
+    tool, param = pick_tool(load_frozen_tools(entry.tools_path))
+    values = {
+        "name": name,
+        "target": entry.id,
+        "tool": tool,
+        "param": param,
+        "prefix": "".join(w[0] for w in param.split("_")).upper() + "-",
+        "capability": _toml_text(capability or name.replace("-", " ")),
+        "capability_description": _toml_text(description or "Describe the capability in one sentence."),
+        "description": _toml_text(f"Trains {capability or name} for {entry.id}."),
+        "folder": str(folder),
+    }
+    folder.mkdir(parents=True)
+    (folder / "env.py").write_text(ENV_TEMPLATE.format(**values), encoding="utf-8")
+    (folder / "manifest.toml").write_text(MANIFEST_TEMPLATE.format(**values), encoding="utf-8")
+    (folder / "README.md").write_text(README_TEMPLATE.format(**values), encoding="utf-8")
+    return folder
+
+
+def _toml_text(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")

@@ -1,0 +1,579 @@
+"""Validate a synthesized environment: small named checks, each with its evidence.
+
+Modelled on Gymnasium's ``env_checker``: one check per property, a report that
+lists every check, what it saw and why it passed or failed. Every check runs
+the env through the sandbox (``SandboxedEnv``), never in this process.
+
+The checks, in order: static_gate, contract_shape, interface_fidelity,
+reset_every_seed, seed_diversity, determinism, solvable, not_trivial,
+reward_range, termination, robustness, hints, step_time; and, when a policy is
+given, calibration. A failed static gate or contract stops the rest (they are
+reported as skipped).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import re
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import EnvContractError, TraceGymError
+from .hashing import code_hash
+from .registry import VALIDATION_REPORT, get_entry, read_manifest
+from .tools import canonical_json, check_arguments, load_frozen_tools, select_tools, tool_name, tool_parameters
+
+
+@dataclass
+class ValidationConfig:
+    """Thresholds of the validator. Defaults follow TRACE's recommendations."""
+
+    seeds: int = 100
+    """Seeds for the reset, diversity and solvability checks."""
+    floor_seeds: int = 30
+    """Seeds for each floor policy (random, no-op, message-only) in not_trivial."""
+    determinism_seeds: int = 5
+    """Seeds replayed in two fresh workers by the determinism check."""
+    diversity_min: float = 0.95
+    """Share of distinct opening scenarios required over ``seeds`` seeds."""
+    solvable_reward: float = 0.99
+    """Reward at which an oracle episode counts as solved."""
+    solvable_share: float = 0.95
+    """Share of seeds the oracle must solve."""
+    trivial_max: float = 0.3
+    """Highest mean reward allowed to each floor policy."""
+    min_reward_levels: int = 3
+    """Distinct reward values required across all policies (GRPO needs variance)."""
+    step_budget_s: float = 0.5
+    """Largest p99 round trip of one env step, sandbox included."""
+    policy: str | None = None
+    """An agent for the calibration check (none: the check is not run)."""
+    calibration_seeds: int = 10
+    """Seeds (groups) of the calibration check."""
+    k: int = 4
+    """Rollouts per seed in the calibration check (TRACE's K)."""
+    calibration_band: tuple[float, float] = (0.2, 0.6)
+    """Where the policy's mean reward and success rate must lie."""
+    max_constant_groups: float = 0.5
+    """Largest share of groups whose K rewards are all equal."""
+    min_informative_groups: float = 0.5
+    """Smallest share of groups with reward variance (what GRPO learns from)."""
+    max_all_zero_groups: float = 0.2
+    """Largest share of groups where every rollout scores 0."""
+    max_all_success_groups: float = 0.2
+    """Largest share of groups where every rollout succeeds."""
+
+
+@dataclass
+class CheckResult:
+    name: str
+    passed: bool | None  # None: skipped
+    evidence: str
+    details: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+@dataclass
+class ValidationReport:
+    env_id: str
+    path: str
+    code_hash: str
+    backend: str
+    passed: bool
+    checks: list[CheckResult]
+    wall_s: float
+    validated_at: str
+    config: dict[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def failed(self) -> list[str]:
+        return [c.name for c in self.checks if c.passed is False]
+
+    def table(self) -> str:
+        lines = [f"{self.env_id}  ({self.path}, backend {self.backend}, {self.wall_s:.1f}s)"]
+        width = max(len(c.name) for c in self.checks)
+        for c in self.checks:
+            mark = "PASS" if c.passed else ("skip" if c.passed is None else "FAIL")
+            lines.append(f"  {mark}  {c.name.ljust(width)}  {c.evidence}")
+        lines.append("passed" if self.passed else f"FAILED: {', '.join(self.failed())}")
+        return "\n".join(lines)
+
+
+@dataclass
+class Episode:
+    policy: str
+    seed: int
+    reward: float | None
+    terminated: bool
+    truncated: bool
+    steps: int
+    error: str | None = None
+    observations: list[str] = field(default_factory=list)
+    reward_info: dict[str, Any] = field(default_factory=dict)
+
+
+class _Context:
+    """What the checks share: the env folder, one sandboxed env, episodes seen."""
+
+    def __init__(self, path: Path, backend: Any, config: ValidationConfig):
+        self.path = path
+        self.backend = backend
+        self.config = config
+        self.entry = read_manifest(path)
+        self.source = (path / "env.py").read_text(encoding="utf-8")
+        self.target_tools = load_frozen_tools(get_entry(self.entry.target).tools_path)
+        self.env = None
+        self.episodes: list[Episode] = []
+        self.step_times: list[float] = []
+
+    def make_env(self):
+        from trace_gym.sandbox.env import SandboxedEnv
+
+        return SandboxedEnv(self.path, backend=self.backend)
+
+    def play(self, env, agent_name: str, seed: int, *, record: bool = True) -> Episode:
+        from trace_gym.agents import make_agent
+
+        agent = make_agent(agent_name, seed=seed)
+        try:
+            obs, info = env.reset(seed=seed)
+            agent.reset(obs, {**info, "episode_seed": seed}, env)
+            observations = [obs]
+            reward, terminated, truncated, step_info = 0.0, False, False, {}
+            while not (terminated or truncated):
+                action = agent.act(obs)
+                t0 = time.perf_counter()
+                obs, reward, terminated, truncated, step_info = env.step(action)
+                self.step_times.append(time.perf_counter() - t0)
+                observations.append(obs)
+            episode = Episode(agent_name, seed, reward, terminated, truncated, env.unwrapped.steps,
+                              observations=observations, reward_info=step_info.get("reward_info") or {})
+        except TraceGymError as exc:
+            episode = Episode(agent_name, seed, None, False, False, 0, error=str(exc))
+            if not env.unwrapped.worker.alive:  # a dead worker: replace it for the next episode
+                env.close()
+                self.env = self.make_env()
+        if record:
+            self.episodes.append(episode)
+        return episode
+
+
+def validate(
+    path_or_id: str | Path,
+    *,
+    backend: Any = "auto",
+    config: ValidationConfig | None = None,
+    write: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> ValidationReport:
+    """Run every check on an env folder (or registered env id) and return the report.
+
+    With ``write=True`` the report is stored as ``validation.json`` beside env.py,
+    with the code hash it was made for (``trace-gym envs list`` shows it stale
+    once the code changes).
+    """
+    from trace_gym.sandbox import select_backend
+
+    path = _resolve(path_or_id)
+    config = config or ValidationConfig()
+    backend_obj = select_backend(backend) if isinstance(backend, str) else backend
+    ctx = _Context(path, backend_obj, config)
+    started = time.perf_counter()
+    results: list[CheckResult] = []
+    stop = False
+    for check in CHECKS:
+        if check is check_calibration and not config.policy:
+            continue
+        if stop:
+            results.append(CheckResult(check.__name__.removeprefix("check_"), None, "skipped: an earlier check failed"))
+            continue
+        if progress:
+            progress(check.__name__.removeprefix("check_"))
+        t0 = time.perf_counter()
+        try:
+            result = check(ctx)
+        except TraceGymError as exc:
+            result = CheckResult(check.__name__.removeprefix("check_"), False, f"error: {exc}")
+        result.seconds = round(time.perf_counter() - t0, 3)
+        results.append(result)
+        if result.passed is False and check in (check_static_gate, check_contract_shape):
+            stop = True
+    if ctx.env is not None:
+        ctx.env.close()
+    report = ValidationReport(
+        env_id=ctx.entry.id,
+        path=str(path),
+        code_hash=code_hash(path),
+        backend=backend_obj.name,
+        passed=all(r.passed is not False for r in results),
+        checks=results,
+        wall_s=round(time.perf_counter() - started, 2),
+        validated_at=datetime.now(timezone.utc).isoformat(),
+        config={k: v for k, v in asdict(config).items()},
+    )
+    if write:
+        (path / VALIDATION_REPORT).write_text(json.dumps(report.as_dict(), indent=2) + "\n", encoding="utf-8")
+    return report
+
+
+def _resolve(path_or_id: str | Path) -> Path:
+    candidate = Path(path_or_id)
+    if (candidate / "manifest.toml").exists():
+        return candidate
+    if candidate.name == "env.py" and (candidate.parent / "manifest.toml").exists():
+        return candidate.parent
+    if str(path_or_id).startswith(("trace/", "trace_gym:")):
+        entry = get_entry(str(path_or_id))
+        if entry.kind != "synthesized":
+            raise TraceGymError(f"{entry.id} is a target; only synthesized envs are validated")
+        return entry.path
+    raise TraceGymError(f"{path_or_id} is neither an env folder (with manifest.toml) nor a registered env id")
+
+
+# --- the checks ----------------------------------------------------------------------
+def check_static_gate(ctx: _Context) -> CheckResult:
+    from trace_gym.sandbox import check_source
+
+    findings = check_source(ctx.source)
+    if findings:
+        return CheckResult("static_gate", False, "; ".join(str(f) for f in findings[:5]), {"findings": [str(f) for f in findings]})
+    return CheckResult("static_gate", True, f"{len(ctx.source.splitlines())} lines, only allowed imports and names")
+
+
+def check_contract_shape(ctx: _Context) -> CheckResult:
+    tree = ast.parse(ctx.source)
+    problems = []
+    doc = ast.get_docstring(tree) or ""
+    if not doc.lower().startswith("transfer rationale"):
+        problems.append("the module docstring must start with 'Transfer rationale:' (why success here transfers)")
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    env_class = classes.get("Environment")
+    methods = {n.name for n in env_class.body if isinstance(n, ast.FunctionDef)} if env_class else set()
+    if env_class is None:
+        problems.append("no class Environment")
+    for method in ("reset", "step", "reward", "oracle"):
+        if env_class is not None and method not in methods:
+            problems.append(f"Environment has no {method}()")
+    if not any(isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "TOOLS" for t in n.targets) for n in tree.body):
+        problems.append("no module-level TOOLS list")
+    if problems:
+        return CheckResult("contract_shape", False, "; ".join(problems))
+    try:
+        ctx.env = ctx.make_env()
+    except TraceGymError as exc:
+        return CheckResult("contract_shape", False, f"the env does not load in the sandbox: {exc}")
+    names = [tool_name(t) for t in ctx.env.tools]
+    return CheckResult("contract_shape", True, f"loads in the sandbox; TOOLS = {names}; max_steps {ctx.env.max_steps}")
+
+
+def check_interface_fidelity(ctx: _Context) -> CheckResult:
+    env = ctx.env
+    names = [tool_name(t) for t in env.tools]
+    expected = select_tools(ctx.target_tools, names)
+    if canonical_json(env.tools) != canonical_json(expected):
+        return CheckResult("interface_fidelity", False, "the schemas the agent sees differ from the target's frozen ones")
+    crashes = []
+    for i, schema in enumerate(env.tools):
+        env.reset(seed=i)
+        arguments = _valid_arguments(tool_parameters(schema), i)
+        try:
+            result = env.worker.call("step", action={"type": "tool_call", "name": tool_name(schema), "arguments": arguments})
+            if not isinstance(result, dict) or not isinstance(result.get("observation"), str):
+                crashes.append(f"{tool_name(schema)}: answered {str(result)[:80]}")
+        except TraceGymError as exc:
+            crashes.append(f"{tool_name(schema)}({json.dumps(arguments)[:80]}): {exc}")
+            _revive(ctx)
+            env = ctx.env
+    bad_oracle_calls = []
+    for seed in range(min(10, ctx.config.seeds)):
+        env.reset(seed=seed)
+        for action in env.worker.call("oracle") or []:
+            if isinstance(action, dict) and action.get("type") == "tool_call":
+                name = action.get("name")
+                if name not in names:
+                    bad_oracle_calls.append(f"seed {seed}: oracle calls '{name}', not in TOOLS")
+                    continue
+                problems = check_arguments(select_tools(ctx.target_tools, [name])[0], action.get("arguments") or {})
+                bad_oracle_calls += [f"seed {seed}: {name}: {p}" for p in problems]
+    if crashes or bad_oracle_calls:
+        evidence = "; ".join((crashes + bad_oracle_calls)[:4])
+        return CheckResult("interface_fidelity", False, evidence, {"crashes": crashes, "oracle_calls": bad_oracle_calls[:20]})
+    return CheckResult("interface_fidelity", True,
+                       f"{len(names)} tools, schemas byte-identical to {ctx.entry.target}; each answers schema-valid calls; oracle calls fit the schemas")
+
+
+def check_reset_every_seed(ctx: _Context) -> CheckResult:
+    failures, openings = [], {}
+    for seed in range(ctx.config.seeds):
+        try:
+            obs, info = ctx.env.reset(seed=seed)
+            openings[seed] = info["system_prompt"] + "\n---\n" + obs
+        except TraceGymError as exc:
+            failures.append(f"seed {seed}: {exc}")
+            _revive(ctx)
+    ctx.openings = openings
+    if failures:
+        return CheckResult("reset_every_seed", False, f"{len(failures)}/{ctx.config.seeds} seeds fail: {failures[0]}", {"failures": failures[:20]})
+    return CheckResult("reset_every_seed", True, f"{ctx.config.seeds} seeds reset without error")
+
+
+def check_seed_diversity(ctx: _Context) -> CheckResult:
+    openings = getattr(ctx, "openings", {})
+    if not openings:
+        return CheckResult("seed_diversity", False, "no seed could be reset")
+    share = len(set(openings.values())) / ctx.config.seeds
+    evidence = f"{len(set(openings.values()))} distinct openings over {ctx.config.seeds} seeds ({share:.0%}; need {ctx.config.diversity_min:.0%})"
+    return CheckResult("seed_diversity", share >= ctx.config.diversity_min, evidence, {"share": share})
+
+
+def check_determinism(ctx: _Context) -> CheckResult:
+    differences = []
+    for seed in range(ctx.config.determinism_seeds):
+        runs = []
+        for _ in range(2):
+            env = ctx.make_env()  # a fresh worker each time: no state carried over
+            try:
+                runs.append(_replay(env, seed))
+            finally:
+                env.close()
+        if runs[0] != runs[1]:
+            first = next(i for i, (a, b) in enumerate(zip(runs[0], runs[1])) if a != b) if len(runs[0]) == len(runs[1]) else "length"
+            differences.append(f"seed {seed} differs at item {first}")
+    if differences:
+        return CheckResult("determinism", False, "the same seed and actions gave different results in two fresh workers: " + "; ".join(differences[:3]))
+    return CheckResult("determinism", True, f"{ctx.config.determinism_seeds} seeds replayed identically (oracle and random actions) in fresh workers")
+
+
+def check_solvable(ctx: _Context) -> CheckResult:
+    episodes = [ctx.play(ctx.env, "oracle", seed) for seed in range(ctx.config.seeds)]
+    solved = [e for e in episodes if e.reward is not None and e.reward >= ctx.config.solvable_reward]
+    share = len(solved) / len(episodes)
+    errors = [f"seed {e.seed}: {e.error}" for e in episodes if e.error][:3]
+    evidence = f"oracle solves {len(solved)}/{len(episodes)} seeds ({share:.0%}; need {ctx.config.solvable_share:.0%})"
+    if errors:
+        evidence += "; errors: " + "; ".join(errors)
+    return CheckResult("solvable", share >= ctx.config.solvable_share, evidence, {"share": share})
+
+
+def check_not_trivial(ctx: _Context) -> CheckResult:
+    means = {}
+    for policy in ("random", "noop", "message_only"):
+        rewards = [ctx.play(ctx.env, policy, 1000 + seed).reward or 0.0 for seed in range(ctx.config.floor_seeds)]
+        means[policy] = sum(rewards) / len(rewards)
+    worst = max(means, key=means.get)
+    evidence = ", ".join(f"{p} {m:.2f}" for p, m in means.items()) + f" (each must be <= {ctx.config.trivial_max})"
+    return CheckResult("not_trivial", means[worst] <= ctx.config.trivial_max, evidence, {"means": means})
+
+
+def check_reward_range(ctx: _Context) -> CheckResult:
+    errors = [e.error for e in ctx.episodes if e.error and ("reward" in e.error)]
+    rewards = [e.reward for e in ctx.episodes if e.reward is not None]
+    if errors:
+        return CheckResult("reward_range", False, errors[0])
+    bad = [r for r in rewards if not (math.isfinite(r) and 0.0 <= r <= 1.0)]
+    levels = sorted({round(r, 6) for r in rewards})
+    if bad:
+        return CheckResult("reward_range", False, f"rewards out of [0, 1]: {bad[:5]}")
+    evidence = f"{len(rewards)} episodes, rewards in [0, 1], levels {levels[:8]} (need >= {ctx.config.min_reward_levels})"
+    return CheckResult("reward_range", len(levels) >= ctx.config.min_reward_levels, evidence, {"levels": levels})
+
+
+def check_termination(ctx: _Context) -> CheckResult:
+    oracle = [e for e in ctx.episodes if e.policy == "oracle" and e.error is None]
+    never_ended = [e.seed for e in oracle if e.truncated]
+    problems = []
+    if never_ended:
+        problems.append(f"oracle episodes reach max_steps without the env ending them (seeds {never_ended[:5]})")
+    env = ctx.env
+    env.reset(seed=0)
+    actions = env.worker.call("oracle") or []
+    done = False
+    for action in actions:
+        done = env.worker.call("step", action=action).get("done")
+        if done:
+            break
+    try:
+        after = env.worker.call("step", action={"type": "message", "content": "Are you still there?"})
+        if not isinstance(after, dict) or not isinstance(after.get("observation"), str):
+            problems.append("a step after the end does not return an observation")
+    except TraceGymError as exc:
+        problems.append(f"a step after the end crashes: {exc}")
+        _revive(ctx)
+    if problems:
+        return CheckResult("termination", False, "; ".join(problems))
+    return CheckResult("termination", True, f"{len(oracle)} oracle episodes end by themselves within max_steps {ctx.env.max_steps}; a step after the end is answered")
+
+
+def check_robustness(ctx: _Context) -> CheckResult:
+    env = ctx.env
+    names = [tool_name(t) for t in env.tools]
+    probes = [
+        {"type": "tool_call", "name": "no_such_tool", "arguments": {}},
+        {"type": "tool_call", "name": names[0], "arguments": {}},
+        {"type": "tool_call", "name": names[0], "arguments": {"unexpected": 1}},
+        {"type": "message", "content": ""},
+        {"type": "message", "content": "{\"name\": 1}" * 50},
+    ]
+    params = tool_parameters(env.tools[0]).get("properties", {})
+    probes += [{"type": "tool_call", "name": names[0], "arguments": {p: v}} for p in params for v in (12345, None, ["x"], {"a": 1})]
+    crashes = []
+    for i, probe in enumerate(probes):
+        env.reset(seed=i)
+        try:
+            result = env.worker.call("step", action=probe)
+            if not isinstance(result, dict) or not isinstance(result.get("observation"), str):
+                crashes.append(f"{json.dumps(probe)[:80]} -> {str(result)[:60]}")
+        except TraceGymError as exc:
+            crashes.append(f"{json.dumps(probe)[:80]} -> {exc}")
+            _revive(ctx)
+            env = ctx.env
+    if crashes:
+        return CheckResult("robustness", False, f"{len(crashes)}/{len(probes)} bad actions crash the env: {crashes[0]}", {"crashes": crashes})
+    return CheckResult("robustness", True, f"{len(probes)} malformed actions (unknown tool, missing, extra and wrongly typed arguments) each get an observation")
+
+
+def check_hints(ctx: _Context) -> CheckResult:
+    env = ctx.env
+    leaks, unchanged, changed_user = [], 0, 0
+    seeds = range(min(20, ctx.config.seeds))
+    for seed in seeds:
+        plain = env.worker.call("reset", seed=seed, hint=False)
+        oracle = env.worker.call("oracle") or []
+        hinted = env.worker.call("reset", seed=seed, hint=True)
+        if hinted["user_message"] != plain["user_message"]:
+            changed_user += 1
+        if hinted["system_prompt"] == plain["system_prompt"]:
+            unchanged += 1
+            continue
+        hint_text = hinted["system_prompt"].replace(plain["system_prompt"], " ")
+        known = plain["system_prompt"] + " " + plain["user_message"]
+        for value in _oracle_values(oracle):
+            if value in hint_text and value not in known:
+                leaks.append(f"seed {seed}: the hint spells out '{value}'")
+    problems = []
+    if changed_user:
+        problems.append(f"hint=True changes the user message on {changed_user} seeds (it may change only the system prompt)")
+    if unchanged == len(seeds):
+        problems.append("hint=True changes nothing")
+    if leaks:
+        problems.append("; ".join(leaks[:3]))
+    if problems:
+        return CheckResult("hints", False, "; ".join(problems), {"leaks": leaks[:20]})
+    return CheckResult("hints", True, f"hint=True changes only the system prompt on {len(seeds)} seeds and spells out none of the oracle's values")
+
+
+def check_step_time(ctx: _Context) -> CheckResult:
+    times = sorted(ctx.step_times)
+    if not times:
+        return CheckResult("step_time", None, "no steps were timed")
+    p50, p99 = statistics.median(times), times[min(len(times) - 1, int(0.99 * len(times)))]
+    evidence = f"{len(times)} steps: p50 {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms (budget {ctx.config.step_budget_s * 1e3:.0f} ms)"
+    return CheckResult("step_time", p99 <= ctx.config.step_budget_s, evidence, {"p50_s": p50, "p99_s": p99})
+
+
+def check_calibration(ctx: _Context) -> CheckResult:
+    cfg = ctx.config
+    groups = []
+    for seed in range(cfg.calibration_seeds):
+        rewards = [ctx.play(ctx.env, cfg.policy, seed, record=False).reward or 0.0 for _ in range(cfg.k)]
+        groups.append(rewards)
+    flat = [r for g in groups for r in g]
+    n = len(groups)
+    mean = sum(flat) / len(flat)
+    success = sum(r >= cfg.solvable_reward for r in flat) / len(flat)
+    constant = sum(len(set(g)) == 1 for g in groups) / n
+    informative = 1 - constant
+    all_zero = sum(all(r == 0 for r in g) for g in groups) / n
+    all_success = sum(all(r >= cfg.solvable_reward for r in g) for g in groups) / n
+    pass_at = {k: sum(any(r >= cfg.solvable_reward for r in g[:k]) for g in groups) / n for k in range(1, cfg.k + 1)}
+    low, high = cfg.calibration_band
+    rules = {
+        f"mean reward {mean:.2f} in [{low}, {high}]": low <= mean <= high,
+        f"success rate {success:.2f} in [{low}, {high}]": low <= success <= high,
+        f"constant groups {constant:.2f} <= {cfg.max_constant_groups}": constant <= cfg.max_constant_groups,
+        f"informative groups {informative:.2f} >= {cfg.min_informative_groups}": informative >= cfg.min_informative_groups,
+        f"all-zero groups {all_zero:.2f} <= {cfg.max_all_zero_groups}": all_zero <= cfg.max_all_zero_groups,
+        f"all-success groups {all_success:.2f} <= {cfg.max_all_success_groups}": all_success <= cfg.max_all_success_groups,
+    }
+    failed = [rule for rule, ok in rules.items() if not ok]
+    pass_table = ", ".join(f"pass@{k} {v:.2f}" for k, v in pass_at.items())
+    evidence = f"{cfg.policy}, {n} groups x K={cfg.k}: " + ("; ".join(failed) if failed else "all rules hold") + f"; {pass_table}"
+    return CheckResult("calibration", not failed, evidence, {"groups": groups, "pass_at_k": pass_at, "rules": rules})
+
+
+CHECKS = [
+    check_static_gate, check_contract_shape, check_interface_fidelity, check_reset_every_seed,
+    check_seed_diversity, check_determinism, check_solvable, check_not_trivial, check_reward_range,
+    check_termination, check_robustness, check_hints, check_step_time, check_calibration,
+]
+
+
+# --- helpers -----------------------------------------------------------------------
+def _revive(ctx: _Context) -> None:
+    """A check that killed the worker gets a fresh env for the checks after it."""
+    if ctx.env is None or not ctx.env.worker.alive:
+        if ctx.env is not None:
+            ctx.env.close()
+        ctx.env = ctx.make_env()
+
+
+def _replay(env, seed: int) -> list[Any]:
+    """Oracle actions then random ones, at the worker level; everything the env says."""
+    import random
+
+    out: list[Any] = [env.worker.call("reset", seed=seed, hint=False)]
+    actions = list(env.worker.call("oracle") or [])
+    rng = random.Random(seed)
+    names = [tool_name(t) for t in env.tools]
+    actions += [{"type": "tool_call", "name": rng.choice(names), "arguments": {}} for _ in range(2)]
+    out.append(env.worker.call("reset", seed=seed, hint=False))
+    for action in actions:
+        result = env.worker.call("step", action=action)
+        out.append(result)
+        if result.get("done"):
+            break
+    out.append(env.worker.call("reward"))
+    return out
+
+
+def _valid_arguments(params: dict[str, Any], salt: int) -> dict[str, Any]:
+    from trace_gym.agents.random_agent import RandomAgent
+
+    return RandomAgent(seed=salt).arguments_for(params)
+
+
+_VALUE_TOKEN = re.compile(r"[#A-Za-z0-9_.\-]*\d[#A-Za-z0-9_.\-]*")
+
+
+def _oracle_values(actions: list[Any]) -> set[str]:
+    """Argument values of the oracle's calls and number-like tokens of its messages."""
+    values: set[str] = set()
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, list):
+            for v in value:
+                walk(v)
+        elif isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            text = str(value)
+            if len(text) >= 3:
+                values.add(text)
+
+    for action in actions:
+        if not isinstance(action, dict):
+            continue
+        if action.get("type") == "tool_call":
+            walk(action.get("arguments"))
+        elif action.get("type") == "message":
+            values.update(t for t in _VALUE_TOKEN.findall(str(action.get("content", ""))) if len(t) >= 3)
+    return values
