@@ -27,7 +27,7 @@ def test_tools_are_the_targets_byte_for_byte_and_the_oracle_solves(sandbox_backe
     assert obs.startswith("What is the status of my order #W")
     traj = run_episode(env, OracleAgent(), "trace/test-order-lookup-v0", Episode(None, 0, 7))
     assert traj.reward == 1.0 and traj.termination_reason == "env_done"
-    assert traj.reward_info["components"] == {"looked_up": 1.0, "correct_status": 1.0}
+    assert traj.reward_info["components"] == {"used_tool": 1.0, "looked_up": 1.0, "correct_status": 1.0}
     env.close()
 
 
@@ -44,7 +44,7 @@ def test_a_wrong_id_and_a_wrong_answer_score_low(sandbox_backend):
     obs, *_ = env.step('{"name": "get_order_details", "arguments": {"order_id": "#W0"}}')
     assert obs == "Error: Order not found"
     _, reward, terminated, _, info = env.step("It is on its way.")
-    assert terminated and reward == 0.0 and info["reward_info"]["failed_components"] == ["correct_status", "looked_up"]
+    assert terminated and reward == 0.2 and info["reward_info"]["failed_components"] == ["correct_status", "looked_up"]
     env.close()
 
 

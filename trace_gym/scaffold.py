@@ -34,6 +34,7 @@ class Environment:
         rng = random.Random(seed)
         self.key = "{prefix}" + str(rng.randrange(10**6, 10**7))
         self.state = rng.choice(STATES)
+        self.used_tool = False
         self.looked_up = False
         self.answer = None
         prompt = "You are a support agent. Use the tools to answer the user."
@@ -45,6 +46,7 @@ class Environment:
         if action.get("type") == "tool_call":
             if action.get("name") != "{tool}":
                 return {{"observation": "Error: Tool '%s' not found." % action.get("name"), "done": False}}
+            self.used_tool = True
             if action.get("arguments", {{}}).get("{param}") != self.key:
                 return {{"observation": "Error: not found", "done": False}}
             self.looked_up = True
@@ -54,8 +56,12 @@ class Environment:
 
     def reward(self):
         said = self.answer is not None and self.state in self.answer.lower()
-        components = {{"looked_up": 1.0 if self.looked_up else 0.0, "correct_answer": 1.0 if said else 0.0}}
-        reward = 0.4 * components["looked_up"] + 0.6 * components["correct_answer"]
+        components = {{
+            "used_tool": 1.0 if self.used_tool else 0.0,
+            "looked_up": 1.0 if self.looked_up else 0.0,
+            "correct_answer": 1.0 if said else 0.0,
+        }}
+        reward = 0.2 * components["used_tool"] + 0.3 * components["looked_up"] + 0.5 * components["correct_answer"]
         return {{"reward": reward, "components": components, "reason": "looked up, then answered"}}
 
     def oracle(self):
@@ -89,8 +95,9 @@ Describe the scenario, how it varies across seeds, and why success here
 transfers to the target.
 
 ## Reward
-- `looked_up` (0.4): the record was looked up with the exact value.
-- `correct_answer` (0.6): the final message states the record's state.
+- `used_tool` (0.2): the agent called the tool at all.
+- `looked_up` (0.3): the record was looked up with the exact value.
+- `correct_answer` (0.5): the final message states the record's state.
 
 Validate with `trace-gym validate {folder}`.
 """

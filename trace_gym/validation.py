@@ -204,7 +204,7 @@ def validate(
             result = CheckResult(check.__name__.removeprefix("check_"), False, f"error: {exc}")
         result.seconds = round(time.perf_counter() - t0, 3)
         results.append(result)
-        if result.passed is False and check in (check_static_gate, check_contract_shape):
+        if result.passed is False and check in (check_static_gate, check_contract_shape, check_interface_fidelity) and ctx.env is None:
             stop = True
     if ctx.env is not None:
         ctx.env.close()
@@ -266,15 +266,16 @@ def check_contract_shape(ctx: _Context) -> CheckResult:
         problems.append("no module-level TOOLS list")
     if problems:
         return CheckResult("contract_shape", False, "; ".join(problems))
-    try:
-        ctx.env = ctx.make_env()
-    except TraceGymError as exc:
-        return CheckResult("contract_shape", False, f"the env does not load in the sandbox: {exc}")
-    names = [tool_name(t) for t in ctx.env.tools]
-    return CheckResult("contract_shape", True, f"loads in the sandbox; TOOLS = {names}; max_steps {ctx.env.max_steps}")
+    return CheckResult("contract_shape", True, "transfer rationale, TOOLS, Environment with reset/step/reward/oracle")
 
 
 def check_interface_fidelity(ctx: _Context) -> CheckResult:
+    try:
+        ctx.env = ctx.make_env()
+    except EnvContractError as exc:
+        return CheckResult("interface_fidelity", False, str(exc))
+    except TraceGymError as exc:
+        return CheckResult("interface_fidelity", False, f"the env does not load in the sandbox: {exc}")
     env = ctx.env
     names = [tool_name(t) for t in env.tools]
     expected = select_tools(ctx.target_tools, names)
@@ -307,7 +308,7 @@ def check_interface_fidelity(ctx: _Context) -> CheckResult:
         evidence = "; ".join((crashes + bad_oracle_calls)[:4])
         return CheckResult("interface_fidelity", False, evidence, {"crashes": crashes, "oracle_calls": bad_oracle_calls[:20]})
     return CheckResult("interface_fidelity", True,
-                       f"{len(names)} tools, schemas byte-identical to {ctx.entry.target}; each answers schema-valid calls; oracle calls fit the schemas")
+                       f"TOOLS {names} ⊆ the target's; schemas byte-identical to {ctx.entry.target}; each answers schema-valid calls; oracle calls fit the schemas")
 
 
 def check_reset_every_seed(ctx: _Context) -> CheckResult:
@@ -441,9 +442,14 @@ def check_robustness(ctx: _Context) -> CheckResult:
 
 
 def check_hints(ctx: _Context) -> CheckResult:
+    """A hint may say how to work, never what this seed's answer is: a leak is
+    an oracle value (argument, or word of its messages) that appears in this
+    seed's hint, not in what the agent is told anyway, and in fewer than half
+    of all hints (generic advice repeats across seeds; an answer does not)."""
     env = ctx.env
-    leaks, unchanged, changed_user = [], 0, 0
-    seeds = range(min(20, ctx.config.seeds))
+    unchanged, changed_user = 0, 0
+    seeds = list(range(min(20, ctx.config.seeds)))
+    per_seed = []
     for seed in seeds:
         plain = env.worker.call("reset", seed=seed, hint=False)
         oracle = env.worker.call("oracle") or []
@@ -452,12 +458,16 @@ def check_hints(ctx: _Context) -> CheckResult:
             changed_user += 1
         if hinted["system_prompt"] == plain["system_prompt"]:
             unchanged += 1
-            continue
         hint_text = hinted["system_prompt"].replace(plain["system_prompt"], " ")
         known = plain["system_prompt"] + " " + plain["user_message"]
-        for value in _oracle_values(oracle):
+        per_seed.append((seed, hint_text.lower(), known.lower(), {v.lower() for v in _oracle_values(oracle)}))
+    leaks = []
+    for seed, hint_text, known, values in per_seed:
+        for value in sorted(values):
             if value in hint_text and value not in known:
-                leaks.append(f"seed {seed}: the hint spells out '{value}'")
+                share = sum(value in other for _, other, _, _ in per_seed) / len(per_seed)
+                if share < 0.5:
+                    leaks.append(f"seed {seed}: the hint spells out '{value}'")
     problems = []
     if changed_user:
         problems.append(f"hint=True changes the user message on {changed_user} seeds (it may change only the system prompt)")
@@ -551,6 +561,7 @@ def _valid_arguments(params: dict[str, Any], salt: int) -> dict[str, Any]:
 
 
 _VALUE_TOKEN = re.compile(r"[#A-Za-z0-9_.\-]*\d[#A-Za-z0-9_.\-]*")
+_WORD = re.compile(r"[A-Za-z][A-Za-z\-]+")
 
 
 def _oracle_values(actions: list[Any]) -> set[str]:
@@ -575,5 +586,7 @@ def _oracle_values(actions: list[Any]) -> set[str]:
         if action.get("type") == "tool_call":
             walk(action.get("arguments"))
         elif action.get("type") == "message":
-            values.update(t for t in _VALUE_TOKEN.findall(str(action.get("content", ""))) if len(t) >= 3)
+            content = str(action.get("content", ""))
+            values.update(t for t in _VALUE_TOKEN.findall(content) if len(t) >= 3)
+            values.update(w.lower() for w in _WORD.findall(content) if len(w) >= 4)
     return values
