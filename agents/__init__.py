@@ -11,12 +11,18 @@ from typing import Any
 
 from .base import Agent
 from .floor import MessageOnlyAgent, NoOpAgent
-from .oracle import OracleAgent
+from .oracle import OracleAgent, PartialOracleAgent
 from .random_agent import RandomAgent
 
-AGENTS = {"oracle": OracleAgent, "random": RandomAgent, "noop": NoOpAgent, "message_only": MessageOnlyAgent}
+AGENTS = {
+    "oracle": OracleAgent,
+    "partial_oracle": PartialOracleAgent,
+    "random": RandomAgent,
+    "noop": NoOpAgent,
+    "message_only": MessageOnlyAgent,
+}
 
-__all__ = ["Agent", "OracleAgent", "RandomAgent", "NoOpAgent", "MessageOnlyAgent", "AGENTS", "make_agent"]
+__all__ = ["Agent", "OracleAgent", "PartialOracleAgent", "RandomAgent", "NoOpAgent", "MessageOnlyAgent", "AGENTS", "make_agent"]
 
 
 def make_agent(name: str, **kwargs: Any) -> Agent:

@@ -32,3 +32,26 @@ class OracleAgent:
 
     def usage(self) -> dict[str, int | None]:
         return {"prompt_tokens": None, "completion_tokens": None}
+
+
+class PartialOracleAgent(OracleAgent):
+    """Plays a seeded prefix of the env's solution, then gives up.
+
+    The validator uses it to see whether the reward is graded: partial work
+    should earn partial credit, which GRPO needs to tell rollouts apart.
+    """
+
+    name = "partial_oracle"
+
+    def __init__(self, seed: int = 0, **_: Any):
+        super().__init__()
+        self._seed = seed
+
+    def reset(self, observation: str, info: dict[str, Any], env: Any = None) -> None:
+        import random
+
+        super().reset(observation, info, env)
+        rng = random.Random(f"partial|{self._seed}|{info.get('episode_seed')}")
+        tool_calls = [a for a in self._script if a.lstrip().startswith(("<tool_call>", "{"))]
+        keep = rng.randint(0, max(len(tool_calls) - 1, 0))
+        self._script = tool_calls[:keep] + ["I'm sorry, I could not finish this."]

@@ -122,3 +122,31 @@ def test_scaffold_passes_validation_out_of_the_box(tmp_path):
     assert report.passed, report.table()
     manifest = (tmp_path / "my-check" / "manifest.toml").read_text()
     assert 'id = "trace/my-check-v0"' in manifest and 'name = "exact lookups"' in manifest
+
+
+REFERENCE_ENVS = ["trace/structured-data-v0", "trace/verify-preconditions-v0", "trace/tool-precision-v0", "trace/policy-adherence-v0"]
+
+
+@pytest.mark.parametrize("env_id", REFERENCE_ENVS)
+def test_reference_env_runs_end_to_end_through_gym_make(env_id):
+    import gymnasium as gym
+
+    import trace_gym  # noqa: F401
+    from trace_gym.agents import OracleAgent, RandomAgent
+    from trace_gym.rollout import Episode, run_episode
+
+    env = gym.make(env_id)
+    obs, info = env.reset(seed=42)
+    assert obs and info["tools"] and info["system_prompt"]
+    solved = run_episode(env, OracleAgent(), env_id, Episode(None, 0, 42))
+    assert solved.reward == 1.0 and solved.terminated
+    assert all(c.name in {t["function"]["name"] for t in info["tools"]} for c in solved.agent_tool_calls())
+    floor = run_episode(env, RandomAgent(seed=1), env_id, Episode(None, 0, 43))
+    assert floor.reward < 1.0
+    env.close()
+
+
+def test_the_stored_reports_of_the_registry_are_current():
+    rows = {e.id: e.validation_status() for e in discover().values() if e.kind == "synthesized"}
+    assert set(REFERENCE_ENVS) <= set(rows)
+    assert all(status == "passed" for status in rows.values()), rows

@@ -375,6 +375,10 @@ def check_not_trivial(ctx: _Context) -> CheckResult:
 
 
 def check_reward_range(ctx: _Context) -> CheckResult:
+    """Rewards of every policy so far plus partial solutions (seeded prefixes of
+    the oracle's actions), which show whether partial work earns partial credit."""
+    for seed in range(min(ctx.config.floor_seeds, ctx.config.seeds)):
+        ctx.play(ctx.env, "partial_oracle", seed)
     errors = [e.error for e in ctx.episodes if e.error and ("reward" in e.error)]
     rewards = [e.reward for e in ctx.episodes if e.reward is not None]
     if errors:
