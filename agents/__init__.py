@@ -12,6 +12,7 @@ from typing import Any
 from .base import Agent
 from .floor import MessageOnlyAgent, NoOpAgent
 from .oracle import OracleAgent, PartialOracleAgent
+from .planted import PlantedDeficitAgent
 from .random_agent import RandomAgent
 
 AGENTS = {
@@ -20,14 +21,22 @@ AGENTS = {
     "random": RandomAgent,
     "noop": NoOpAgent,
     "message_only": MessageOnlyAgent,
+    "planted": PlantedDeficitAgent,
 }
+# Built lazily: importing them loads model code.
+LAZY_AGENTS = {"llm": ("trace_gym.agents.llm_agent", "LLMAgent")}
 
-__all__ = ["Agent", "OracleAgent", "PartialOracleAgent", "RandomAgent", "NoOpAgent", "MessageOnlyAgent", "AGENTS", "make_agent"]
+__all__ = ["Agent", "OracleAgent", "PartialOracleAgent", "RandomAgent", "NoOpAgent", "MessageOnlyAgent", "PlantedDeficitAgent", "AGENTS", "make_agent"]
 
 
 def make_agent(name: str, **kwargs: Any) -> Agent:
     from trace_gym.errors import TraceGymError
 
+    if name in LAZY_AGENTS:
+        import importlib
+
+        module, cls = LAZY_AGENTS[name]
+        return getattr(importlib.import_module(module), cls)(**kwargs)
     if name not in AGENTS:
-        raise TraceGymError(f"unknown agent '{name}'; choose one of {', '.join(sorted(AGENTS))}")
+        raise TraceGymError(f"unknown agent '{name}'; choose one of {', '.join(sorted([*AGENTS, *LAZY_AGENTS]))}")
     return AGENTS[name](**kwargs)

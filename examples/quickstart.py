@@ -6,7 +6,6 @@ resumes (nothing already played is played again).
 
 from pathlib import Path
 
-from trace_gym.agents import make_agent
 from trace_gym.cli import format_table
 from trace_gym.rollout import rollout
 
@@ -17,7 +16,7 @@ OUT = Path("runs/quickstart")
 def main() -> None:
     rows = []
     for agent in ("oracle", "random"):
-        summary = rollout(ENV, lambda: make_agent(agent, seed=0), OUT / f"{agent}.jsonl", split="test", resume=True)
+        summary = rollout(ENV, agent, OUT / f"{agent}.jsonl", split="test", resume=True)
         rows.append(
             {
                 "agent": agent,

@@ -55,7 +55,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     roll = sub.add_parser("rollout", help="roll an agent out on an env and write trajectories to JSONL")
     roll.add_argument("--env", required=True, help="env id, e.g. trace/tau2-retail-v0")
-    roll.add_argument("--agent", required=True, help="oracle or random")
+    roll.add_argument("--agent", required=True, help="llm, oracle, random, planted, noop or message_only")
+    roll.add_argument("--model", default=None, help="for --agent llm: smollm2-135m-instruct (default, offline), openai:<model> or hf:<path>")
+    roll.add_argument("--adapter", default=None, help="for --agent llm: a LoRA adapter name (vLLM) or path (local models)")
+    roll.add_argument("--temperature", type=float, default=None, help="for --agent llm: sampling temperature (default 0: greedy)")
+    roll.add_argument("--deficits", default=None, help="for --agent planted: name=probability,... e.g. corrupt_ids=0.3,end_early=0.3")
+    roll.add_argument("--executor", choices=["local", "ray"], default="local", help="run episodes here or on a Ray cluster")
+    roll.add_argument("--workers", type=int, default=1, help="parallel episodes: threads (local, API models) or Ray tasks")
+    roll.add_argument("--batch", type=int, default=1, help="for local models: episodes generated together in one batch")
     roll.add_argument("--out", required=True, help="trajectory file (JSONL), appended as episodes finish")
     roll.add_argument("--split", default=None, help="task split of the target (train, test, base); default: the env's")
     roll.add_argument("--tasks", type=int, default=None, metavar="N", help="only the first N tasks of the split")
@@ -140,7 +147,7 @@ def cmd_envs_freeze(args: argparse.Namespace) -> int:
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
-    from trace_gym.agents import make_agent
+    from trace_gym.agents import AGENTS, LAZY_AGENTS, make_agent
 
     from .registry import get_entry
     from .rollout import rollout
@@ -151,11 +158,17 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         if value is not None:
             env_kwargs[key] = value
     task_ids = [t.strip() for t in args.task_ids.split(",") if t.strip()] if args.task_ids else None
-    make_agent(args.agent)  # an unknown agent fails before the env is built
+    agent_kwargs = agent_options(args)
+    if args.agent not in AGENTS and args.agent not in LAZY_AGENTS:
+        make_agent(args.agent)  # one clear error for an unknown agent, before the env is built
     summary = rollout(
         entry.id,
-        lambda: make_agent(args.agent, seed=args.seed),
+        args.agent,
         args.out,
+        agent_kwargs=agent_kwargs,
+        executor=args.executor,
+        workers=args.workers,
+        batch=args.batch,
         split=args.split,
         task_ids=task_ids,
         limit=args.tasks,
@@ -169,6 +182,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary.as_dict(), indent=2))
         return 0
+    if summary.aborted:
+        print(f"trace-gym: warning: {summary.aborted} episodes were given up by the agent (e.g. {summary.abort_example})", file=sys.stderr)
     pass_k = ", ".join(f"pass^{k} {v:.3f}" for k, v in summary.pass_hat_k.items())
     print(
         f"{summary.agent} on {summary.env_id}: {summary.episodes} episodes"
@@ -177,6 +192,24 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         f"mean reward {summary.mean_reward:.3f}, wall {summary.wall_s:.1f}s -> {summary.out}"
     )
     return 0
+
+
+def agent_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Agent keyword arguments from the rollout flags; flags that do not apply to the agent are an error."""
+    options: dict[str, Any] = {}
+    llm_flags = {"model": args.model, "adapter": args.adapter, "temperature": args.temperature}
+    given = {k: v for k, v in llm_flags.items() if v is not None}
+    if given and args.agent != "llm":
+        raise TraceGymError(f"--{', --'.join(given)} only apply to --agent llm")
+    options.update(given)
+    if args.deficits is not None:
+        if args.agent != "planted":
+            raise TraceGymError("--deficits only applies to --agent planted")
+        try:
+            options["deficits"] = {k.strip(): float(v) for k, v in (p.split("=") for p in args.deficits.split(",") if p.strip())}
+        except ValueError:
+            raise TraceGymError(f"--deficits must look like corrupt_ids=0.3,end_early=0.2, got {args.deficits!r}") from None
+    return options
 
 
 def cmd_report(args: argparse.Namespace) -> int:

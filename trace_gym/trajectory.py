@@ -79,6 +79,7 @@ class Trajectory(BaseModel):
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     error: str | None = Field(default=None, description="Why the episode was aborted, if it was.")
+    agent_info: dict[str, Any] = Field(default_factory=dict, description="What the agent reports of itself (e.g. planted deficits).")
 
     @property
     def success(self) -> bool:

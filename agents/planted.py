@@ -1,0 +1,105 @@
+"""PlantedDeficitAgent: the oracle with known, seeded capability deficits.
+
+Later stages (capability identification above all) are checked against this
+known truth: which deficit fired in which episode is recorded in the
+trajectory (``agent_info["deficits"]``). Deficits, each with a probability:
+
+- ``corrupt_ids``: one id argument of a state-changing call is off by a digit
+  (precise tool calls);
+- ``end_early``: the last state-changing call is never made (completing every
+  requested action);
+- ``omit_info``: the closing message leaves out what the user had to be told
+  (communicating required information);
+- ``skip_reads``: read calls before the first write are skipped. In τ² the
+  write still succeeds, so this deficit does not cause failures: a negative
+  control that a contrastive analysis must *not* select.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Any
+
+from trace_gym.actions import format_tool_call, parse_action
+from trace_gym.errors import TraceGymError
+
+from .oracle import OracleAgent
+
+DEFICITS = ("corrupt_ids", "end_early", "omit_info", "skip_reads")
+READ_PREFIXES = ("get_", "find_", "list_", "calculate", "search_")
+
+
+def is_read(tool: str) -> bool:
+    return tool.startswith(READ_PREFIXES)
+
+
+class PlantedDeficitAgent(OracleAgent):
+    name = "planted"
+
+    def __init__(self, seed: int = 0, deficits: dict[str, float] | None = None, **_: Any):
+        super().__init__()
+        self.probabilities = dict(deficits or {"corrupt_ids": 0.3, "end_early": 0.3, "omit_info": 0.3})
+        unknown = set(self.probabilities) - set(DEFICITS)
+        if unknown:
+            raise TraceGymError(f"unknown deficits {sorted(unknown)}; known: {', '.join(DEFICITS)}")
+        self._seed = seed
+        self.fired: list[str] = []
+
+    def reset(self, observation: str, info: dict[str, Any], env: Any = None) -> None:
+        super().reset(observation, info, env)
+        rng = random.Random(f"planted|{self._seed}|{info.get('task_id')}|{info.get('episode_seed')}")
+        rolls = {name: rng.random() for name in DEFICITS}  # every deficit rolls, so switching one off changes no other
+        self.fired = [name for name in DEFICITS if rolls[name] < self.probabilities.get(name, 0.0)]
+        criteria = getattr(getattr(env.unwrapped, "_task", None), "evaluation_criteria", None) if env is not None else None
+        info_strings = list(getattr(criteria, "communicate_info", None) or [])
+        self._script = apply_deficits(self._script, self.fired, info_strings, rng)
+
+    def info(self) -> dict[str, Any]:
+        return {"deficits": list(self.fired), "probabilities": dict(self.probabilities)}
+
+
+def apply_deficits(script: list[str], fired: list[str], info_strings: list[str], rng: random.Random) -> list[str]:
+    parsed = [parse_action(a) for a in script]
+    writes = [i for i, p in enumerate(parsed) if p.is_tool_call and not is_read(p.tool_calls[0].name)]
+    out = list(script)
+    if "corrupt_ids" in fired and writes:
+        i = rng.choice(writes)
+        call = parsed[i].tool_calls[0]
+        out[i] = format_tool_call(call.name, corrupt_one_id(call.arguments, rng))
+    if "end_early" in fired and writes:
+        out[writes[-1]] = None
+    if "skip_reads" in fired and writes:
+        for i in range(writes[0]):
+            if parsed[i].is_tool_call and is_read(parsed[i].tool_calls[0].name):
+                out[i] = None
+    if "omit_info" in fired and info_strings:
+        for i, p in enumerate(parsed):
+            if p.kind == "message" and all(s in p.content for s in info_strings):
+                content = p.content
+                for s in info_strings:
+                    content = content.replace(s, "(details on request)")
+                out[i] = content
+    return [a for a in out if a is not None]
+
+
+def corrupt_one_id(arguments: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+    """Change one digit of one id-like argument (a string, or list of strings, with digits)."""
+    candidates = [(k, None) for k, v in arguments.items() if isinstance(v, str) and re.search(r"\d", v)]
+    candidates += [(k, j) for k, v in arguments.items() if isinstance(v, list) for j, x in enumerate(v) if isinstance(x, str) and re.search(r"\d", x)]
+    if not candidates:
+        return arguments
+    key, index = rng.choice(candidates)
+    new = dict(arguments)
+    if index is None:
+        new[key] = _bump_digit(new[key])
+    else:
+        new[key] = list(new[key])
+        new[key][index] = _bump_digit(new[key][index])
+    return new
+
+
+def _bump_digit(text: str) -> str:
+    positions = [i for i, ch in enumerate(text) if ch.isdigit()]
+    i = positions[-1]
+    return text[:i] + str((int(text[i]) + 1) % 10) + text[i + 1:]

@@ -1,0 +1,27 @@
+"""Model specs to backends: ``smollm2-135m-instruct``, ``openai:<model>``, ``hf:<path>``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import LLMBackend, LLMError
+from .embedded import EMBEDDED_NAME
+
+EMBEDDED_DEFAULT = EMBEDDED_NAME
+
+
+def make_backend(spec: str, **kwargs: Any) -> LLMBackend:
+    if spec == EMBEDDED_NAME:
+        from .embedded import ensure_embedded_model
+        from .local_hf import LocalHF
+
+        return LocalHF(str(ensure_embedded_model()), name=EMBEDDED_NAME, **kwargs)
+    if spec.startswith("openai:"):
+        from .openai_compat import OpenAICompatible
+
+        return OpenAICompatible(spec.removeprefix("openai:"), **kwargs)
+    if spec.startswith("hf:"):
+        from .local_hf import LocalHF
+
+        return LocalHF(spec.removeprefix("hf:"), **kwargs)
+    raise LLMError(f"unknown model '{spec}'; use {EMBEDDED_NAME}, openai:<model> or hf:<local path>")
