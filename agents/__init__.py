@@ -26,7 +26,15 @@ AGENTS = {
 # Built lazily: importing them loads model code.
 LAZY_AGENTS = {"llm": ("trace_gym.agents.llm_agent", "LLMAgent")}
 
-__all__ = ["Agent", "OracleAgent", "PartialOracleAgent", "RandomAgent", "NoOpAgent", "MessageOnlyAgent", "PlantedDeficitAgent", "AGENTS", "make_agent"]
+def __getattr__(name: str) -> Any:
+    if name in ("LLMAgent", "AgentGaveUp"):
+        from . import llm_agent
+
+        return getattr(llm_agent, name)
+    raise AttributeError(name)
+
+
+__all__ = ["LLMAgent", "Agent", "OracleAgent", "PartialOracleAgent", "RandomAgent", "NoOpAgent", "MessageOnlyAgent", "PlantedDeficitAgent", "AGENTS", "make_agent"]
 
 
 def make_agent(name: str, **kwargs: Any) -> Agent:

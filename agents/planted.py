@@ -39,7 +39,8 @@ class PlantedDeficitAgent(OracleAgent):
 
     def __init__(self, seed: int = 0, deficits: dict[str, float] | None = None, **_: Any):
         super().__init__()
-        self.probabilities = dict(deficits or {"corrupt_ids": 0.3, "end_early": 0.3, "omit_info": 0.3})
+        default = {"corrupt_ids": 0.3, "end_early": 0.3, "omit_info": 0.3}
+        self.probabilities = dict(default if deficits is None else deficits)
         unknown = set(self.probabilities) - set(DEFICITS)
         if unknown:
             raise TraceGymError(f"unknown deficits {sorted(unknown)}; known: {', '.join(DEFICITS)}")
@@ -50,37 +51,47 @@ class PlantedDeficitAgent(OracleAgent):
         super().reset(observation, info, env)
         rng = random.Random(f"planted|{self._seed}|{info.get('task_id')}|{info.get('episode_seed')}")
         rolls = {name: rng.random() for name in DEFICITS}  # every deficit rolls, so switching one off changes no other
-        self.fired = [name for name in DEFICITS if rolls[name] < self.probabilities.get(name, 0.0)]
+        drawn = [name for name in DEFICITS if rolls[name] < self.probabilities.get(name, 0.0)]
         criteria = getattr(getattr(env.unwrapped, "_task", None), "evaluation_criteria", None) if env is not None else None
         info_strings = list(getattr(criteria, "communicate_info", None) or [])
-        self._script = apply_deficits(self._script, self.fired, info_strings, rng)
+        self._script, self.fired = apply_deficits(self._script, drawn, info_strings, rng)
 
     def info(self) -> dict[str, Any]:
         return {"deficits": list(self.fired), "probabilities": dict(self.probabilities)}
 
 
-def apply_deficits(script: list[str], fired: list[str], info_strings: list[str], rng: random.Random) -> list[str]:
+def apply_deficits(script: list[str], drawn: list[str], info_strings: list[str], rng: random.Random) -> tuple[list[str], list[str]]:
+    """The script with the drawn deficits applied, and those that applied (a
+    deficit needs something to act on: a write to corrupt, information to omit)."""
     parsed = [parse_action(a) for a in script]
     writes = [i for i, p in enumerate(parsed) if p.is_tool_call and not is_read(p.tool_calls[0].name)]
     out = list(script)
-    if "corrupt_ids" in fired and writes:
+    applied = []
+    if "corrupt_ids" in drawn and writes:
         i = rng.choice(writes)
         call = parsed[i].tool_calls[0]
-        out[i] = format_tool_call(call.name, corrupt_one_id(call.arguments, rng))
-    if "end_early" in fired and writes:
+        corrupted = corrupt_one_id(call.arguments, rng)
+        if corrupted != call.arguments:
+            out[i] = format_tool_call(call.name, corrupted)
+            applied.append("corrupt_ids")
+    if "end_early" in drawn and writes:
         out[writes[-1]] = None
-    if "skip_reads" in fired and writes:
-        for i in range(writes[0]):
-            if parsed[i].is_tool_call and is_read(parsed[i].tool_calls[0].name):
-                out[i] = None
-    if "omit_info" in fired and info_strings:
+        applied.append("end_early")
+    reads_before = [i for i in range(writes[0]) if parsed[i].is_tool_call and is_read(parsed[i].tool_calls[0].name)] if writes else []
+    if "skip_reads" in drawn and reads_before:
+        for i in reads_before:
+            out[i] = None
+        applied.append("skip_reads")
+    if "omit_info" in drawn and info_strings:
         for i, p in enumerate(parsed):
             if p.kind == "message" and all(s in p.content for s in info_strings):
                 content = p.content
                 for s in info_strings:
                     content = content.replace(s, "(details on request)")
                 out[i] = content
-    return [a for a in out if a is not None]
+                applied.append("omit_info")
+                break
+    return [a for a in out if a is not None], applied
 
 
 def corrupt_one_id(arguments: dict[str, Any], rng: random.Random) -> dict[str, Any]:

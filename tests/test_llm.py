@@ -1,0 +1,176 @@
+"""Models and rollouts: OpenAI-compatible and local backends, LLM agents, executors."""
+
+import json
+import os
+
+import gymnasium as gym
+import pytest
+
+import trace_gym  # noqa: F401
+from conftest import run_cli
+from openai_double import OpenAIDouble, gold_answer
+from trace_gym.actions import parse_action
+from trace_gym.agents import LLMAgent, OracleAgent, PlantedDeficitAgent
+from trace_gym.llm import LLMError, make_backend
+from trace_gym.rollout import Episode, rollout, run_episode
+from trace_gym.store import read_trajectories
+
+TASKS = ["0", "1", "2"]
+
+
+def oracle_scripts(task_ids):
+    env = gym.make("trace/tau2-retail-v0", split="base")
+    scripts = {}
+    for tid in task_ids:
+        obs, _ = env.reset(options={"task_id": tid})
+        scripts[obs] = env.unwrapped.oracle_actions()
+    env.close()
+    return scripts
+
+
+def test_llm_agent_through_an_openai_compatible_server_completes_tasks():
+    with OpenAIDouble(gold_answer(oracle_scripts(TASKS))) as server:
+        backend = make_backend("openai:double", base_url=server.base_url, api_key="test-key")
+        env = gym.make("trace/tau2-retail-v0", split="base")
+        for tid in TASKS:
+            traj = run_episode(env, LLMAgent(backend), "trace/tau2-retail-v0", Episode(tid, 0, 0))
+            assert traj.reward == 1.0, traj.reward_info
+            assert traj.model == "openai:double" and traj.prompt_tokens > 0 and traj.completion_tokens > 0
+        env.close()
+        request = server.requests[0]
+        assert request["tools"] and request["tools"][0]["type"] == "function" and request["temperature"] == 0.0
+
+
+def test_cli_llm_rollout_with_threads_against_the_server(tmp_path):
+    with OpenAIDouble(gold_answer(oracle_scripts(TASKS))) as server:
+        out = tmp_path / "llm.jsonl"
+        result = run_cli("rollout", "--env", "trace/tau2-retail-v0", "--agent", "llm", "--model", "openai:double",
+                         "--split", "base", "--task-ids", ",".join(TASKS), "--workers", "2", "--out", str(out), "--json",
+                         env={"OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "test-key"})
+        assert result.returncode == 0, result.stderr
+        summary = json.loads(result.stdout)
+        assert summary["episodes"] == 3 and summary["successes"] == 3 and summary["prompt_tokens"] > 0
+
+
+@pytest.mark.parametrize(
+    "setup, fragment",
+    [
+        ({"OPENAI_BASE_URL": "http://127.0.0.1:9/v1", "OPENAI_API_KEY": "test-key"}, "no answer from http://127.0.0.1:9/v1"),
+        ({"OPENAI_API_KEY": "wrong-key"}, "the API key was refused"),
+        ({"OPENAI_API_KEY": "test-key", "model": "openai:nope"}, "unknown model 'nope'"),
+    ],
+)
+def test_bad_model_settings_are_one_clear_line(tmp_path, setup, fragment):
+    with OpenAIDouble(lambda body: {"content": "hi"}) as server:
+        env = {"OPENAI_BASE_URL": server.base_url, **{k: v for k, v in setup.items() if k != "model"}}
+        result = run_cli("rollout", "--env", "trace/tau2-retail-v0", "--agent", "llm", "--model", setup.get("model", "openai:double"),
+                         "--tasks", "1", "--out", str(tmp_path / "t.jsonl"), env=env)
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    assert result.returncode == 2 and len(lines) == 1 and fragment in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_model_that_never_produces_a_valid_action_gives_up_the_episode(tmp_path):
+    with OpenAIDouble(lambda body: {"content": '{"name": "get_order_details", "arguments": '}) as server:
+        out = tmp_path / "t.jsonl"
+        result = run_cli("rollout", "--env", "trace/tau2-retail-v0", "--agent", "llm", "--model", "openai:double",
+                         "--tasks", "2", "--out", str(out), env={"OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "test-key"})
+    assert result.returncode == 0, result.stderr
+    assert "2 episodes were given up by the agent" in result.stderr and "did not parse as an action 5 times" in result.stderr
+    trajectories = read_trajectories(out)
+    assert all(t.error and t.reward == 0.0 and t.termination_reason == "agent_error" for t in trajectories)
+
+
+def test_transient_errors_are_retried_with_backoff():
+    calls = {"n": 0}
+
+    def flaky(body):
+        calls["n"] += 1
+        if calls["n"] < 3:
+            raise ConnectionResetError  # the handler dies: the client sees a dropped connection
+        return {"content": "hello"}
+
+    with OpenAIDouble(flaky) as server:
+        backend = make_backend("openai:double", base_url=server.base_url, api_key="test-key", backoff_s=0.01)
+        [completion] = backend.generate([[{"role": "user", "content": "hi"}]])
+    assert completion.text == "hello" and backend.calls == 3
+
+
+@pytest.mark.slow
+def test_ray_and_local_executors_give_the_same_trajectories(tmp_path):
+    kwargs = dict(split="test", limit=4, samples=2, seed=5, agent_kwargs={"deficits": {"corrupt_ids": 0.5, "end_early": 0.3}})
+    local = rollout("trace/tau2-retail-v0", "planted", tmp_path / "local.jsonl", progress=False, **kwargs)
+    ray_run = rollout("trace/tau2-retail-v0", "planted", tmp_path / "ray.jsonl", executor="ray", workers=2, progress=False, **kwargs)
+    assert local.episodes == ray_run.episodes == 8
+    strip = lambda t: (t.reward, t.agent_info, [m.model_dump(exclude={"content"} if m.role == "tool" else set()) for m in t.messages])  # noqa: E731
+    mine = {t.episode_id: strip(t) for t in read_trajectories(tmp_path / "local.jsonl")}
+    theirs = {t.episode_id: strip(t) for t in read_trajectories(tmp_path / "ray.jsonl")}
+    assert mine == theirs
+
+
+def test_planted_deficits_are_seeded_recorded_and_hurt():
+    env = gym.make("trace/tau2-retail-v0", split="test")
+    ids = env.unwrapped.task_ids[:12]
+    clean = [run_episode(env, PlantedDeficitAgent(deficits={}), "x", Episode(t, 0, 1)) for t in ids]
+    assert all(t.reward == 1.0 and t.agent_info["deficits"] == [] for t in clean)
+    broken = [run_episode(env, PlantedDeficitAgent(deficits={"corrupt_ids": 1.0}), "x", Episode(t, 0, 1)) for t in ids]
+    hit = [t for t in broken if t.agent_info["deficits"] == ["corrupt_ids"]]
+    assert len(hit) >= 8, "most tasks have a write to corrupt"
+    assert all(t.reward == 0.0 and "DB" in t.reward_info["failed_components"] for t in hit)
+    assert all(t.reward == 1.0 for t in broken if not t.agent_info["deficits"])  # nothing to corrupt: nothing recorded
+    harmless = [run_episode(env, PlantedDeficitAgent(deficits={"skip_reads": 1.0}), "x", Episode(t, 0, 1)) for t in ids]
+    assert all(t.reward == 1.0 for t in harmless)
+    again = [run_episode(env, PlantedDeficitAgent(seed=3, deficits={"end_early": 0.5}), "x", Episode(t, 0, 1)).agent_info for t in ids]
+    assert again == [run_episode(env, PlantedDeficitAgent(seed=3, deficits={"end_early": 0.5}), "x", Episode(t, 0, 1)).agent_info for t in ids]
+    env.close()
+
+
+@pytest.mark.slow
+def test_embedded_model_from_a_clean_cache_runs_tau2_offline(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRACE_GYM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out = tmp_path / "smol.jsonl"
+    summary = rollout("trace/tau2-retail-v0", "llm", out, split="test", limit=2, batch=2, progress=False,
+                      env_kwargs={"max_steps": 2}, agent_kwargs={"max_new_tokens": 24})
+    assert (tmp_path / "cache" / "models" / "smollm2-135m-instruct" / "model.safetensors").exists()
+    assert summary.episodes == 2
+    for traj in read_trajectories(out):
+        assert traj.model == "smollm2-135m-instruct" and traj.steps == 2 and traj.completion_tokens > 0
+        for message in traj.messages:
+            if message.role == "assistant" and message.raw is not None:
+                kind = parse_action(message.raw).kind
+                assert (kind == "tool_calls") == bool(message.tool_calls) and (kind == "malformed") == message.error
+
+
+@pytest.mark.slow
+def test_local_model_loads_and_switches_lora_adapters(tmp_path):
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from trace_gym.llm.embedded import ensure_embedded_model
+
+    path = str(ensure_embedded_model())
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(path)
+    lora = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    with torch.no_grad():
+        for name, param in lora.named_parameters():
+            if "lora_B" in name:
+                param.mul_(50.0)  # a visibly different policy
+    lora.save_pretrained(tmp_path / "adapter")
+    backend = make_backend("hf:" + path, adapters={"skill": str(tmp_path / "adapter")})
+    prompt = [[{"role": "user", "content": "Name a colour."}]]
+    plain = backend.generate(prompt, max_new_tokens=12)[0].text
+    adapted = backend.generate(prompt, max_new_tokens=12, adapter="skill")[0].text
+    assert plain != adapted
+    assert backend.generate(prompt, max_new_tokens=12)[0].text == plain  # switched back to the base
+    with pytest.raises(LLMError, match="adapter 'other' is not loaded"):
+        backend.generate(prompt, adapter="other")
+
+
+def test_unknown_model_spec_and_missing_local_model():
+    with pytest.raises(LLMError, match="unknown model 'gpt5'"):
+        make_backend("gpt5")
+    with pytest.raises(LLMError, match="never downloads weights"):
+        make_backend("hf:HuggingFaceTB/SmolLM2-135M-Instruct")
