@@ -28,10 +28,15 @@ from .oracle import OracleAgent
 
 DEFICITS = ("corrupt_ids", "end_early", "omit_info", "skip_reads")
 READ_PREFIXES = ("get_", "find_", "list_", "calculate", "search_")
+NOT_STATE_CHANGING = ("transfer_to_human_agents",)  # hands over; changes no record
 
 
 def is_read(tool: str) -> bool:
     return tool.startswith(READ_PREFIXES)
+
+
+def changes_state(tool: str) -> bool:
+    return not is_read(tool) and tool not in NOT_STATE_CHANGING
 
 
 class PlantedDeficitAgent(OracleAgent):
@@ -64,7 +69,7 @@ def apply_deficits(script: list[str], drawn: list[str], info_strings: list[str],
     """The script with the drawn deficits applied, and those that applied (a
     deficit needs something to act on: a write to corrupt, information to omit)."""
     parsed = [parse_action(a) for a in script]
-    writes = [i for i, p in enumerate(parsed) if p.is_tool_call and not is_read(p.tool_calls[0].name)]
+    writes = [i for i, p in enumerate(parsed) if p.is_tool_call and changes_state(p.tool_calls[0].name)]
     out = list(script)
     applied = []
     if "corrupt_ids" in drawn and writes:
