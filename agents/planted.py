@@ -23,21 +23,11 @@ from typing import Any
 
 from trace_gym.actions import format_tool_call, parse_action
 from trace_gym.errors import TraceGymError
+from trace_gym.tools import changes_state, is_read
 
 from .oracle import OracleAgent
 
 DEFICITS = ("corrupt_ids", "end_early", "omit_info", "skip_reads")
-READ_PREFIXES = ("get_", "find_", "list_", "calculate", "search_")
-NOT_STATE_CHANGING = ("transfer_to_human_agents",)  # hands over; changes no record
-
-
-def is_read(tool: str) -> bool:
-    return tool.startswith(READ_PREFIXES)
-
-
-def changes_state(tool: str) -> bool:
-    return not is_read(tool) and tool not in NOT_STATE_CHANGING
-
 
 class PlantedDeficitAgent(OracleAgent):
     name = "planted"

@@ -61,9 +61,12 @@ def test_fresh_venv_pip_install(tmp_path):
     assert first.returncode == 0, first.stderr[-2000:]
     assert first.stdout.strip() == "calculate"
     second = subprocess.run(
-        [py, "-c", "import gymnasium as gym, trace_gym, trace_gym.agents; "
+        [py, "-c", "import gymnasium as gym, trace_gym, trace_gym.agents, trace_gym.sandbox, trace_gym.llm, trace_gym.identification, trace_gym.targets.tau2; "
                    "e = gym.make('trace/tau2-retail-v0'); e.reset(seed=1); print(trace_gym.__file__)"],
         capture_output=True, text=True, cwd=tmp_path)
     assert second.returncode == 0, second.stderr[-2000:]
     assert second.stdout.strip().startswith(str(venv)), "the installed copy, not the checkout"
     assert (venv / "bin" / "trace-gym").exists()
+    prompts = subprocess.run([py, "-c", "from trace_gym.identification.llm_analyst import render; print(render('merge', candidates='x')[:20])"],
+                             capture_output=True, text=True, cwd=tmp_path)
+    assert prompts.returncode == 0 and prompts.stdout.startswith("These capability"), prompts.stderr[-500:]

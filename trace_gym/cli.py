@@ -89,6 +89,20 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("--no-write", action="store_true", help="do not store validation.json beside the env")
     val.set_defaults(func=cmd_validate)
 
+    ident = sub.add_parser("identify", help="find the capabilities the agent lacks (contrast failures with successes)")
+    ident.add_argument("--trajectories", required=True, help="a trajectory file (JSONL) with successes and failures")
+    ident.add_argument("--analyst", default="gold", help="gold (tau2 gold actions, no LLM) or openai:<model>")
+    ident.add_argument("--runs", type=int, default=10, help="identification runs N (default 10)")
+    ident.add_argument("--k", type=int, default=None, help="runs a capability must pass, K of N (default 8 of 10, scaled)")
+    ident.add_argument("--delta", type=float, default=0.20, help="smallest contrastive gap ER- - ER+ (default 0.20)")
+    ident.add_argument("--rho", type=float, default=0.10, help="smallest coverage E-/|D-| (default 0.10)")
+    ident.add_argument("--seed", type=int, default=0)
+    ident.add_argument("--per-trajectory", action="store_true", help="LLM analyst: label all capabilities of a trajectory in one call")
+    ident.add_argument("--compare-gold", action="store_true", help="LLM analyst: also label the gold capabilities and report Cohen's kappa")
+    ident.add_argument("--cache", default=None, help="LLM analyst: answer cache folder (default OUT/.analyst_cache)")
+    ident.add_argument("--out", required=True, help="output folder: capabilities.json, labels.jsonl, runs.json, report.md, plots")
+    ident.set_defaults(func=cmd_identify)
+
     report = sub.add_parser("report", help="a table of pass rate and mean reward per trajectory file")
     report.add_argument("files", nargs="+")
     report.set_defaults(func=cmd_report)
@@ -191,6 +205,29 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         + f", pass rate {summary.successes / max(summary.episodes, 1):.3f} ({pass_k}), "
         f"mean reward {summary.mean_reward:.3f}, wall {summary.wall_s:.1f}s -> {summary.out}"
     )
+    return 0
+
+
+def cmd_identify(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .identification import SelectionConfig, identify, make_analyst
+    from .store import read_trajectories
+
+    k = args.k if args.k is not None else max(1, round(0.8 * args.runs))
+    config = SelectionConfig(delta=args.delta, rho=args.rho, runs=args.runs, min_runs=k)
+    trajectories = read_trajectories(args.trajectories)
+    options = {}
+    if args.analyst.startswith("openai:"):
+        options = {"per_trajectory": args.per_trajectory, "cache_dir": Path(args.cache or Path(args.out) / ".analyst_cache")}
+    analyst = make_analyst(args.analyst, **options)
+    result = identify(trajectories, analyst, args.out, config=config, seed=args.seed, compare_gold=args.compare_gold,
+                      progress=lambda message: print(f"  {message}...", file=sys.stderr, flush=True))
+    rows = [{"capability": c.name, "gap": f"{c.gap_mean:.2f}±{c.gap_std:.2f}", "coverage": f"{c.coverage_mean:.2f}",
+             "runs": f"{c.runs_passed}/{c.runs}", "selected": "yes" if c.selected else "no"} for c in result.capabilities]
+    print(format_table(rows, ["capability", "gap", "coverage", "runs", "selected"]))
+    print(f"selected: {', '.join(result.selected) or 'none'}; analyst calls {result.analyst['calls']}, tokens {result.analyst['tokens']}; "
+          f"wrote {args.out}/capabilities.json and report.md")
     return 0
 
 

@@ -116,3 +116,18 @@ def _json_type_matches(value: Any, expected: str | list[str]) -> bool:
         if isinstance(value, py):
             return True
     return False
+
+
+# Name-based classification of tools, for benchmarks that name them the τ² way.
+READ_PREFIXES = ("get_", "find_", "list_", "calculate", "search_")
+NOT_STATE_CHANGING = ("transfer_to_human_agents",)  # hands over; changes no record
+
+
+def is_read(tool: str) -> bool:
+    """A tool that only reads (get_/find_/list_/search_, calculate)."""
+    return tool.startswith(READ_PREFIXES)
+
+
+def changes_state(tool: str) -> bool:
+    """A tool that writes: neither a read nor a hand-over to a human."""
+    return not is_read(tool) and tool not in NOT_STATE_CHANGING

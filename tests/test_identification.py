@@ -1,0 +1,180 @@
+"""Capability identification: statistics by hand, planted deficits, the LLM path over HTTP."""
+
+import json
+import math
+
+import pytest
+
+from conftest import run_cli
+from openai_double import OpenAIDouble
+from trace_gym.identification import (
+    DegenerateInputError,
+    GoldActionAnalyst,
+    Label,
+    SelectionConfig,
+    cohen_kappa,
+    contrast,
+    identify,
+    make_analyst,
+)
+from trace_gym.identification.stats import wilson
+from trace_gym.rollout import rollout
+from trace_gym.store import read_trajectories
+
+
+def test_statistics_match_hand_computed_values():
+    # 4 successes (s1..s4), 5 failures (f1..f5); capability "verify":
+    #   successes: s1 LACKING, s2 PRESENT, s3 PRESENT, s4 NOT_APPLICABLE  -> N+ = 3, E+ = 1, ER+ = 1/3
+    #   failures:  f1 LACKING, f2 LACKING, f3 LACKING, f4 PRESENT, f5 NOT_APPLICABLE -> N- = 4, E- = 3, ER- = 3/4
+    #   gap = 3/4 - 1/3 = 5/12 = 0.41667; coverage = E- / |D-| = 3/5 = 0.6
+    # capability "greet": LACKING in s1, s2, f1, f2; PRESENT elsewhere, applicable everywhere
+    #   ER+ = 2/4 = 0.5, ER- = 2/5 = 0.4, gap = -0.1, coverage = 2/5 = 0.4
+    success = {"s1": True, "s2": True, "s3": True, "s4": True, "f1": False, "f2": False, "f3": False, "f4": False, "f5": False}
+    verify = {"s1": "LACKING", "s2": "PRESENT", "s3": "PRESENT", "s4": "NOT_APPLICABLE",
+              "f1": "LACKING", "f2": "LACKING", "f3": "LACKING", "f4": "PRESENT", "f5": "NOT_APPLICABLE"}
+    greet = {e: ("LACKING" if e in ("s1", "s2", "f1", "f2") else "PRESENT") for e in success}
+    labels = [Label(e, "verify", v) for e, v in verify.items()] + [Label(e, "greet", v) for e, v in greet.items()]
+    stats = {s.capability: s for s in contrast(labels, list(success), success, ["verify", "greet"], SelectionConfig())}
+    v = stats["verify"]
+    assert (v.n_plus, v.e_plus, v.n_minus, v.e_minus) == (3, 1, 4, 3)
+    assert v.er_plus == pytest.approx(1 / 3) and v.er_minus == pytest.approx(0.75)
+    assert v.gap == pytest.approx(5 / 12) and v.coverage == pytest.approx(0.6) and v.kept
+    g = stats["greet"]
+    assert (g.er_plus, g.er_minus) == (pytest.approx(0.5), pytest.approx(0.4))
+    assert g.gap == pytest.approx(-0.1) and g.coverage == pytest.approx(0.4) and not g.kept
+    # Wilson 95% for 3/4: centre (0.75 + 1.92/4) / (1 + 3.8416/4) = 0.6278..., half-width 0.3687...
+    low, high = v.er_minus_ci
+    assert low == pytest.approx(0.3006, abs=1e-3) and high == pytest.approx(0.9544, abs=1e-3)
+    assert wilson(0, 0) == (0.0, 1.0)
+
+
+def test_cohen_kappa_by_hand():
+    a = ["LACKING", "LACKING", "PRESENT", "PRESENT", "NOT_APPLICABLE", "LACKING"]
+    b = ["LACKING", "PRESENT", "PRESENT", "PRESENT", "NOT_APPLICABLE", "LACKING"]
+    # observed 5/6; expected = (3/6)(2/6) + (2/6)(3/6) + (1/6)(1/6) = 13/36; kappa = (5/6 - 13/36) / (1 - 13/36) = 17/23
+    assert cohen_kappa(a, b) == pytest.approx(17 / 23)
+    assert cohen_kappa([], []) is None
+
+
+@pytest.mark.parametrize(
+    "outcomes, fragment",
+    [([True], "1 trajectory"), ([False, False, False], "no successes"), ([True, True], "no failures")],
+)
+def test_degenerate_input_is_a_clear_error(outcomes, fragment):
+    success = {f"e{i}": ok for i, ok in enumerate(outcomes)}
+    with pytest.raises(DegenerateInputError, match=fragment):
+        contrast([], list(success), success, ["x"], SelectionConfig())
+
+
+@pytest.fixture(scope="module")
+def planted_runs(tmp_path_factory):
+    """Planted-deficit trajectories over all 114 retail tasks: three harmful
+    deficits and one harmless control (skip_reads), then the same with
+    end_early switched off."""
+    folder = tmp_path_factory.mktemp("planted")
+    planted = {"corrupt_ids": 0.3, "end_early": 0.3, "omit_info": 0.5, "skip_reads": 0.3}
+    runs = {}
+    for name, deficits in (("all", planted), ("no_end_early", {**planted, "end_early": 0.0})):
+        rollout("trace/tau2-retail-v0", "planted", folder / f"{name}.jsonl", split="base", seed=1, progress=False,
+                agent_kwargs={"deficits": deficits})
+        runs[name] = read_trajectories(folder / f"{name}.jsonl")
+    return runs
+
+
+@pytest.mark.slow
+def test_gold_analyst_selects_exactly_the_planted_deficits(planted_runs, tmp_path):
+    result = identify(planted_runs["all"], GoldActionAnalyst(), tmp_path / "all")
+    assert sorted(result.selected) == ["communicates_required_info", "complete_actions", "precise_arguments"]
+    control = next(c for c in result.capabilities if c.name == "read_before_write")
+    assert abs(control.gap_mean) < 0.1 and control.runs_passed == 0  # harmless: lacking as often in successes
+    for name in ("capabilities.json", "labels.jsonl", "runs.json", "report.md", "error_rates.png", "coverage.png", "stability.png"):
+        assert (tmp_path / "all" / name).exists()
+    written = json.loads((tmp_path / "all" / "capabilities.json").read_text())
+    assert [c["name"] for c in written["selected"]] == result.selected
+    assert all(c["example_failed_task_ids"] for c in written["selected"])
+
+
+@pytest.mark.slow
+def test_switching_a_planted_deficit_off_makes_it_disappear(planted_runs):
+    result = identify(planted_runs["no_end_early"], GoldActionAnalyst())
+    assert sorted(result.selected) == ["communicates_required_info", "precise_arguments"]
+
+
+def recorded_analyst(gold_labels: dict[tuple[str, str], str]):
+    """Answers recorded from an analysis: discovery (first answer malformed),
+    a merge, and labels that replay the gold analyst's."""
+    state = {"discovery_calls": 0}
+    discovery = {"capabilities": [
+        {"name": "precise_arguments", "description": "Use exact ids in state-changing calls."},
+        {"name": "Exact arguments", "description": "Copy ids exactly from tool output."},
+        {"name": "complete_actions", "description": "Make every state-changing call the user asked for."},
+    ]}
+    merge = {"groups": [
+        {"name": "precise_arguments", "description": "Use exact ids in state-changing calls.", "members": [0, 1]},
+        {"name": "complete_actions", "description": "Make every state-changing call the user asked for.", "members": [2]},
+    ]}
+
+    def answer(body):
+        prompt = body["messages"][-1]["content"]
+        if prompt.startswith("You analyse why"):
+            state["discovery_calls"] += 1
+            if state["discovery_calls"] == 1:
+                return {"content": "Sure! The agent seems to struggle with ids and with finishing tasks."}
+            return {"content": "```json\n" + json.dumps(discovery) + "\n```"}
+        if prompt.startswith("These capability descriptions"):
+            return {"content": json.dumps(merge)}
+        episode = prompt.split("episode ", 1)[1].split(",", 1)[0]
+        if prompt.startswith("Label every capability"):
+            names = [line.split('"')[1] for line in prompt.splitlines() if line.startswith('- "')]
+            return {"content": json.dumps({"labels": [{"capability": n, "label": gold_labels[(episode, n)], "evidence": {"message_index": 1, "quote": "x"}} for n in names]})}
+        name = prompt.split('Capability "', 1)[1].split('"', 1)[0]
+        return {"content": json.dumps({"label": gold_labels[(episode, name)], "evidence": {"message_index": 2, "quote": "y"}})}
+
+    return answer, state
+
+
+@pytest.mark.parametrize("per_trajectory", [False, True])
+def test_llm_analyst_end_to_end_retries_and_caches(tmp_path, per_trajectory):
+    trajectories = read_trajectories(make_small_planted(tmp_path))
+    gold = {(l.episode_id, l.capability): l.label for t in trajectories for l in GoldActionAnalyst().label(t)}
+    answer, state = recorded_analyst(gold)
+    config = SelectionConfig(runs=3, min_runs=2)
+    with OpenAIDouble(answer) as server:
+        first = make_analyst("openai:double", base_url=server.base_url, api_key="test-key", cache_dir=tmp_path / "cache", per_trajectory=per_trajectory)
+        result = identify(trajectories, first, tmp_path / "out", config=config)
+        assert state["discovery_calls"] == 4  # 3 runs, the first answer malformed and asked again
+        pairs = len(trajectories) * (1 if per_trajectory else 2)
+        assert first.calls == 4 + 1 + pairs and first.tokens > 0
+        assert set(result.selected) <= {"precise_arguments", "complete_actions"} and "precise_arguments" in result.selected
+        before = len(server.requests)
+        second = make_analyst("openai:double", base_url=server.base_url, api_key="test-key", cache_dir=tmp_path / "cache", per_trajectory=per_trajectory)
+        again = identify(trajectories, second, config=config)
+        assert len(server.requests) == before and second.calls == 0 and second.cache_hits > 0
+        assert again.selected == result.selected
+
+
+def make_small_planted(tmp_path):
+    out = tmp_path / "small.jsonl"
+    rollout("trace/tau2-retail-v0", "planted", out, split="test", limit=24, seed=2, progress=False,
+            agent_kwargs={"deficits": {"corrupt_ids": 0.4, "end_early": 0.2}})
+    return out
+
+
+def test_agreement_with_gold_is_reported(tmp_path):
+    trajectories = read_trajectories(make_small_planted(tmp_path))
+    gold = {(l.episode_id, l.capability): l.label for t in trajectories for l in GoldActionAnalyst().label(t)}
+    answer, _ = recorded_analyst(gold)
+    with OpenAIDouble(answer) as server:
+        analyst = make_analyst("openai:double", base_url=server.base_url, api_key="test-key", per_trajectory=True)
+        result = identify(trajectories, analyst, tmp_path / "out", config=SelectionConfig(runs=2, min_runs=1), compare_gold=True)
+    assert result.agreement["precise_arguments"] == pytest.approx(1.0)  # the recording replays gold labels
+    assert "Cohen's κ" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_identify_cli_errors_are_one_line(tmp_path):
+    oracle = tmp_path / "oracle.jsonl"
+    rollout("trace/tau2-retail-v0", "oracle", oracle, split="test", limit=3, progress=False)
+    result = run_cli("identify", "--trajectories", str(oracle), "--out", str(tmp_path / "o"))
+    assert result.returncode == 2 and result.stderr.strip().splitlines()[-1] == "trace-gym: error: all 3 trajectories succeeded: there are no failures to explain"
+    result = run_cli("identify", "--trajectories", str(oracle), "--analyst", "magic", "--out", str(tmp_path / "o"))
+    assert "unknown analyst 'magic'" in result.stderr and result.returncode == 2

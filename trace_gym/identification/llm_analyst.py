@@ -1,0 +1,240 @@
+"""The LLM analyst: discovery, merging and labelling through an OpenAI-compatible model.
+
+- Discovery: each run shows the analyst a seeded batch of failed trajectories
+  (default 50), compacted to fit a character budget, and asks for the lacking
+  capabilities; the runs' candidates are pooled and near-duplicates merged by
+  the analyst itself.
+- Labelling: PRESENT, LACKING or NOT_APPLICABLE with evidence, one call per
+  (trajectory, capability) pair or, with ``per_trajectory``, one call per
+  trajectory for all capabilities.
+- Every answer is JSON validated with pydantic and asked again when malformed;
+  valid answers are cached on disk by model and prompt, so a re-run costs no
+  call. Calls and tokens are counted. Prompts are versioned files in prompts/.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+import string
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, Field, ValidationError
+
+from trace_gym.errors import TraceGymError
+from trace_gym.trajectory import Trajectory
+
+from .stats import Label
+
+PROMPTS = Path(__file__).with_name("prompts")
+PROMPT_VERSION = "v1"
+T = TypeVar("T", bound=BaseModel)
+
+
+class Candidate(BaseModel):
+    name: str = Field(min_length=2, max_length=80)
+    description: str = Field(min_length=5, max_length=600)
+
+
+class DiscoveryAnswer(BaseModel):
+    capabilities: list[Candidate] = Field(min_length=1)
+
+
+class MergeGroup(Candidate):
+    members: list[int] = Field(min_length=1)
+
+
+class MergeAnswer(BaseModel):
+    groups: list[MergeGroup]
+
+
+class Evidence(BaseModel):
+    message_index: int | None = None
+    quote: str = ""
+
+
+class PairLabel(BaseModel):
+    label: Literal["PRESENT", "LACKING", "NOT_APPLICABLE"]
+    evidence: Evidence = Field(default_factory=Evidence)
+
+
+class NamedLabel(PairLabel):
+    capability: str
+
+
+class TrajectoryLabels(BaseModel):
+    labels: list[NamedLabel]
+
+
+class AnalystError(TraceGymError):
+    """The analyst never gave a valid answer."""
+
+
+def render(template: str, **values: Any) -> str:
+    text = (PROMPTS / f"{template}_{PROMPT_VERSION}.md").read_text(encoding="utf-8")
+    return string.Template(text).substitute(**values)
+
+
+def compact(trajectory: Trajectory, budget: int = 4000, per_message: int = 400) -> str:
+    """A trajectory as numbered lines, each message cut to ``per_message`` characters."""
+    lines = [f"episode {trajectory.episode_id}, reward {trajectory.reward:.2f}"]
+    for i, m in enumerate(trajectory.messages):
+        if m.role == "system":
+            continue
+        if m.tool_calls:
+            body = "; ".join(f"{c.name}({json.dumps(c.arguments, ensure_ascii=False)})" for c in m.tool_calls)
+        else:
+            body = (m.content or "").replace("\n", " ")
+        lines.append(f"[{i}] {m.role}: {body[:per_message]}")
+    text = "\n".join(lines)
+    return text if len(text) <= budget else text[: budget - 20] + "\n[... truncated]"
+
+
+def snake(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")[:60] or "capability"
+
+
+class AnswerCache:
+    """Valid analyst answers on disk, one JSON file per (model, prompt) hash."""
+
+    def __init__(self, folder: Path | None):
+        self.folder = Path(folder) if folder else None
+        if self.folder:
+            self.folder.mkdir(parents=True, exist_ok=True)
+
+    @staticmethod
+    def key(model: str, prompt: str) -> str:
+        return hashlib.sha256(f"{model}\0{prompt}".encode()).hexdigest()
+
+    def get(self, key: str) -> str | None:
+        if not self.folder:
+            return None
+        path = self.folder / f"{key}.json"
+        return json.loads(path.read_text())["answer"] if path.exists() else None
+
+    def put(self, key: str, answer: str) -> None:
+        if self.folder:
+            tmp = self.folder / f".{key}.tmp"
+            tmp.write_text(json.dumps({"answer": answer}))
+            tmp.replace(self.folder / f"{key}.json")
+
+
+class LLMAnalyst:
+    def __init__(self, spec: str, *, per_trajectory: bool = False, cache_dir: str | Path | None = None,
+                 batch_size: int = 50, budget_chars: int = 120_000, max_retries: int = 2, concurrency: int = 4,
+                 base_url: str | None = None, api_key: str | None = None):
+        from trace_gym.llm.openai_compat import OpenAICompatible
+
+        self.name = spec
+        self.backend = OpenAICompatible(spec.removeprefix("openai:"), base_url=base_url, api_key=api_key, concurrency=1)
+        self.per_trajectory = per_trajectory
+        self.cache = AnswerCache(Path(cache_dir) if cache_dir else None)
+        self.batch_size = batch_size
+        self.budget_chars = budget_chars
+        self.max_retries = max_retries
+        self.concurrency = concurrency
+        self.calls = 0
+        self.tokens = 0
+        self.cache_hits = 0
+        self._lock = threading.Lock()
+
+    # --- discovery ----------------------------------------------------------------------
+    def discover(self, failures: list[Trajectory], *, runs: int, seed: int = 0) -> dict[str, str]:
+        if not failures:
+            raise AnalystError("discovery needs failed trajectories")
+        pooled: list[Candidate] = []
+        for r in range(runs):
+            batch = random.Random(f"{seed}|discovery|{r}").sample(failures, min(self.batch_size, len(failures)))
+            per = max(400, self.budget_chars // len(batch))
+            text = "\n\n".join(compact(t, budget=per) for t in batch)
+            pooled += self.ask(render("discovery", count=len(batch), trajectories=text), DiscoveryAnswer).capabilities
+        return self.merge(pooled)
+
+    def merge(self, pooled: list[Candidate]) -> dict[str, str]:
+        unique = list({snake(c.name): c for c in pooled}.values())
+        if len(unique) <= 1:
+            return {snake(c.name): c.description for c in unique}
+        listing = "\n".join(f"{i}. {c.name}: {c.description}" for i, c in enumerate(unique))
+        answer = self.ask(render("merge", candidates=listing), MergeAnswer,
+                          check=lambda a: sorted(m for g in a.groups for m in g.members) == list(range(len(unique))))
+        return {snake(g.name): g.description for g in answer.groups}
+
+    # --- labelling ----------------------------------------------------------------------
+    def label_all(self, trajectories: list[Trajectory], candidates: dict[str, str]) -> list[Label]:
+        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+            if self.per_trajectory:
+                chunks = pool.map(lambda t: self._label_trajectory(t, candidates), trajectories)
+            else:
+                chunks = pool.map(lambda pair: [self._label_pair(*pair)],
+                                  [(t, name, desc) for t in trajectories for name, desc in candidates.items()])
+            return [label for chunk in chunks for label in chunk]
+
+    def _label_pair(self, trajectory: Trajectory, name: str, description: str) -> Label:
+        answer = self.ask(render("label_pair", name=name, description=description, trajectory=compact(trajectory, 12_000)), PairLabel)
+        return Label(trajectory.episode_id, name, answer.label, _evidence(answer.evidence))
+
+    def _label_trajectory(self, trajectory: Trajectory, candidates: dict[str, str]) -> list[Label]:
+        listing = "\n".join(f'- "{n}": {d}' for n, d in candidates.items())
+        answer = self.ask(render("label_trajectory", capabilities=listing, trajectory=compact(trajectory, 12_000)), TrajectoryLabels,
+                          check=lambda a: {x.capability for x in a.labels} >= set(candidates))
+        by_name = {x.capability: x for x in answer.labels}
+        return [Label(trajectory.episode_id, n, by_name[n].label, _evidence(by_name[n].evidence)) for n in candidates]
+
+    # --- one validated, cached question ---------------------------------------------------
+    def ask(self, prompt: str, schema: type[T], check=None) -> T:
+        key = AnswerCache.key(self.backend.model, prompt)
+        cached = self.cache.get(key)
+        if cached is not None:
+            with self._lock:
+                self.cache_hits += 1
+            return schema.model_validate_json(cached)
+        problem = ""
+        for _ in range(self.max_retries + 1):
+            [completion] = self.backend.generate([[{"role": "user", "content": prompt}]], max_new_tokens=2048, temperature=0.0)
+            with self._lock:
+                self.calls += 1
+                self.tokens += (completion.prompt_tokens or 0) + (completion.completion_tokens or 0)
+            try:
+                answer = schema.model_validate_json(extract_json(completion.text))
+                if check is not None and not check(answer):
+                    raise ValueError("the answer does not cover what was asked")
+            except (ValidationError, ValueError) as exc:
+                problem = str(exc).splitlines()[0][:200]
+                continue
+            self.cache.put(key, answer.model_dump_json())
+            return answer
+        raise AnalystError(f"{self.name} gave no valid answer in {self.max_retries + 1} tries (last problem: {problem})")
+
+
+def extract_json(text: str) -> str:
+    """The first JSON object in a model's answer (models wrap JSON in prose or fences)."""
+    start = text.find("{")
+    if start < 0:
+        raise ValueError("no JSON object in the answer")
+    depth, in_string, escape = 0, False, False
+    for i in range(start, len(text)):
+        ch = text[i]
+        if in_string:
+            escape = ch == "\\" and not escape
+            if ch == '"' and not escape:
+                in_string = False
+            continue
+        if ch == '"':
+            in_string = True
+        elif ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                return text[start : i + 1]
+    raise ValueError("unbalanced JSON object in the answer")
+
+
+def _evidence(evidence: Evidence) -> str:
+    where = f"message {evidence.message_index}: " if evidence.message_index is not None else ""
+    return (where + evidence.quote)[:300]
