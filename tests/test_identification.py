@@ -86,7 +86,8 @@ def test_gold_analyst_selects_exactly_the_planted_deficits(planted_runs, tmp_pat
     result = identify(planted_runs["all"], GoldActionAnalyst(), tmp_path / "all")
     assert sorted(result.selected) == ["communicates_required_info", "complete_actions", "precise_arguments"]
     control = next(c for c in result.capabilities if c.name == "read_before_write")
-    assert abs(control.gap_mean) < 0.1 and control.runs_passed == 0  # harmless: lacking as often in successes
+    # Harmless: lacking about as often in successes as in failures, so it never passes K = 8 of 10 runs.
+    assert not control.selected and abs(control.gap_mean) < 0.15 and control.runs_passed < 8
     for name in ("capabilities.json", "labels.jsonl", "runs.json", "report.md", "error_rates.png", "coverage.png", "stability.png"):
         assert (tmp_path / "all" / name).exists()
     written = json.loads((tmp_path / "all" / "capabilities.json").read_text())

@@ -22,8 +22,9 @@ def write_report(result: Any, out: Path) -> None:
     xs = range(len(names))
     for offset, key, colour, label in ((-0.2, "plus", "tab:green", "ER+ (successes)"), (0.2, "minus", "tab:red", "ER- (failures)")):
         values = [pooled[n][key][0] for n in names]
-        lows = [pooled[n][key][0] - pooled[n][key][1][0] for n in names]
-        highs = [pooled[n][key][1][1] - pooled[n][key][0] for n in names]
+        # The Wilson interval is not centred on the rate; a rate at 0 can sit just outside it.
+        lows = [max(0.0, pooled[n][key][0] - pooled[n][key][1][0]) for n in names]
+        highs = [max(0.0, pooled[n][key][1][1] - pooled[n][key][0]) for n in names]
         ax.bar([x + offset for x in xs], values, width=0.4, color=colour, label=label, yerr=[lows, highs], capsize=3)
     ax.set_xticks(list(xs), names, rotation=30, ha="right")
     ax.set_ylabel("share LACKING where applicable")
