@@ -3,7 +3,10 @@
 The host never imports env.py. It asks the worker for ``TOOLS``, checks that
 every name is a tool of the target, and shows the agent the target's frozen
 schemas for those names, byte for byte: the env code cannot change what the
-agent sees of the interface. Actions reach the env as JSON data (``{"type":
+agent sees of the interface. Calls to a tool outside ``TOOLS``, or with an
+argument name the schema lacks or without a required one, are answered here in
+the target's own words (``[call_errors]`` of its manifest): env code only ever
+sees well-named calls and judges their values. Actions reach the env as JSON data (``{"type":
 "tool_call", ...}`` or ``{"type": "message", ...}``), never as code, and the
 reward is computed by the env inside the sandbox, out of the agent's reach.
 """
@@ -19,7 +22,7 @@ from trace_gym.actions import ToolCall, format_tool_call
 from trace_gym.env import Reply, Score, Start, TextEnv, ToolResult
 from trace_gym.errors import EnvContractError
 from trace_gym.registry import get_entry, read_manifest
-from trace_gym.tools import load_frozen_tools, select_tools, tool_name
+from trace_gym.tools import call_error, load_frozen_tools, select_tools, tool_name
 
 from .backends import Backend, Limits
 from .host import SandboxWorker
@@ -49,6 +52,7 @@ class SandboxedEnv(TextEnv):
         source = (self.path / "env.py").read_text(encoding="utf-8")
         target = get_entry(self.entry.target)
         self.target_tools = load_frozen_tools(target.tools_path)
+        self.call_errors = target.call_error_style()
         self.worker = SandboxWorker(source, backend=backend, limits=limits, filename=f"{self.path.name}/env.py")
         try:
             names = self._declared_tools(self.worker.info.get("tools"))
@@ -94,6 +98,10 @@ class SandboxedEnv(TextEnv):
         for call, _ in calls:
             if results and results[-1].done:
                 results.append(ToolResult(content="Not run: the episode had ended.", error=True))
+                continue
+            wrong = call_error(self.tools, call.name, call.arguments, self.call_errors)
+            if wrong is not None:  # answered here, as the target would: env code sees only well-named calls
+                results.append(ToolResult(content=wrong, error=True))
                 continue
             step = self._step({"type": "tool_call", "name": call.name, "arguments": call.arguments})
             results.append(ToolResult(content=step["observation"], done=step["done"]))

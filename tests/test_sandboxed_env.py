@@ -112,3 +112,17 @@ def test_random_agent_is_far_from_the_oracle(sandbox_backend):
     rewards = [run_episode(env, RandomAgent(seed=s), "x", Episode(None, 0, s)).reward for s in range(8)]
     assert sum(rewards) / len(rewards) < 0.5
     env.close()
+
+
+def test_misnamed_calls_are_answered_by_the_host_in_the_targets_words(sandbox_backend):
+    env = SandboxedEnv(ORDER_LOOKUP, backend=sandbox_backend)
+    env.reset(seed=4)
+    obs, *_ = env.step('{"name": "cancel_pending_order", "arguments": {}}')
+    assert obs == "Error: Tool 'cancel_pending_order' not found."  # a target tool, but not one of TOOLS
+    obs, *_ = env.step('{"name": "get_order_details", "arguments": {"orderId": "#W1"}}')
+    assert obs == "Error: RetailTools.get_order_details() got an unexpected keyword argument 'orderId'"
+    obs, *_ = env.step('{"name": "get_order_details", "arguments": {}}')
+    assert obs == "Error: RetailTools.get_order_details() missing 1 required positional argument: 'order_id'"
+    _, _, terminated, _, info = env.step("I don't know.")
+    assert terminated and info["reward_info"]["components"]["used_tool"] == 0.0  # none of them reached env code
+    env.close()

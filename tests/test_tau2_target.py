@@ -177,3 +177,25 @@ def test_scripted_user_speaks_in_the_first_person(retail_env):
     obs, _ = retail_env.reset(options={"task_id": "0"})
     assert obs.startswith("I received my order #W2378156")
     assert "I am Yusuf Rossi in zip code 19122" in obs
+
+
+@pytest.mark.parametrize("domain", ["retail", "airline", "telecom", "mock"])
+def test_call_errors_are_worded_exactly_as_tau2_words_them(domain):
+    """The host answers misnamed calls for synthesized envs; it must say what the target says."""
+    from tau2.data_model.message import ToolCall
+    from tau2.registry import registry
+
+    from trace_gym.tools import call_error
+
+    entry = get_entry(f"trace/tau2-{domain}-v0")
+    tools, style = load_frozen_tools(entry.tools_path), entry.call_error_style()
+    live = registry.get_env_constructor(domain)()
+    for schema in tools + [{"type": "function", "function": {"name": "no_such_tool", "parameters": {}}}]:
+        name = schema["function"]["name"]
+        for arguments in ({"zzz": 1}, {}):
+            theirs = live.get_response(ToolCall(id="x", name=name, arguments=arguments)).content
+            ours = call_error(tools, name, arguments, style)
+            if ours is None:  # a call whose names are right: tau2 runs it (no required arguments)
+                assert not theirs.startswith(("Error: Tool", f"Error: {style.prefix}{name}()")), theirs
+            else:
+                assert ours == theirs

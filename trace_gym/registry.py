@@ -54,6 +54,12 @@ class EnvEntry:
     def tools_path(self) -> Path:
         return self.path / "tools.json"
 
+    def call_error_style(self):
+        """The target's wording for calls it cannot run (manifest ``[call_errors]``)."""
+        from .tools import CallErrorStyle
+
+        return CallErrorStyle(**self.manifest.get("call_errors", {}))
+
     def validation_status(self) -> str:
         """trusted (targets), unvalidated, passed, failed, or stale (code changed since)."""
         if self.kind == "target":

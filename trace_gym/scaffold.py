@@ -44,8 +44,8 @@ class Environment:
 
     def step(self, action):
         if action.get("type") == "tool_call":
-            if action.get("name") != "{tool}":
-                return {{"observation": "Error: Tool '%s' not found." % action.get("name"), "done": False}}
+            # The host lets through only calls of TOOLS with the schema's argument names;
+            # the values are yours to judge.
             self.used_tool = True
             if action.get("arguments", {{}}).get("{param}") != self.key:
                 return {{"observation": "Error: not found", "done": False}}

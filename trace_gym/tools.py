@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -131,3 +132,37 @@ def is_read(tool: str) -> bool:
 def changes_state(tool: str) -> bool:
     """A tool that writes: neither a read nor a hand-over to a human."""
     return not is_read(tool) and tool not in NOT_STATE_CHANGING
+
+
+@dataclass(frozen=True)
+class CallErrorStyle:
+    """How a target words a call it cannot run. τ²-bench answers with Python's own
+    TypeError text behind its toolkit's class name (``prefix``, e.g. ``RetailTools.``)."""
+
+    prefix: str = ""
+    unknown_tool: str = "Error: Tool '{name}' not found."
+    unexpected_argument: str = "Error: {prefix}{name}() got an unexpected keyword argument '{argument}'"
+    missing_arguments: str = "Error: {prefix}{name}() missing {count} required positional argument{plural}: {arguments}"
+
+
+def call_error(tools: Iterable[ToolSchema], name: str, arguments: dict[str, Any], style: CallErrorStyle) -> str | None:
+    """The target's answer to a call that names no tool, or an argument the tool
+    does not take or misses one it needs; None when the names are right.
+
+    Synthesized envs get only calls whose names fit the schemas, so that none of
+    them repeats this check (values are still theirs to judge)."""
+    by_name = {tool_name(t): t for t in tools}
+    if name not in by_name:
+        return style.unknown_tool.format(name=name, prefix=style.prefix)
+    params = tool_parameters(by_name[name])
+    known = params.get("properties", {}) or {}
+    for argument in arguments:
+        if argument not in known:
+            return style.unexpected_argument.format(name=name, argument=argument, prefix=style.prefix)
+    missing = [a for a in params.get("required", []) or [] if a not in arguments]
+    if missing:
+        quoted = [f"'{a}'" for a in missing]
+        listed = quoted[0] if len(quoted) == 1 else (" and ".join(quoted) if len(quoted) == 2 else ", ".join(quoted[:-1]) + ", and " + quoted[-1])
+        return style.missing_arguments.format(name=name, prefix=style.prefix, count=len(missing),
+                                              plural="" if len(missing) == 1 else "s", arguments=listed)
+    return None

@@ -418,31 +418,31 @@ def check_termination(ctx: _Context) -> CheckResult:
 
 
 def check_robustness(ctx: _Context) -> CheckResult:
+    """Wrongly typed argument values (the host already answers unknown tools and
+    argument names, as the target would) and odd messages, through the agent's
+    own path: each must get an observation, not a crash."""
     env = ctx.env
-    names = [tool_name(t) for t in env.tools]
-    probes = [
-        {"type": "tool_call", "name": "no_such_tool", "arguments": {}},
-        {"type": "tool_call", "name": names[0], "arguments": {}},
-        {"type": "tool_call", "name": names[0], "arguments": {"unexpected": 1}},
-        {"type": "message", "content": ""},
-        {"type": "message", "content": "{\"name\": 1}" * 50},
-    ]
-    params = tool_parameters(env.tools[0]).get("properties", {})
-    probes += [{"type": "tool_call", "name": names[0], "arguments": {p: v}} for p in params for v in (12345, None, ["x"], {"a": 1})]
+    from trace_gym.actions import format_tool_call
+
+    probes = ["", "{\"name\": 1}" * 50, format_tool_call("no_such_tool", {})]
+    for i, schema in enumerate(env.tools):
+        params = tool_parameters(schema)
+        valid = _valid_arguments(params, i)
+        for name in params.get("properties", {}) or {}:
+            for bad in (12345, None, ["x"], {"a": 1}):
+                probes.append(format_tool_call(tool_name(schema), {**valid, name: bad}))
     crashes = []
     for i, probe in enumerate(probes):
         env.reset(seed=i)
         try:
-            result = env.worker.call("step", action=probe)
-            if not isinstance(result, dict) or not isinstance(result.get("observation"), str):
-                crashes.append(f"{json.dumps(probe)[:80]} -> {str(result)[:60]}")
+            env.step(probe)
         except TraceGymError as exc:
-            crashes.append(f"{json.dumps(probe)[:80]} -> {exc}")
+            crashes.append(f"{probe[:90]} -> {exc}")
             _revive(ctx)
             env = ctx.env
     if crashes:
         return CheckResult("robustness", False, f"{len(crashes)}/{len(probes)} bad actions crash the env: {crashes[0]}", {"crashes": crashes})
-    return CheckResult("robustness", True, f"{len(probes)} malformed actions (unknown tool, missing, extra and wrongly typed arguments) each get an observation")
+    return CheckResult("robustness", True, f"{len(probes)} bad actions (wrongly typed values for every argument of every tool, odd messages) each get an observation")
 
 
 def check_hints(ctx: _Context) -> CheckResult:
@@ -546,8 +546,9 @@ def _replay(env, seed: int) -> list[Any]:
     out: list[Any] = [env.worker.call("reset", seed=seed, hint=False)]
     actions = list(env.worker.call("oracle") or [])
     rng = random.Random(seed)
-    names = [tool_name(t) for t in env.tools]
-    actions += [{"type": "tool_call", "name": rng.choice(names), "arguments": {}} for _ in range(2)]
+    for _ in range(2):  # then schema-valid random calls, as the host would let through
+        schema = rng.choice(env.tools)
+        actions.append({"type": "tool_call", "name": tool_name(schema), "arguments": _valid_arguments(tool_parameters(schema), rng.randrange(10**6))})
     out.append(env.worker.call("reset", seed=seed, hint=False))
     for action in actions:
         result = env.worker.call("step", action=action)

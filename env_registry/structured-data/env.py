@@ -96,18 +96,6 @@ class Environment:
         return {"observation": "Please look it up and tell me the answer.", "done": False}
 
     def _tool(self, name, args):
-        if not isinstance(args, dict):
-            return "Error: arguments must be an object"
-        expected = {"find_user_id_by_name_zip": ["first_name", "last_name", "zip"], "get_user_details": ["user_id"],
-                    "get_order_details": ["order_id"], "calculate": ["expression"]}
-        if name not in expected:
-            return "Error: Tool '%s' not found." % name
-        unknown = [k for k in args if k not in expected[name]]
-        if unknown:
-            return "Error: RetailTools.%s() got an unexpected keyword argument '%s'" % (name, unknown[0])
-        missing = [k for k in expected[name] if k not in args]
-        if missing:
-            return "Error: RetailTools.%s() missing 1 required positional argument: '%s'" % (name, missing[0])
         if name == "find_user_id_by_name_zip":
             match = (str(args["first_name"]).lower(), str(args["last_name"]).lower(), str(args["zip"])) == (self.first.lower(), self.last.lower(), self.zip)
             if not match:
@@ -121,7 +109,7 @@ class Environment:
                                "address": next(iter(self.orders.values()))["address"], "email": "%s.%s@example.com" % (self.first.lower(), self.last.lower()),
                                "payment_methods": self.payment, "orders": list(self.orders)})
         if name == "get_order_details":
-            order = self.orders.get(args["order_id"])
+            order = self.orders.get(args["order_id"]) if isinstance(args["order_id"], str) else None
             if order is None:
                 return "Error: Order not found"
             self.read.add(order["order_id"])

@@ -80,18 +80,6 @@ class Environment:
         return {"observation": "Yes, please go ahead with the return.", "done": False}
 
     def _tool(self, name, args):
-        expected = {"find_user_id_by_email": ["email"], "get_user_details": ["user_id"], "get_order_details": ["order_id"],
-                    "return_delivered_order_items": ["order_id", "item_ids", "payment_method_id"]}
-        if name not in expected:
-            return "Error: Tool '%s' not found." % name
-        if not isinstance(args, dict):
-            return "Error: arguments must be an object"
-        unknown = [k for k in args if k not in expected[name]]
-        if unknown:
-            return "Error: RetailTools.%s() got an unexpected keyword argument '%s'" % (name, unknown[0])
-        missing = [k for k in expected[name] if k not in args]
-        if missing:
-            return "Error: RetailTools.%s() missing 1 required positional argument: '%s'" % (name, missing[0])
         if name == "find_user_id_by_email":
             if args["email"] != self.email:
                 return "Error: User not found"

@@ -26,10 +26,14 @@ class Completion:
 
     @classmethod
     def from_tool_calls(cls, content: str | None, calls: list[dict[str, Any]], **usage: Any) -> "Completion":
-        blocks = "".join(
-            "<tool_call>" + json.dumps({"name": c["name"], "arguments": c["arguments"]}, ensure_ascii=False) + "</tool_call>"
-            for c in calls
-        )
+        """Native tool calls as text; arguments that were not valid JSON are kept as
+        written, so the env's parser reports them as the model's mistake."""
+        def block(call: dict[str, Any]) -> str:
+            arguments = call["arguments"]
+            rendered = json.dumps(arguments, ensure_ascii=False) if isinstance(arguments, dict) else str(arguments)
+            return f'<tool_call>{{"name": {json.dumps(call["name"])}, "arguments": {rendered}}}</tool_call>'
+
+        blocks = "".join(block(c) for c in calls)
         return cls(text=((content or "").strip() + "\n" + blocks).strip() if calls else (content or ""), tool_calls=calls, **usage)
 
 

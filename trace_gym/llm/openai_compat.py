@@ -81,11 +81,6 @@ class OpenAICompatible:
             except json.JSONDecodeError:
                 arguments = call.function.arguments  # kept as written: the env will say what is wrong
             calls.append({"id": call.id, "name": call.function.name, "arguments": arguments})
-        if any(not isinstance(c["arguments"], dict) for c in calls):
-            text = "".join(f'<tool_call>{{"name": "{c["name"]}", "arguments": {c["arguments"]}}}</tool_call>' if not isinstance(c["arguments"], dict)
-                           else "<tool_call>" + json.dumps({"name": c["name"], "arguments": c["arguments"]}) + "</tool_call>" for c in calls)
-            return Completion(text=text, prompt_tokens=getattr(usage, "prompt_tokens", None),
-                              completion_tokens=getattr(usage, "completion_tokens", None), finish_reason=choice.finish_reason)
         return Completion.from_tool_calls(
             choice.message.content, calls, prompt_tokens=getattr(usage, "prompt_tokens", None),
             completion_tokens=getattr(usage, "completion_tokens", None), finish_reason=choice.finish_reason,
