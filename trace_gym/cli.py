@@ -52,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     freeze = envs_sub.add_parser("freeze-tools", help="re-freeze a target's tool schemas into env_registry/<target>/tools.json")
     freeze.add_argument("env_id")
     freeze.set_defaults(func=cmd_envs_freeze)
+    catalog = envs_sub.add_parser("catalog", help="write the registry catalogue (CATALOG.md and catalog.json)")
+    catalog.add_argument("--registry", default=None, metavar="DIR", help="the registry folder (default: the installed env_registry)")
+    catalog.add_argument("--check", action="store_true", help="write nothing; exit 1 if the committed catalogue is out of date")
+    catalog.set_defaults(func=cmd_envs_catalog)
 
     roll = sub.add_parser("rollout", help="roll an agent out on an env and write trajectories to JSONL")
     roll.add_argument("--env", required=True, help="env id, e.g. trace/tau2-retail-v0")
@@ -79,8 +83,17 @@ def build_parser() -> argparse.ArgumentParser:
     roll.add_argument("--no-progress", action="store_true", help="no progress bar")
     roll.set_defaults(func=cmd_rollout)
 
-    val = sub.add_parser("validate", help="run every validation check on a synthesized env (in the sandbox)")
-    val.add_argument("env", help="an env folder (with manifest.toml) or a registered id")
+    val = sub.add_parser("validate", help="run every validation check on synthesized envs (in the sandbox)",
+                         description="Validate env folders or ids; or, for CI, every registry env a git change "
+                                     "touches (--changed-since REF), or every registry env (--all).")
+    val.add_argument("env", nargs="*", help="env folders (with manifest.toml) or registered ids")
+    val.add_argument("--changed-since", metavar="REF", default=None,
+                     help="validate the registry envs whose folder, or whose target's folder, changed since the "
+                          "merge base of git REF and HEAD (working tree included)")
+    val.add_argument("--all", action="store_true", help="validate every synthesized env of the registry folder")
+    val.add_argument("--registry", default=None, metavar="DIR",
+                     help="with --changed-since or --all: the registry folder (default: env_registry of the repository)")
+    val.add_argument("--jobs", type=int, default=2, help="envs validated in parallel worker processes (default 2)")
     val.add_argument("--backend", default="auto", help="sandbox backend: auto, docker, bwrap (subprocess: trusted code only)")
     val.add_argument("--seeds", type=int, default=None, help="seeds for the reset, diversity and solvable checks (default 100)")
     val.add_argument("--policy", default=None, help="an agent for the calibration check (K rollouts per seed)")
@@ -147,10 +160,83 @@ def cmd_validate(args: argparse.Namespace) -> int:
         config.policy = args.policy
     if args.k is not None:
         config.k = args.k
-    progress = None if args.json else (lambda name: print(f"  checking {name}...", file=sys.stderr, flush=True))
-    report = validate(args.env, backend=args.backend, config=config, write=not args.no_write, progress=progress)
-    print(json.dumps(report.as_dict(), indent=2) if args.json else report.table())
-    return 0 if report.passed else 1
+    modes = sum([bool(args.env), args.changed_since is not None, args.all])
+    if modes != 1:
+        raise TraceGymError("validate takes env folders or ids, or --changed-since REF, or --all (exactly one of them)")
+    if args.registry and not (args.changed_since or args.all):
+        raise TraceGymError("--registry only applies with --changed-since or --all")
+    if len(args.env) == 1:
+        progress = None if args.json else (lambda name: print(f"  checking {name}...", file=sys.stderr, flush=True))
+        report = validate(args.env[0], backend=args.backend, config=config, write=not args.no_write, progress=progress)
+        print(json.dumps(report.as_dict(), indent=2) if args.json else report.table())
+        return 0 if report.passed else 1
+    return validate_registry_envs(args, config)
+
+
+def validate_registry_envs(args: argparse.Namespace, config: Any) -> int:
+    """Several envs at once (CI): one summary table, non-zero if any fails."""
+    from pathlib import Path
+
+    from .registry_ci import changed_envs, registry_folders, repo_root, summary_json, summary_rows, validate_many
+    from .validation import _resolve
+
+    if args.jobs < 1:
+        raise TraceGymError(f"--jobs must be at least 1, got {args.jobs}")
+    selection = None
+    if args.changed_since is not None:
+        selection = changed_envs(args.changed_since, registry=args.registry)
+        paths = [e.path for e in sorted(selection.envs.values(), key=lambda e: e.id)]
+        if not args.json:
+            for env_id in sorted(selection.envs):
+                print(f"  {env_id}: {selection.reasons[env_id]}", file=sys.stderr)
+            for name in selection.removed:
+                print(f"  {name}: removed by the change, nothing to validate", file=sys.stderr)
+        if not paths:
+            if args.json:
+                print(summary_json([], selection))
+            else:
+                print(f"no registry env changed since {args.changed_since} "
+                      f"({len(selection.changed_files)} files changed); nothing to validate")
+            return 0
+    elif args.all:
+        registry = Path(args.registry) if args.registry else repo_root() / "env_registry"
+        if not registry.is_dir():
+            raise TraceGymError(f"no registry folder at {registry}")
+        paths = [e.path for e in registry_folders(registry).values() if e.kind == "synthesized"]
+    else:
+        paths = [_resolve(env) for env in args.env]
+
+    def progress(outcome: Any) -> None:
+        if not args.json:
+            verdict = "PASS" if outcome.passed else "FAIL"
+            print(f"  {verdict} {outcome.env_id} ({outcome.wall_s:.1f}s)", file=sys.stderr, flush=True)
+
+    outcomes = validate_many(paths, backend=args.backend, config=config, jobs=args.jobs, write=not args.no_write,
+                             progress=progress)
+    if args.json:
+        print(summary_json(outcomes, selection))
+    else:
+        print(format_table(summary_rows(outcomes), ["env", "result", "failed checks", "wall s"]))
+        failed = [o.env_id for o in outcomes if not o.passed]
+        print(f"{len(outcomes) - len(failed)} of {len(outcomes)} envs passed"
+              + (f"; failed: {', '.join(failed)} (trace-gym validate FOLDER shows each check's evidence)" if failed else ""))
+    return 0 if all(o.passed for o in outcomes) else 1
+
+
+def cmd_envs_catalog(args: argparse.Namespace) -> int:
+    from .catalog import StaleCatalogError, check_catalog, write_catalog
+
+    if args.check:
+        try:
+            check_catalog(args.registry)
+        except StaleCatalogError as exc:
+            print(f"trace-gym: {exc}", file=sys.stderr)
+            return 1
+        print("the registry catalogue is up to date")
+        return 0
+    for path in write_catalog(args.registry):
+        print(f"wrote {path}")
+    return 0
 
 
 def cmd_envs_freeze(args: argparse.Namespace) -> int:
@@ -223,9 +309,12 @@ def cmd_identify(args: argparse.Namespace) -> int:
     analyst = make_analyst(args.analyst, **options)
     result = identify(trajectories, analyst, args.out, config=config, seed=args.seed, compare_gold=args.compare_gold,
                       progress=lambda message: print(f"  {message}...", file=sys.stderr, flush=True))
-    rows = [{"capability": c.name, "gap": f"{c.gap_mean:.2f}±{c.gap_std:.2f}", "coverage": f"{c.coverage_mean:.2f}",
-             "runs": f"{c.runs_passed}/{c.runs}", "selected": "yes" if c.selected else "no"} for c in result.capabilities]
+    rows = [{"capability": c.name, "gap": "unknown" if c.gap_mean is None else f"{c.gap_mean:.2f}±{c.gap_std:.2f}",
+             "coverage": f"{c.coverage_mean:.2f}", "runs": f"{c.runs_passed}/{c.runs}" + (f" ({c.runs_gap_unknown} unknown)" if c.runs_gap_unknown else ""),
+             "selected": "yes" if c.selected else "no"} for c in result.capabilities]
     print(format_table(rows, ["capability", "gap", "coverage", "runs", "selected"]))
+    info = result.analyst
+    print(f"{info['runs_made']} of {info['runs_requested']} bootstrap runs made; kept when passed in {info['runs_required']} of them")
     print(f"selected: {', '.join(result.selected) or 'none'}; analyst calls {result.analyst['calls']}, tokens {result.analyst['tokens']}; "
           f"wrote {args.out}/capabilities.json and report.md")
     return 0
