@@ -121,11 +121,12 @@ def test_malformed_actions_and_unknown_tools_are_observations(retail_env):
 
 
 def test_truncation_after_max_steps_scores_zero():
+    """tau2 counts every message: the user's opening (1), the agent's call (2) and its result (3)."""
     env = gym.make("trace/tau2-retail-v0", max_steps=3)
     env.reset(seed=0)
-    for _ in range(3):
-        obs, reward, terminated, truncated, info = env.step(format_tool_call("list_all_product_types", {}))
+    obs, reward, terminated, truncated, info = env.step(format_tool_call("list_all_product_types", {}))
     assert truncated and not terminated and reward == 0.0
+    assert env.unwrapped.termination_reason == "max_steps" and env.unwrapped.tau2_counts["steps"] == 3
     assert "termination" in info["reward_info"]["failed_components"]
     obs, reward, terminated, _, info = env.step("hello?")
     assert info["after_end"] and reward == 0.0 and "episode is over" in obs

@@ -53,6 +53,7 @@ class ToolResult:
     content: str
     error: bool = False
     done: bool = False  # the env ended the episode with this call
+    reason: str | None = None  # why it ended (the target's own name for it); "env_done" if unsaid
 
 
 @dataclass
@@ -181,8 +182,8 @@ class TextEnv(gym.Env[str, str]):
         elif parsed.kind == "tool_calls":
             observation, results = self._run_tool_calls(parsed, action)
             info["tool_results"] = results
-            ended = any(r["done"] for r in results)
-            reply = Reply(content=observation, done=True, reason="env_done", from_user=False) if ended else None
+            ended = next((r for r in results if r["done"]), None)
+            reply = Reply(content=observation, done=True, reason=ended.get("reason") or "env_done", from_user=False) if ended else None
         else:
             self.messages.append(Message(role="assistant", content=parsed.content, raw=action))
             reply = self._reply(parsed.content)
@@ -190,14 +191,20 @@ class TextEnv(gym.Env[str, str]):
                 self.messages.append(Message(role="user", content=reply.content))
             observation = reply.content
 
-        terminated = bool(reply and reply.done)
-        truncated = not terminated and self._steps >= self.max_steps
+        ended_by = (reply.reason or "done") if reply and reply.done else None
+        # "max_steps" is a time limit whoever counts it (here: agent actions; a target may count its own way)
+        truncated = ended_by == "max_steps" or (ended_by is None and self._steps >= self.max_steps)
+        terminated = ended_by is not None and not truncated
         reward = 0.0
         if terminated or truncated:
-            reason = (reply.reason if terminated and reply else None) or ("max_steps" if truncated else "done")
+            reason = ended_by or "max_steps"
             reward = self._finish(reason)
             info["reward_info"] = self._reward_info
         return observation, reward, terminated, truncated, info
+
+    def conversation(self) -> list[dict[str, Any]]:
+        """The transcript as the agent sees it: what a model is conditioned on."""
+        return agent_conversation(self.messages)
 
     def render(self) -> str | None:
         lines = []
@@ -238,7 +245,8 @@ class TextEnv(gym.Env[str, str]):
 
     def _run_tool_calls(self, parsed: ParsedAction, raw: str) -> tuple[str, list[dict[str, Any]]]:
         records = [ToolCallRecord(id=self._next_call_id(), name=c.name, arguments=c.arguments) for c in parsed.tool_calls]
-        self.messages.append(Message(role="assistant", content=None, tool_calls=records, raw=raw))
+        # The agent's own text around its calls stays in the transcript: a model is conditioned on it.
+        self.messages.append(Message(role="assistant", content=parsed.thought or None, tool_calls=records, raw=raw))
         results = []
         outcomes = self._call_tools([(call, record.id) for call, record in zip(parsed.tool_calls, records)])
         for call, record, result in zip(parsed.tool_calls, records, outcomes):
@@ -246,7 +254,8 @@ class TextEnv(gym.Env[str, str]):
                 Message(role="tool", tool_call_id=record.id, name=call.name, content=result.content, error=result.error)
             )
             results.append(
-                {"id": record.id, "name": call.name, "content": result.content, "error": result.error, "done": result.done}
+                {"id": record.id, "name": call.name, "content": result.content, "error": result.error, "done": result.done,
+                 **({"reason": result.reason} if result.reason else {})}
             )
         return render_tool_results(results), results
 
@@ -257,6 +266,13 @@ class TextEnv(gym.Env[str, str]):
             '{"name": "<tool>", "arguments": {...}}, alone or inside <tool_call>...</tool_call>; '
             f"any other text is a message to the user. Tools: {names}."
         )
+
+
+def agent_conversation(messages: list[Message]) -> list[dict[str, Any]]:
+    """Transcript messages as the agent sees them, in OpenAI chat format: one
+    tool message per call, the agent's text kept on tool-call turns; the user's
+    own tool traffic (τ²-telecom's user-side calls) is the user's, not shown."""
+    return [m.to_openai() for m in messages if m.requestor != "user"]
 
 
 def render_tool_results(results: list[dict[str, Any]]) -> str:

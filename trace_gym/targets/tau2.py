@@ -8,6 +8,20 @@ type ``tau2 run`` uses) on the exact tau2 message list the episode produced.
 What this module adds is the turn-taking of tau2's orchestrator in the
 Gymnasium shape, and the choice of user simulator (``tau2_user``).
 
+Termination follows ``tau2.orchestrator.Orchestrator`` rule for rule: every
+orchestrator step counts against ``max_steps`` (an agent message, a user
+message, and each batch of tool results, whoever asked for them; the greeting
+and a task's seeded history do not), every tool result with ``error`` counts
+against ``max_errors``, both limits are checked only when the next message is
+not for the environment, ``TOO_MANY_ERRORS`` wins over ``MAX_STEPS`` and both
+win over a stop sent on the same step, and, with a judge model (off by default,
+as in ``tau2 run``), tau2's own stuck-in-a-loop judge runs after every step.
+The episode's termination reason is tau2's ``TerminationReason`` value, and
+tau2's evaluator scores 0 whatever did not end by ``agent_stop`` or
+``user_stop``. One addition: a malformed action (text that fails to parse as a
+call, which tau2's API-level agents cannot send) reaches no one, so tau2 never
+counts it; it still uses one of the agent's ``max_steps`` actions.
+
 It must not change what tau2 computes: no reward shaping, no schema edits.
 """
 
@@ -70,8 +84,14 @@ class Tau2Env(TextEnv):
         user_model, user_base_url, user_api_key: for ``user="llm"``; default to the
             environment variables ``TRACE_GYM_USER_MODEL``, ``OPENAI_BASE_URL`` and
             ``OPENAI_API_KEY``.
-        max_steps: agent actions per episode before truncation (tau2's default 100
-            counts both sides; 50 agent actions is the same budget).
+        max_steps: tau2 orchestrator steps before ``max_steps`` truncation (default:
+            tau2's ``DEFAULT_MAX_STEPS``, 200); see the module docstring for what counts.
+        max_errors: tool errors before ``too_many_errors`` (default tau2's
+            ``DEFAULT_MAX_ERRORS``, 10).
+        judge_model, judge_base_url, judge_api_key, judge_window_size: tau2's
+            stuck-agent judge (``Orchestrator._is_agent_stuck``, tau2's prompt over the
+            last ``judge_window_size`` messages) through an OpenAI-compatible endpoint;
+            off unless a model is given, as ``tau2 run`` without ``--judge-llm``.
     """
 
     def __init__(
@@ -83,16 +103,30 @@ class Tau2Env(TextEnv):
         user_base_url: str | None = None,
         user_api_key: str | None = None,
         max_user_turns: int = 12,
-        max_steps: int = 50,
+        max_steps: int | None = None,
+        max_errors: int | None = None,
+        judge_model: str | None = None,
+        judge_base_url: str | None = None,
+        judge_api_key: str | None = None,
+        judge_window_size: int = 30,
         render_mode: str | None = None,
     ):
-        super().__init__(max_steps=max_steps, render_mode=render_mode)
         if domain not in DOMAINS:
             raise UnknownTaskError(f"unknown tau2 domain '{domain}'; choose one of {', '.join(DOMAINS)}")
         if user not in ("scripted", "llm"):
             raise ValueError(f"user must be 'scripted' or 'llm', got {user!r}")
         import_tau2()
+        from tau2.config import DEFAULT_MAX_ERRORS, DEFAULT_MAX_STEPS
         from tau2.registry import registry
+
+        max_steps = DEFAULT_MAX_STEPS if max_steps is None else int(max_steps)
+        if max_steps < 2:
+            raise ValueError(f"max_steps must be at least 2 (the user's opening message is step 1), got {max_steps}")
+        super().__init__(max_steps=max_steps, render_mode=render_mode)
+        self.max_errors = DEFAULT_MAX_ERRORS if max_errors is None else int(max_errors)
+        self._judge = StuckJudge(judge_model, judge_base_url, judge_api_key, judge_window_size) if judge_model else None
+        self._tau2_steps = 0
+        self._tau2_errors = 0
 
         self.domain = domain
         self.split = split
@@ -158,12 +192,14 @@ class Tau2Env(TextEnv):
                 message_history=history,
             )
         self._user = self._make_user(task)
+        self._tau2_steps = 0  # tau2's orchestrator counts neither the greeting nor seeded history
+        self._tau2_errors = 0
         greeting = AssistantMessage(role="assistant", content=GREETING)
         self._tau2_messages = [*history, greeting]
         prelude = [*from_tau2_messages(history), Message(role="assistant", content=GREETING)]
         first = self._user_turn(greeting, prelude)
         if first.done:  # a user that quits before saying anything: tau2 scores this too
-            raise UnknownTaskError(f"the user simulator ended task {task.id} before it began: {first.content!r}")
+            raise UnknownTaskError(f"the user simulator ended task {task.id} before it began ({first.reason}): {first.content!r}")
         instructions = AGENT_INSTRUCTION.format(tool_names=", ".join(self._tool_names))
         return Start(
             observation=first.content,
@@ -179,13 +215,17 @@ class Tau2Env(TextEnv):
 
         tau2_calls = [Tau2ToolCall(id=cid, name=c.name, arguments=c.arguments, requestor="assistant") for c, cid in calls]
         self._tau2_messages.append(AssistantMessage(role="assistant", content=None, tool_calls=tau2_calls))
-        results = []
-        for tau2_call in tau2_calls:
-            response = self._tau2_env.get_response(tau2_call)
-            self._tau2_messages.append(response)
-            results.append(ToolResult(content=response.content or "", error=bool(response.error)))
+        judged = self._orchestrator_step(to_env=True)
+        if judged:  # tau2 stops before the environment answers
+            return [ToolResult(content="Not run: the episode had ended.", error=True, done=True, reason=judged) for _ in calls]
+        responses = [self._tau2_env.get_response(tau2_call) for tau2_call in tau2_calls]
+        self._tau2_messages.extend(responses)
         if self._user is not None:
             self._user.observe_agent_calls([c for c, _ in calls])
+        ended = self._orchestrator_step(to_env=False, tool_messages=responses)
+        results = [ToolResult(content=r.content or "", error=bool(r.error)) for r in responses]
+        if ended:
+            results[-1].done, results[-1].reason = True, ended
         return results
 
     def _reply(self, content: str) -> Reply:
@@ -193,8 +233,10 @@ class Tau2Env(TextEnv):
 
         message = AssistantMessage(role="assistant", content=content)
         self._tau2_messages.append(message)
-        if STOP_TOKEN in content:
-            return Reply(content="", done=True, reason="agent_stop", from_user=False)
+        stop = "agent_stop" if STOP_TOKEN in content else None
+        ended = self._orchestrator_step(to_env=False) or stop
+        if ended:
+            return Reply(content="", done=True, reason=ended, from_user=False)
         return self._user_turn(message, self.messages)
 
     def _score(self, termination_reason: str) -> Score:
@@ -243,12 +285,37 @@ class Tau2Env(TextEnv):
             return ScriptedUser(task, self._tau2_env, max_turns=self.max_user_turns)
         return LLMUser(task, self._tau2_env, **self._user_config)
 
+    def _orchestrator_step(self, *, to_env: bool, tool_messages: list[Any] = ()) -> str | None:
+        """Count one step of tau2's orchestrator (the message just appended, or the
+        tool results of one call message) and return the termination reason tau2
+        would end the episode with now, or None (``Orchestrator.run``'s loop)."""
+        self._tau2_steps += 1
+        self._tau2_errors += sum(1 for m in tool_messages if m.error)
+        if self._judge is not None and self._judge.is_stuck(self._tau2_messages):
+            return "judge_stop"
+        if to_env:  # tau2 checks its limits only when the next message is not for the environment
+            return None
+        reason = None
+        if self._tau2_steps >= self.max_steps:
+            reason = "max_steps"
+        if self._tau2_errors >= self.max_errors:
+            reason = "too_many_errors"
+        return reason
+
+    @property
+    def tau2_counts(self) -> dict[str, int]:
+        """tau2's orchestrator counters for this episode: steps and tool errors."""
+        return {"steps": self._tau2_steps, "errors": self._tau2_errors}
+
     def _user_turn(self, message, transcript: list[Message]) -> Reply:
         """Let the user answer ``message``; user-side tool calls (telecom) are run
         against the tau2 env and recorded in both transcripts."""
         for user_message, tool_messages in self._user.respond(message):
             self._tau2_messages.append(user_message)
             if user_message.is_tool_call():
+                judged = self._orchestrator_step(to_env=True)
+                if judged:
+                    return Reply(content="", done=True, reason=judged, from_user=False)
                 self._tau2_messages.extend(tool_messages)
                 transcript.append(
                     Message(
@@ -261,11 +328,14 @@ class Tau2Env(TextEnv):
                     Message(role="tool", requestor="user", tool_call_id=t.id, content=t.content, error=bool(t.error))
                     for t in tool_messages
                 )
+                ended = self._orchestrator_step(to_env=False, tool_messages=tool_messages)
+                if ended:
+                    return Reply(content="", done=True, reason=ended, from_user=False)
                 continue
             text = user_message.content or ""
-            if self._user.is_stop(user_message):
-                return Reply(content=text, done=True, reason="user_stop")
-            return Reply(content=text)
+            stop = "user_stop" if self._user.is_stop(user_message) else None
+            ended = self._orchestrator_step(to_env=False) or stop
+            return Reply(content=text, done=bool(ended), reason=ended)
         raise AssertionError("the user simulator produced no message")  # respond() always ends with text
 
 
@@ -284,14 +354,41 @@ def from_tau2_messages(messages: list[Any]) -> list[Message]:
     return out
 
 
-def to_tau2_termination(reason: str):
+def to_tau2_termination(reason: str | None):
+    """Our termination reason (tau2's own value for τ² episodes) as tau2's enum;
+    anything tau2 has no name for (an agent that crashed, ``done``) is ``AGENT_ERROR``."""
     from tau2.data_model.simulation import TerminationReason
 
-    return {
-        "agent_stop": TerminationReason.AGENT_STOP,
-        "user_stop": TerminationReason.USER_STOP,
-        "max_steps": TerminationReason.MAX_STEPS,
-    }.get(reason, TerminationReason.AGENT_ERROR)
+    try:
+        return TerminationReason(reason)
+    except ValueError:
+        return TerminationReason.AGENT_ERROR
+
+
+class StuckJudge:
+    """tau2's stuck-in-a-loop judge (``Orchestrator._is_agent_stuck``: its prompt,
+    its window, its yes/no rule, and its choice to treat a judge failure as "not
+    stuck"), run on our episode's tau2 messages through an OpenAI-compatible
+    endpoint. tau2's own method is called, not re-implemented, so the decision is
+    tau2's; it reads only the five attributes set here."""
+
+    def __init__(self, model: str, base_url: str | None, api_key: str | None, window_size: int = 30):
+        self.judge_llm = f"openai/{model}"
+        self.judge_llm_args = {
+            "api_base": base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1",
+            "api_key": api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY",
+            "num_retries": 1,
+            "timeout": 120,
+        }
+        self.judge_window_size = int(window_size)
+        self.judge_system_prompt = None
+        self.trajectory: list[Any] = []
+
+    def is_stuck(self, messages: list[Any]) -> bool:
+        from tau2.orchestrator.orchestrator import Orchestrator
+
+        self.trajectory = messages
+        return bool(Orchestrator._is_agent_stuck(self))
 
 
 def score_from_reward_info(reward_info, termination_reason: str) -> Score:
