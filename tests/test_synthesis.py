@@ -1,0 +1,157 @@
+"""Environment synthesis end to end: a local OpenAI-compatible server on 127.0.0.1 replays
+recorded analyst answers; gate, sandbox validation, repair, calibration and the atomic
+write into a temporary registry all run for real."""
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from conftest import FIXTURE_ENVS, PYTHON, run_cli
+from openai_double import OpenAIDouble
+
+from trace_gym.synthesis import SynthesisConfig, load_capabilities, synthesize
+from trace_gym.validation import ValidationConfig
+
+TARGET = "trace/tau2-retail-v0"
+GOOD = (FIXTURE_ENVS / "order-lookup" / "env.py").read_text()
+QUICK = ValidationConfig(seeds=30, floor_seeds=10, determinism_seeds=2, calibration_seeds=4, k=2)
+BUGGY = GOOD.replace('return {"reward": reward,', 'return {"reward": reward * 2,')  # out of [0, 1]: reward_range
+ESCAPES = {
+    "reads a host file": GOOD.replace('prompt = "You are', 'prompt = open("/etc/hostname").read() + "You are'),
+    "opens a socket": GOOD.replace("import json\n", "import json\nimport socket\n"),
+    "walks to os through module attributes": GOOD.replace(
+        "import random\n", "import random\nimport datetime\n").replace(
+        "rng = random.Random(seed)", 'rng = random.Random(seed)\n        datetime.sys.modules["os"].system("id")'),
+}
+
+
+def fenced(code: str) -> str:
+    return "Here is the environment.\n\n```python\n" + code + "```\n"
+
+
+def capabilities_file(tmp_path: Path) -> Path:
+    folder = tmp_path / "identify"
+    folder.mkdir(exist_ok=True)
+    (folder / "capabilities.json").write_text(json.dumps({"selected": [
+        {"name": "exact_lookup", "description": "Look a record up with the exact id the user gives before answering."}]}))
+    (folder / "labels.jsonl").write_text(json.dumps(
+        {"episode_id": "e1", "capability": "exact_lookup", "label": "LACKING", "evidence": "message 3: order id W123 without '#'"}) + "\n")
+    return folder / "capabilities.json"
+
+
+def replay(*answers: str):
+    """Answer the n-th request with the n-th recorded answer (the last one again after)."""
+    def answer(body):
+        n = sum(1 for m in body["messages"] if m["role"] == "assistant")
+        return {"content": answers[min(n, len(answers) - 1)]}
+    return answer
+
+
+def run(tmp_path, double, **kwargs):
+    config = SynthesisConfig(validation=QUICK, backend="bwrap", **kwargs.pop("config", {}))
+    return synthesize(capabilities_file(tmp_path), TARGET, analyst="openai:double", registry_dir=tmp_path / "registry",
+                      config=config, cache_dir=tmp_path / "cache", base_url=double.base_url, api_key="test-key", **kwargs)
+
+
+@pytest.mark.slow
+def test_a_bug_the_validator_catches_is_repaired_from_its_evidence(tmp_path):
+    import gymnasium as gym
+
+    with OpenAIDouble(replay(fenced(BUGGY), fenced(GOOD))) as double:
+        result = run(tmp_path, double)
+    [outcome] = result.outcomes
+    assert outcome.status == "registered", outcome.last_report
+    assert [a.passed for a in outcome.attempts] == [False, True]
+    assert "reward_range" in outcome.attempts[0].failing_checks
+    # the second request carries the first attempt's failing evidence, in the same conversation
+    assert len(double.requests) == 2
+    second = double.requests[1]["messages"]
+    assert second[1]["role"] == "assistant" and "reward * 2" in second[1]["content"]
+    assert "reward_range" in second[2]["content"] and "reward() returned reward=2.0" in second[2]["content"]
+    assert result.calls == 2 and result.tokens > 0
+
+    folder = tmp_path / "registry" / "exact-lookup"
+    assert sorted(p.name for p in folder.iterdir()) == ["README.md", "env.py", "manifest.toml", "validation.json"]
+    assert not any((tmp_path / "registry" / ".synthesis").iterdir())
+    env = gym.make(outcome.env_id, backend="bwrap")
+    obs, info = env.reset(seed=3)
+    assert "order" in obs and info["tools"][0]["function"]["name"] == "get_order_details"
+    for action in env.unwrapped.oracle_actions():
+        obs, reward, terminated, truncated, info = env.step(action)
+    assert terminated and reward == 1.0
+    env.close()
+
+    # provenance is complete and the code hash matches the files
+    from trace_gym.hashing import code_hash
+    from trace_gym.registry import read_manifest
+    from trace_gym.synthesis import TEMPLATE_VERSION, template_hash
+
+    entry = read_manifest(folder)
+    prov = entry.manifest["provenance"]
+    assert prov["analyst"] == "openai:double"
+    assert prov["template_version"] == TEMPLATE_VERSION and prov["template_sha256"] == template_hash()
+    assert prov["code_hash"] == code_hash(folder)
+    assert prov["env_sha256"] == hashlib.sha256((folder / "env.py").read_bytes()).hexdigest()
+    assert [(a["number"], a["passed"], a["failing_checks"]) for a in prov["attempts"]] == [(1, False, ["solvable", "reward_range"]), (2, True, [])]
+    assert prov["calibration"] == {"run": False}
+    assert entry.capability["serves"] == ["exact_lookup"]
+    report = json.loads((folder / "validation.json").read_text())
+    assert report["passed"] and report["code_hash"] == code_hash(folder)
+    assert entry.validation_status() == "passed"
+
+    # --resume: a registered capability with a matching code hash is not redone, and costs no call
+    with OpenAIDouble(replay(fenced(GOOD))) as double:
+        again = run(tmp_path, double, config={"resume": True})
+    assert again.outcomes[0].status == "kept" and double.requests == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("escape", sorted(ESCAPES))
+def test_an_escaping_answer_is_stopped_and_the_report_names_the_layer(tmp_path, escape):
+    with OpenAIDouble(replay(fenced(ESCAPES[escape]))) as double:
+        result = run(tmp_path, double, config={"max_attempts": 1})
+    [outcome] = result.outcomes
+    assert outcome.status == "failed"
+    layer = outcome.attempts[0].stopped_by
+    expected = {"reads a host file": "static gate", "opens a socket": "static gate",
+                "walks to os through module attributes": "sandbox worker"}[escape]
+    assert layer.startswith(expected), (layer, outcome.attempts[0].evidence)
+    assert not (tmp_path / "registry" / "exact-lookup").exists()
+    assert [p.name for p in (tmp_path / "registry").iterdir() if not p.name.startswith(".")] == []
+
+
+@pytest.mark.slow
+def test_an_answer_that_never_validates_ends_at_the_limit_with_the_last_report(tmp_path):
+    registry = tmp_path / "registry"
+    registry.mkdir()
+    (registry / "keep.txt").write_text("untouched")
+    before = sorted(p.name for p in registry.iterdir())
+    with OpenAIDouble(replay(fenced(BUGGY))) as double:
+        result = run(tmp_path, double, config={"max_attempts": 3})
+    [outcome] = result.outcomes
+    assert outcome.status == "failed" and len(outcome.attempts) == 3 and len(double.requests) == 3
+    assert "reward_range" in outcome.last_report and "FAILED" in outcome.last_report
+    assert sorted(p.name for p in registry.iterdir() if p.name != ".synthesis") == before
+    assert (registry / "keep.txt").read_text() == "untouched"
+
+
+@pytest.mark.slow
+def test_an_always_succeeding_policy_gets_a_harder_variant_asked_for_with_the_reason(tmp_path):
+    with OpenAIDouble(replay(fenced(GOOD))) as double:
+        result = run(tmp_path, double, config={"policy": "oracle", "max_calibration_rounds": 1})
+    [outcome] = result.outcomes
+    assert [a.kind for a in outcome.attempts] == ["generate", "harder"]
+    request = double.requests[1]["messages"][-1]["content"]
+    assert "harder variant" in request and "succeeds too often" in request and "mean reward 1.00" in request
+    assert outcome.status == "registered" and "out of band" in outcome.message
+    prov = tomllib.loads((tmp_path / "registry" / "exact-lookup" / "manifest.toml").read_text())["provenance"]
+    assert prov["calibration"]["run"] and prov["calibration"]["mean_reward"] == 1.0 and not prov["calibration"]["in_band"]
+    assert prov["policy"] == "oracle"

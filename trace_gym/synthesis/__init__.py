@@ -1,0 +1,180 @@
+"""Environment synthesis (TRACE stage 2): one training env per capability the agent lacks.
+
+``synthesize(capabilities_path, target_id, analyst="openai:<model>")`` asks an
+analyst LLM for an env.py per capability, gates and validates it in the
+sandbox, repairs it from the validator's evidence, calibrates it with a policy
+and registers it atomically in a registry dir with its provenance (see
+``loop``). With ``analyst="registry"`` (offline) it synthesizes nothing: a
+capability is served by a registry env whose manifest names it for that target
+(``[capability] serves = [...]``), and the report says so plainly.
+
+Nothing here is specific to one benchmark: any registered target with frozen
+tool schemas will do. Env code is never imported or run in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from trace_gym.errors import TraceGymError
+
+from .loop import Outcome, SynthesisConfig, SynthesisError, Synthesizer, extract_code
+from .prompt import TEMPLATE_VERSION, Capability, target_context, template_hash
+
+__all__ = [
+    "synthesize", "SynthesisConfig", "SynthesisResult", "SynthesisError", "Outcome", "Capability",
+    "load_capabilities", "serving_envs", "extract_code", "TEMPLATE_VERSION", "template_hash",
+]
+
+
+@dataclass
+class SynthesisResult:
+    target: str
+    analyst: str
+    registry_dir: str
+    outcomes: list[Outcome] = field(default_factory=list)
+    calls: int = 0
+    tokens: int = 0
+    cache_hits: int = 0
+
+    def summary(self) -> str:
+        lines = []
+        for o in self.outcomes:
+            lines.append(f"  {o.status.upper():<16} {o.capability}: {o.message}")
+        counts = {s: sum(o.status == s for o in self.outcomes) for s in dict.fromkeys(o.status for o in self.outcomes)}
+        lines.append(f"{len(self.outcomes)} capabilities for {self.target}: "
+                     + ", ".join(f"{n} {s}" for s, n in counts.items())
+                     + f"; {sum(len(o.attempts) for o in self.outcomes)} attempts; analyst {self.analyst}: "
+                     f"{self.calls} calls, {self.tokens} tokens, {self.cache_hits} cached answers")
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"target": self.target, "analyst": self.analyst, "registry_dir": self.registry_dir,
+                "calls": self.calls, "tokens": self.tokens, "cache_hits": self.cache_hits,
+                "outcomes": [o.as_dict() for o in self.outcomes]}
+
+
+def load_capabilities(path: str | Path, *, only: list[str] | None = None, trajectories: str | Path | None = None,
+                      evidence_per_capability: int = 6, trajectories_per_capability: int = 3) -> list[Capability]:
+    """The selected capabilities of ``capabilities.json`` (identify's output; a list of
+    ``{name, description}`` also works), with the LACKING evidence of ``labels.jsonl``
+    beside it and, given the trajectories file, a few compacted failed trajectories."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise TraceGymError(f"no capabilities file at {path} (run trace-gym identify first)") from None
+    except json.JSONDecodeError as exc:
+        raise TraceGymError(f"{path} is not JSON ({exc})") from None
+    rows = data.get("selected", data.get("capabilities")) if isinstance(data, dict) else data
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and r.get("name") and r.get("description") for r in rows):
+        raise TraceGymError(f"{path} must hold a list of capabilities with name and description (identify's 'selected')")
+    if only:
+        unknown = sorted(set(only) - {r["name"] for r in rows})
+        if unknown:
+            raise TraceGymError(f"--only {', '.join(unknown)}: not in {path} (it has {', '.join(r['name'] for r in rows) or 'none'})")
+        rows = [r for r in rows if r["name"] in only]
+    lacking: dict[str, list[tuple[str, str]]] = {}
+    labels_path = path.parent / "labels.jsonl"
+    if labels_path.exists():
+        for line in labels_path.read_text(encoding="utf-8").splitlines():
+            label = json.loads(line) if line.strip() else {}
+            if label.get("label") == "LACKING":
+                lacking.setdefault(label["capability"], []).append((label["episode_id"], label.get("evidence", "")))
+    by_episode = {}
+    if trajectories:
+        from trace_gym.store import read_trajectories
+
+        by_episode = {t.episode_id: t for t in read_trajectories(trajectories)}
+    from trace_gym.identification.llm_analyst import compact
+
+    capabilities = []
+    for row in rows:
+        pairs = lacking.get(row["name"], [])
+        evidence = list(dict.fromkeys(e for _, e in pairs if e))[:evidence_per_capability]
+        failed = [by_episode[ep] for ep, _ in pairs if ep in by_episode and not by_episode[ep].success]
+        shown = [compact(t, budget=3000, per_message=300) for t in failed[:trajectories_per_capability]]
+        capabilities.append(Capability(row["name"], row["description"], evidence, shown))
+    return capabilities
+
+
+def serving_envs(capability: str, target: str) -> list[Any]:
+    """Registry envs whose manifest names ``capability`` for ``target``."""
+    from trace_gym.registry import discover
+
+    out = []
+    for entry in discover().values():
+        served = entry.capability.get("serves") or []
+        if entry.kind == "synthesized" and entry.target == target and (capability in served or entry.capability.get("name") == capability):
+            out.append(entry)
+    return out
+
+
+def default_registry_dir() -> Path:
+    from trace_gym.registry import registry_dirs
+
+    return registry_dirs()[0]
+
+
+def synthesize(capabilities: str | Path | list[Capability], target: str, *, analyst: str = "registry",
+               registry_dir: str | Path | None = None, config: SynthesisConfig | None = None,
+               only: list[str] | None = None, trajectories: str | Path | None = None,
+               cache_dir: str | Path | None = None, base_url: str | None = None, api_key: str | None = None,
+               progress: Callable[[str], None] | None = None) -> SynthesisResult:
+    """Synthesize (or, offline, find) one env per capability for ``target``."""
+    from trace_gym.registry import get_entry, register_all
+
+    entry = get_entry(target)
+    if entry.kind != "target":
+        raise TraceGymError(f"{target} is not a target; synthesis trains for a target such as trace/tau2-retail-v0")
+    caps = capabilities if isinstance(capabilities, list) else load_capabilities(capabilities, only=only, trajectories=trajectories)
+    say = progress or (lambda message: None)
+    registry = Path(registry_dir) if registry_dir else default_registry_dir()
+    result = SynthesisResult(entry.id, analyst, str(registry))
+    if analyst == "registry":
+        for cap in caps:
+            served = serving_envs(cap.name, entry.id)
+            if served:
+                ids = ", ".join(f"{e.id} ({e.validation_status()})" for e in served)
+                result.outcomes.append(Outcome(cap.name, "served", f"served by the registry env {ids}; nothing was synthesized",
+                                               env_id=served[0].id, path=str(served[0].path)))
+            else:
+                result.outcomes.append(Outcome(cap.name, "not_synthesized",
+                                               f"no registry env serves it for {entry.id}; run with --analyst openai:<model>"))
+            say(f"{cap.name}: {result.outcomes[-1].message}")
+        return result
+    from .analyst import SynthesisAnalyst
+
+    client = SynthesisAnalyst(analyst, cache_dir=cache_dir, base_url=base_url, api_key=api_key)
+    trajectories_list = None
+    if trajectories:
+        from trace_gym.store import read_trajectories
+
+        trajectories_list = [t for t in read_trajectories(trajectories) if t.env_id.removeprefix("trace_gym:") == entry.id]
+    say(f"reading {entry.id}: tool schemas, policy and sample results")
+    context = target_context(entry, trajectories_list)
+    _expose(registry)
+    synthesizer = Synthesizer(client, entry, context, registry, config, progress=say)
+    for i, cap in enumerate(caps, 1):
+        say(f"[{i}/{len(caps)}] {cap.name}")
+        outcome = synthesizer.run(cap)
+        result.outcomes.append(outcome)
+        if outcome.status == "registered":
+            register_all()
+        say(f"{cap.name}: {outcome.message}")
+    result.calls, result.tokens, result.cache_hits = client.calls, client.tokens, client.cache_hits
+    return result
+
+
+def _expose(registry: Path) -> None:
+    """Make a registry dir outside the installed one visible to this process's registry."""
+    from trace_gym.registry import registry_dirs
+
+    if any(registry.resolve() == d.resolve() for d in registry_dirs()):
+        return
+    current = os.environ.get("TRACE_GYM_REGISTRY_PATH", "")
+    os.environ["TRACE_GYM_REGISTRY_PATH"] = os.pathsep.join(p for p in (current, str(registry)) if p)

@@ -1,0 +1,51 @@
+"""The synthesis analyst: the identification analyst's client, asked for code in a conversation.
+
+It reuses ``LLMAnalyst``'s OpenAI-compatible backend (time-outs, back-off on
+transient errors) and its on-disk ``AnswerCache``; the cache key is the whole
+conversation, so a re-run (``--resume``) replays every attempt at no cost.
+Calls, tokens and cache hits are counted. It returns text; it never runs it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from trace_gym.errors import TraceGymError
+
+
+class SynthesisAnalyst:
+    def __init__(self, spec: str, *, cache_dir: str | Path | None = None, base_url: str | None = None,
+                 api_key: str | None = None, max_new_tokens: int = 8192, temperature: float = 0.0):
+        from trace_gym.identification.llm_analyst import AnswerCache, LLMAnalyst
+
+        if not spec.startswith("openai:") or spec == "openai:":
+            raise TraceGymError(f"unknown analyst '{spec}'; use registry or openai:<model>")
+        self.name = spec
+        self._client = LLMAnalyst(spec, cache_dir=cache_dir, base_url=base_url, api_key=api_key)
+        self._key = AnswerCache.key
+        self.max_new_tokens = max_new_tokens
+        self.temperature = temperature
+        self.calls = 0
+        self.tokens = 0
+        self.cache_hits = 0
+
+    @property
+    def model(self) -> str:
+        return self._client.backend.model
+
+    def converse(self, messages: list[dict[str, Any]]) -> str:
+        """The model's answer to the conversation so far (from the cache when it was asked before)."""
+        key = self._key(self.model, json.dumps(messages, sort_keys=True, ensure_ascii=False))
+        cached = self._client.cache.get(key)
+        if cached is not None:
+            self.cache_hits += 1
+            return cached
+        [completion] = self._client.backend.generate([messages], max_new_tokens=self.max_new_tokens,
+                                                      temperature=self.temperature)
+        self.calls += 1
+        self.tokens += (completion.prompt_tokens or 0) + (completion.completion_tokens or 0)
+        text = completion.text or ""
+        self._client.cache.put(key, text)
+        return text

@@ -1,0 +1,167 @@
+"""What the synthesis analyst is shown: versioned templates filled from a capability and a target.
+
+The templates live in ``prompts/<name>_<version>.md`` (``string.Template``
+placeholders). Everything target-specific comes from the registry entry of the
+target (its frozen ``tools.json``, any frozen files beside it) or from the
+target run through the ordinary env API (policy text = the system prompt,
+sample results = the oracle's tool results); nothing here names a benchmark.
+This module builds text only: it never calls a model and never runs env code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import string
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trace_gym.registry import EnvEntry
+from trace_gym.tools import load_frozen_tools
+
+PROMPTS = Path(__file__).with_name("prompts")
+TEMPLATE_VERSION = "v1"
+TEMPLATES = ("generate", "repair", "calibrate", "contract")
+
+
+def template_text(name: str, version: str = TEMPLATE_VERSION) -> str:
+    return (PROMPTS / f"{name}_{version}.md").read_text(encoding="utf-8")
+
+
+def template_hash(version: str = TEMPLATE_VERSION) -> str:
+    """sha256 over every template of ``version``: what the provenance records."""
+    digest = hashlib.sha256()
+    for name in TEMPLATES:
+        digest.update(name.encode() + b"\0" + template_text(name, version).encode() + b"\0")
+    return digest.hexdigest()
+
+
+def render(name: str, **values: Any) -> str:
+    return string.Template(template_text(name)).substitute(**values)
+
+
+@dataclass
+class Capability:
+    """One capability to synthesize an env for, with what identification saw of it."""
+
+    name: str
+    description: str
+    evidence: list[str] = field(default_factory=list)
+    """Quotes behind its LACKING labels."""
+    trajectories: list[str] = field(default_factory=list)
+    """Compacted failed trajectories where it was lacking."""
+
+
+@dataclass
+class TargetContext:
+    """The target as the analyst sees it."""
+
+    entry: EnvEntry
+    tools: list[dict[str, Any]]
+    policy: str
+    tool_results: list[str]
+    sources: list[str]
+    """Where the policy and results came from (for the report)."""
+
+
+def target_context(entry: EnvEntry, trajectories: list[Any] | None = None, *, samples: int = 8,
+                   per_result: int = 700) -> TargetContext:
+    """The target's frozen schemas, its policy text and real tool results.
+
+    Policy and results come, in order of preference, from recorded trajectories
+    of the target, from the target itself (reset, then its oracle's tool calls;
+    skipped when its package is not installed), or from frozen text files in
+    the target's registry folder (``policy.md``, ``*results*.json``)."""
+    tools = load_frozen_tools(entry.tools_path)
+    policy, results, sources = "", [], []
+    for trajectory in trajectories or []:
+        if not policy and trajectory.messages and trajectory.messages[0].role == "system":
+            policy = trajectory.messages[0].content or ""
+            sources.append("policy: the system prompt of a recorded trajectory")
+        for i, m in enumerate(trajectory.messages):
+            if m.role == "tool" and m.content and len(results) < samples:
+                call = _call_of(trajectory.messages, i)
+                results.append(f"{call} ->\n{m.content[:per_result]}")
+    if results:
+        sources.append("tool results: recorded trajectories")
+    if not policy or not results:
+        live_policy, live_results, why = _from_live_target(entry, samples, per_result)
+        if live_policy and not policy:
+            policy = live_policy
+            sources.append(f"policy: {entry.id} reset")
+        if live_results and not results:
+            results = live_results
+            sources.append(f"tool results: {entry.id} played by its oracle")
+        if why:
+            sources.append(why)
+    if not policy and (entry.path / "policy.md").exists():
+        policy = (entry.path / "policy.md").read_text(encoding="utf-8")
+        sources.append("policy: frozen policy.md")
+    if not results:
+        for frozen in sorted(entry.path.glob("*results*.json")):
+            results.append(f"{frozen.name}:\n{frozen.read_text(encoding='utf-8')[: per_result * samples]}")
+            sources.append(f"tool results: frozen {frozen.name}")
+    return TargetContext(entry, tools, policy, results, sources)
+
+
+def _call_of(messages: list[Any], tool_index: int) -> str:
+    tool = messages[tool_index]
+    for m in reversed(messages[:tool_index]):
+        for call in m.tool_calls or []:
+            if call.id == tool.tool_call_id:
+                return f"{call.name}({json.dumps(call.arguments, ensure_ascii=False)})"
+    return tool.name or "tool"
+
+
+def _from_live_target(entry: EnvEntry, samples: int, per_result: int) -> tuple[str, list[str], str]:
+    """Reset the target and replay its oracle's tool calls; ("", [], why) where it cannot run."""
+    from trace_gym.actions import parse_action
+    from trace_gym.errors import TraceGymError
+    from trace_gym.registry import make
+
+    try:
+        env = make(entry.id)
+    except (TraceGymError, ImportError) as exc:
+        return "", [], f"the live target could not be made ({str(exc).splitlines()[0][:120]})"
+    results: list[str] = []
+    policy = ""
+    try:
+        for seed in range(3):
+            _, info = env.reset(seed=seed)
+            policy = policy or info.get("system_prompt", "")
+            for action in env.unwrapped.oracle_actions() or []:
+                parsed = parse_action(action)
+                if not parsed.is_tool_call:
+                    continue
+                obs, _, terminated, truncated, _ = env.step(action)
+                call = parsed.tool_calls[0]
+                results.append(f"{call.name}({json.dumps(call.arguments, ensure_ascii=False)}) ->\n{obs[:per_result]}")
+                if terminated or truncated or len(results) >= samples:
+                    break
+            if len(results) >= samples:
+                break
+    except TraceGymError as exc:
+        return policy, results, f"the live target stopped early ({str(exc).splitlines()[0][:120]})"
+    finally:
+        env.close()
+    return policy, results, ""
+
+
+def generation_prompt(capability: Capability, context: TargetContext) -> str:
+    from trace_gym.sandbox.gate import ALLOWED_IMPORTS
+
+    tools = json.dumps(context.tools, indent=1, ensure_ascii=False)
+    return render(
+        "generate",
+        target=context.entry.id,
+        capability_name=capability.name,
+        capability_description=capability.description,
+        evidence="\n".join(f"- {q}" for q in capability.evidence) or "(none recorded)",
+        trajectories="\n\n".join(capability.trajectories) or "(none given)",
+        policy=context.policy.strip() or "(not available)",
+        tools=tools,
+        tool_results="\n\n".join(context.tool_results) or "(not available: follow the schemas' descriptions)",
+        contract=template_text("contract"),
+        allowed_imports=", ".join(sorted(ALLOWED_IMPORTS)),
+    )
