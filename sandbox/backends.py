@@ -3,8 +3,15 @@
 ``select_backend("auto")`` picks Docker if an engine answers, else bubblewrap
 if it can create namespaces here, else refuses and says how to get either.
 Both real backends run the same worker in the same root filesystem
-(``rootfs.py``), as user 65534, with no network, a clean environment, a
-read-only root and a small tmpfs /tmp; the worker adds rlimits and seccomp.
+(``rootfs.py``), as user 65534 *outside* the jail as well as inside (when the
+host is root, bubblewrap itself is started as 65534, so the jail's user
+namespace maps to an unprivileged outer uid), with no network, a clean
+environment, a read-only root, a minimal /dev, /proc/sys read-only or hidden
+and a small tmpfs /tmp; the worker adds rlimits and a seccomp allowlist, and
+the host refuses a worker that reports seccomp inactive unless a weaker
+backend (``bwrap-no-seccomp``, ``docker-no-seccomp``) is named explicitly.
+Docker's settings are read back from the created container and checked, and
+gVisor (``runsc``) is used where the engine has it.
 """
 
 from __future__ import annotations
@@ -18,7 +25,9 @@ from dataclasses import dataclass
 
 from .channel import Channel, DockerChannel, PipeChannel
 from .errors import SandboxUnavailable
-from .rootfs import SANDBOX_UID, WORKER_IN_ROOTFS, WORKER_SOURCE, ensure_rootfs, interpreter, rootfs_key, rootfs_tarball
+
+SECCOMP_OPTIONAL = "-no-seccomp"
+from .rootfs import DEVICES, SANDBOX_UID, WORKER_IN_ROOTFS, ensure_rootfs, interpreter, rootfs_key, rootfs_tarball
 
 IMAGE_REPOSITORY = "trace-gym-sandbox"
 WORKER_ARGS = ("-I", "-S", "-B", WORKER_IN_ROOTFS)
@@ -62,6 +71,11 @@ class Limits:
 class Backend:
     name = "abstract"
     isolated = True
+    require_seccomp = True
+    """Refuse a worker whose seccomp filter is not active (the ``-no-seccomp`` names turn it off)."""
+
+    def describe(self) -> str:
+        return self.name
 
     def spawn(self, limits: Limits, python_args: tuple[str, ...] = WORKER_ARGS) -> Channel:
         """Start the jailed interpreter (the worker, unless tests ask for other args)."""
@@ -78,8 +92,7 @@ class BwrapBackend(Backend):
         return [
             shutil.which("bwrap") or "bwrap",
             "--ro-bind", str(self.rootfs), "/",
-            "--proc", "/proc",
-            "--dev", "/dev",
+            *bwrap_proc_and_dev(),
             "--size", str(limits.tmpfs_mb * 1024 * 1024), "--tmpfs", "/tmp",
             "--unshare-all",  # user, ipc, pid, net, uts, cgroup namespaces: no network at all
             "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
@@ -89,7 +102,35 @@ class BwrapBackend(Backend):
         ]
 
     def spawn(self, limits: Limits, python_args: tuple[str, ...] = WORKER_ARGS) -> Channel:
-        return PipeChannel(self.argv(limits, python_args), limits.max_message_bytes + 1024, env={})
+        return PipeChannel(self.argv(limits, python_args), limits.max_message_bytes + 1024, env={}, user=outer_user())
+
+
+# /proc parts that reach the kernel: hidden under an empty read-only tmpfs (folders)
+# or /dev/null (files). bubblewrap already binds some read-only; this is checked by
+# the jail probe, not assumed.
+PROC_HIDDEN_DIRS = ("sys", "irq", "bus", "fs", "sysvipc", "tty", "driver", "acpi", "scsi")
+PROC_HIDDEN_FILES = ("sysrq-trigger", "kcore", "keys", "key-users", "kallsyms", "timer_list", "latency_stats", "sched_debug", "kmsg")
+
+
+def bwrap_proc_and_dev() -> list[str]:
+    """A fresh /proc with the kernel-facing parts hidden read-only, and a /dev of
+    four device nodes bound over placeholders in the read-only root (no tmpfs)."""
+    args = ["--proc", "/proc"]
+    for name in PROC_HIDDEN_DIRS:
+        if os.path.isdir(f"/proc/{name}"):
+            args += ["--perms", "0555", "--size", "4096", "--tmpfs", f"/proc/{name}", "--remount-ro", f"/proc/{name}"]
+    for name in PROC_HIDDEN_FILES:
+        if os.path.exists(f"/proc/{name}"):
+            args += ["--ro-bind", "/dev/null", f"/proc/{name}"]
+    for device in DEVICES:
+        args += ["--dev-bind", f"/dev/{device}", f"/dev/{device}"]
+    return args
+
+
+def outer_user() -> int | None:
+    """The uid bubblewrap runs as: never root. A root host drops to the sandbox user
+    first, so the jail's user namespace maps to an unprivileged outer uid."""
+    return SANDBOX_UID if os.geteuid() == 0 else None
 
 
 class DockerBackend(Backend):
@@ -100,8 +141,13 @@ class DockerBackend(Backend):
         # An image built from sandbox/Dockerfile runs its own python3; the imported one keeps host paths.
         self.image = image or os.environ.get("TRACE_GYM_SANDBOX_IMAGE") or ensure_image(self.client)
         self.python = "python3" if image or os.environ.get("TRACE_GYM_SANDBOX_IMAGE") else str(interpreter())
+        self.runtime = gvisor_runtime(self.client)
+
+    def describe(self) -> str:
+        return f"{self.name} (runtime {self.runtime or 'runc: no gVisor (runsc) in this engine'})"
 
     def spawn(self, limits: Limits, python_args: tuple[str, ...] = WORKER_ARGS) -> Channel:
+        extra = {"runtime": self.runtime} if self.runtime else {}
         container = self.client.containers.create(
             self.image,
             command=[self.python, *python_args],
@@ -120,13 +166,58 @@ class DockerBackend(Backend):
             working_dir="/tmp",
             environment={},
             labels={"trace-gym": "sandbox"},
+            ipc_mode="none",  # no /dev/shm: the capped /tmp is the only writable place
+            **extra,
         )
+        try:
+            check_container(container.attrs, limits)
+        except SandboxUnavailable:
+            container.remove(force=True)
+            raise
         sock = self.client.api.attach_socket(
             container.id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
         )
         raw = getattr(sock, "_sock", sock)
         container.start()
         return DockerChannel(container, raw, limits.max_message_bytes + 1024)
+
+
+def check_container(attrs: dict, limits: Limits) -> None:
+    """Read the created container's settings back: what Docker was asked is what it does."""
+    host = attrs.get("HostConfig", {}) or {}
+    config = attrs.get("Config", {}) or {}
+    user = str(config.get("User", ""))
+    tmpfs = host.get("Tmpfs") or {}
+    problems = []
+    if not user or user.split(":")[0] in ("", "0", "root"):
+        problems.append(f"user is {user or 'unset (root)'}")
+    if not host.get("ReadonlyRootfs"):
+        problems.append("the root filesystem is writable")
+    if host.get("Privileged"):
+        problems.append("the container is privileged")
+    if host.get("NetworkMode") != "none":
+        problems.append(f"network mode {host.get('NetworkMode')}")
+    if "ALL" not in (host.get("CapDrop") or []) or host.get("CapAdd"):
+        problems.append("capabilities are not all dropped")
+    if not any(str(o).startswith("no-new-privileges") for o in host.get("SecurityOpt") or []):
+        problems.append("no-new-privileges is off")
+    if set(tmpfs) != {"/tmp"} or f"size={limits.tmpfs_mb}m" not in tmpfs.get("/tmp", ""):
+        problems.append(f"tmpfs mounts are not capped as asked ({tmpfs})")
+    if host.get("IpcMode") != "none":
+        problems.append(f"IPC mode {host.get('IpcMode')} (a writable /dev/shm)")
+    if (host.get("ReadonlyPaths") is not None and "/proc/sys" not in host.get("ReadonlyPaths")):
+        problems.append("/proc/sys is not read-only")
+    if problems:
+        raise SandboxUnavailable("the Docker engine did not apply the sandbox settings: " + "; ".join(problems))
+
+
+def gvisor_runtime(client) -> str | None:
+    """'runsc' when the engine has gVisor's runtime (Debian package ``runsc``), else None."""
+    try:
+        runtimes = client.info().get("Runtimes") or {}
+    except Exception:  # an engine that cannot say: plain runc
+        return None
+    return "runsc" if "runsc" in runtimes else None
 
 
 class SubprocessBackend(Backend):
@@ -144,7 +235,9 @@ class SubprocessBackend(Backend):
         )
 
     def spawn(self, limits: Limits, python_args: tuple[str, ...] = WORKER_ARGS) -> Channel:
-        args = tuple(str(WORKER_SOURCE) if a == WORKER_IN_ROOTFS else a for a in python_args)
+        # The worker and its language layer as the jail has them (RestrictedPython beside them).
+        worker = str(ensure_rootfs()) + WORKER_IN_ROOTFS
+        args = tuple(worker if a == WORKER_IN_ROOTFS else a for a in python_args)
         return PipeChannel([str(interpreter()), *args], limits.max_message_bytes + 1024, env={})
 
 
@@ -186,9 +279,11 @@ def bwrap_works() -> str | None:
     exe = shutil.which("bwrap")
     if not exe:
         return "bubblewrap is not installed (apt-get install bubblewrap)"
+    user = outer_user()
     probe = subprocess.run(
         [exe, "--ro-bind", "/", "/", "--unshare-all", "--uid", str(SANDBOX_UID), "--die-with-parent", "true"],
         capture_output=True, text=True, env={},
+        **({"user": user, "group": user, "extra_groups": []} if user is not None else {}),
     )
     if probe.returncode != 0:
         return f"bubblewrap cannot create namespaces here: {probe.stderr.strip()[:200]}"
@@ -196,8 +291,18 @@ def bwrap_works() -> str | None:
 
 
 def select_backend(name: str = "auto") -> Backend:
-    """A backend by name: auto, docker, bwrap, or subprocess (unsafe, explicit only)."""
+    """A backend by name: auto, docker, bwrap, or subprocess (unsafe, explicit only).
+
+    ``docker-no-seccomp`` and ``bwrap-no-seccomp`` are the same jails that accept
+    a worker whose seccomp filter is not active (a platform without it); they are
+    weaker, so only an explicit name gives them, with a warning each time."""
     name = name or os.environ.get("TRACE_GYM_SANDBOX", "auto")
+    if name.endswith(SECCOMP_OPTIONAL) and name != SECCOMP_OPTIONAL:
+        backend = select_backend(name.removesuffix(SECCOMP_OPTIONAL))
+        warnings.warn(f"trace-gym sandbox backend '{name}' accepts workers without seccomp (a weaker sandbox)", stacklevel=2)
+        backend.require_seccomp = False
+        backend.name = name
+        return backend
     if name == "docker":
         return DockerBackend()
     if name == "bwrap":
@@ -208,7 +313,9 @@ def select_backend(name: str = "auto") -> Backend:
     if name == "subprocess":
         return SubprocessBackend()
     if name != "auto":
-        raise SandboxUnavailable(f"unknown sandbox backend '{name}'; choose auto, docker, bwrap or subprocess")
+        raise SandboxUnavailable(
+            f"unknown sandbox backend '{name}'; choose auto, docker, bwrap, subprocess, docker-no-seccomp or bwrap-no-seccomp"
+        )
     reasons = []
     try:
         return DockerBackend()

@@ -69,11 +69,13 @@ class Channel:
 
 
 class PipeChannel(Channel):
-    def __init__(self, argv: list[str], max_line: int, env: dict[str, str] | None = None):
+    def __init__(self, argv: list[str], max_line: int, env: dict[str, str] | None = None, user: int | None = None):
+        """``user``: start the process as this uid and gid, with no supplementary groups."""
         super().__init__(max_line)
+        identity = {"user": user, "group": user, "extra_groups": []} if user is not None else {}
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=env if env is not None else {}, start_new_session=True, close_fds=True,
+            env=env if env is not None else {}, start_new_session=True, close_fds=True, cwd="/", **identity,
         )
         self._selector = selectors.DefaultSelector()
         for stream in (self.proc.stdout, self.proc.stderr):

@@ -6,7 +6,10 @@ schemas for those names, byte for byte: the env code cannot change what the
 agent sees of the interface. Calls to a tool outside ``TOOLS``, or with an
 argument name the schema lacks or without a required one, are answered here in
 the target's own words (``[call_errors]`` of its manifest): env code only ever
-sees well-named calls and judges their values. Actions reach the env as JSON data (``{"type":
+sees well-named calls and judges their values. An exception raised by env code
+inside a tool call is answered as the target answers one (τ²: ``Error:
+<message>``), its traceback kept in ``tool_exceptions``; an exception anywhere
+else (reset, reward, a message step) stays an error. Actions reach the env as JSON data (``{"type":
 "tool_call", ...}`` or ``{"type": "message", ...}``), never as code, and the
 reward is computed by the env inside the sandbox, out of the agent's reach.
 """
@@ -25,6 +28,7 @@ from trace_gym.registry import get_entry, read_manifest
 from trace_gym.tools import call_error, load_frozen_tools, select_tools, tool_name
 
 from .backends import Backend, Limits
+from .errors import SandboxEnvError
 from .host import SandboxWorker
 
 DEFAULT_MAX_STEPS = 20
@@ -65,6 +69,7 @@ class SandboxedEnv(TextEnv):
         self._tools = select_tools(self.target_tools, names)
         self.hint = hint
         self._seed: int | None = None
+        self.tool_exceptions: list[dict[str, Any]] = []
 
     def _declared_tools(self, names: Any) -> list[str]:
         if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
@@ -103,9 +108,25 @@ class SandboxedEnv(TextEnv):
             if wrong is not None:  # answered here, as the target would: env code sees only well-named calls
                 results.append(ToolResult(content=wrong, error=True))
                 continue
-            step = self._step({"type": "tool_call", "name": call.name, "arguments": call.arguments})
+            try:
+                step = self._step({"type": "tool_call", "name": call.name, "arguments": call.arguments})
+            except SandboxEnvError as exc:
+                if exc.where != "step" or not self.worker.alive:
+                    raise
+                results.append(ToolResult(content=self._tool_exception(call, exc), error=True))
+                continue
             results.append(ToolResult(content=step["observation"], done=step["done"]))
         return results
+
+    def _tool_exception(self, call: ToolCall, exc: SandboxEnvError) -> str:
+        """An exception raised inside a tool, answered as the target answers one
+        (``[call_errors] tool_exception`` of its manifest); the traceback is kept
+        in ``tool_exceptions`` for validation's evidence, never shown to the agent."""
+        self.tool_exceptions.append({"tool": call.name, "arguments": call.arguments, "exception": exc.exception_type,
+                                     "message": exc.message, "traceback": exc.traceback})
+        del self.tool_exceptions[:-100]
+        return self.call_errors.tool_exception.format(message=exc.message, type=exc.exception_type, name=call.name,
+                                                      prefix=self.call_errors.prefix)
 
     def _reply(self, content: str) -> Reply:
         step = self._step({"type": "message", "content": content})
@@ -140,13 +161,13 @@ def parse_reward(result: Any) -> Score:
         raise EnvContractError(f"reward() must return {{'reward': float, 'components': {{...}}, 'reason': str}}, got {_short(result)}")
     reward = result["reward"]
     if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward) or not 0.0 <= reward <= 1.0:
-        raise EnvContractError(f"reward() returned reward={reward!r}; it must be a finite number in [0, 1]")
+        raise EnvContractError(f"reward() returned reward={_short(reward)}; it must be a finite number in [0, 1]")
     components = result.get("components") or {}
     if not isinstance(components, dict) or not all(
         isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for k, v in components.items()
     ):
         raise EnvContractError(f"reward() components must map names to finite numbers, got {_short(components)}")
-    return Score(reward=float(reward), components={k: float(v) for k, v in components.items()}, reason=str(result.get("reason", "")))
+    return Score(reward=float(reward), components={k: float(v) for k, v in components.items()}, reason=str(result.get("reason", ""))[:2000])
 
 
 def action_text(action: Any) -> str:

@@ -30,4 +30,16 @@ class SandboxProtocolError(SandboxError):
 
 
 class SandboxEnvError(SandboxError):
-    """The env code raised an exception; the worker is still alive."""
+    """The env code raised an exception; the worker is still alive.
+
+    ``where`` is the call it raised in (load, reset, step...), ``exception_type``
+    and ``message`` what it raised, ``traceback`` the env.py lines of its traceback."""
+
+    def __init__(self, text: str, reply: dict | None = None):
+        super().__init__(text)
+        reply = reply or {}
+        exception = reply.get("exception") or {}
+        self.where = reply.get("where")
+        self.exception_type = exception.get("type", "")
+        self.message = exception.get("message", "")
+        self.traceback = reply.get("traceback") or ""

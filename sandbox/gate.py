@@ -1,19 +1,29 @@
 """The static gate: what env.py may contain, checked before anything runs.
 
-Rules (each finding names its line):
-- imports only from the allowlist, absolute, no ``*``;
-- no dunder names or attributes (``__class__``, ``__globals__``, ``__builtins__``...),
-  and no string constant that spells one (``"__class__"`` for format-string tricks);
-- no private attribute (``x._y``) except on ``self`` and ``cls``;
-- no frame, code or traceback introspection attributes (``gi_frame``, ``f_back``,
-  ``tb_frame``, ``co_code``...);
-- no ``exec``, ``eval``, ``compile``, ``open``, ``getattr``, ``setattr``, ``delattr``,
-  ``__import__``, ``globals``, ``locals``, ``vars``, ``breakpoint``, ``input``;
-- a size limit.
+Two parts, each finding with its line:
+1. RestrictedPython's compile (``language.compile_env``, the kept library):
+   no names or attributes starting with ``__``, no frame/code/traceback
+   attributes from its list, no ``match`` statements (class patterns read
+   attributes by keyword), no dunder method definitions beyond ``__init__`` and
+   comparisons, no ``async``, no ``metaclass=``. Its findings say "RestrictedPython".
+2. What RestrictedPython does not cover, kept from the first gate:
+   - imports only from the allowlist, absolute, no ``*``, no private names
+     (RestrictedPython compiles any import; the worker's importer refuses later);
+   - no string constant that spells a dunder (``"__class__"`` for format-string
+     and runtime-name tricks; RestrictedPython does not look at strings);
+   - no private attribute (``x._y``) except on ``self`` and ``cls`` (env code may
+     use single-underscore names; the runtime guard checks ownership too);
+   - no attribute with a frame, code, traceback, generator or coroutine prefix
+     (``gi_``, ``f_``, ``tb_``, ``co_``...), nor ``mro`` or ``format_map``
+     (RestrictedPython names a fixed list);
+   - no ``exec``, ``eval``, ``compile``, ``open``, ``getattr``, ``setattr``,
+     ``delattr``, ``globals``, ``locals``, ``vars``... by name (RestrictedPython
+     leaves builtins to the runtime; an early, line-numbered refusal is clearer);
+   - a size limit.
 
-The gate is the first of three layers (then restricted builtins and module
-proxies in the worker, then the OS jail), so it may be strict: a legitimate
-env never needs any of this.
+The gate is the first of three layers (then the language layer's guards and
+module proxies in the worker, then the OS jail), so it may be strict: a
+legitimate env never needs any of this.
 """
 
 from __future__ import annotations
@@ -69,7 +79,23 @@ def check_source(source: str, filename: str = "env.py") -> list[Finding]:
     findings: list[Finding] = []
     for node in ast.walk(tree):
         findings.extend(_check_node(node))
+    findings.extend(_restricted_python_findings(source, filename))
     return sorted(set(findings), key=lambda f: (f.line, f.message))
+
+
+_RP_LINE = re.compile(r"^Line (\d+): (.*)$", re.S)
+
+
+def _restricted_python_findings(source: str, filename: str) -> list[Finding]:
+    from .language import compile_env
+
+    _, errors = compile_env(source, filename)
+    out = []
+    for error in errors:
+        match = _RP_LINE.match(error)
+        line, message = (int(match.group(1)), match.group(2)) if match else (1, error)
+        out.append(Finding(line, f"RestrictedPython: {message}"))
+    return out
 
 
 def enforce(source: str, filename: str = "env.py") -> None:
@@ -99,25 +125,18 @@ def _check_node(node: ast.AST) -> list[Finding]:
     elif isinstance(node, ast.Name):
         if node.id in FORBIDDEN_NAMES:
             out.append(Finding(line, f"'{node.id}' is not allowed"))
-        elif _DUNDER.fullmatch(node.id) and node.id not in ("__name__",):
-            out.append(Finding(line, f"dunder name '{node.id}' is not allowed"))
     elif isinstance(node, ast.Attribute):
         out.extend(_check_attribute(node, line))
-    elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        if isinstance(node, ast.AsyncFunctionDef):
-            out.append(Finding(line, "async functions are not allowed"))
     elif isinstance(node, ast.Constant) and isinstance(node.value, str):
         if _DUNDER.search(node.value):
             out.append(Finding(line, "a string that spells a dunder name is not allowed"))
-    elif isinstance(node, ast.alias) and node.asname and _DUNDER.fullmatch(node.asname):
-        out.append(Finding(line, f"dunder alias '{node.asname}' is not allowed"))
     return out
 
 
 def _check_attribute(node: ast.Attribute, line: int) -> list[Finding]:
     attr = node.attr
-    if attr.startswith("__") and attr.endswith("__"):
-        return [Finding(line, f"dunder attribute '.{attr}' is not allowed")]
+    if attr.startswith("__"):
+        return []  # RestrictedPython's
     if attr.startswith(INTROSPECTION_PREFIXES) or attr in INTROSPECTION_NAMES:
         return [Finding(line, f"introspection attribute '.{attr}' is not allowed")]
     if attr.startswith("_"):

@@ -3,13 +3,22 @@
 One tree serves both backends, so Docker and bubblewrap show env code the
 same world: this interpreter's binary, its standard library (without tests,
 GUI, package installers or site-packages), the shared libraries ``ldd``
-names, an ``/etc/passwd`` with an unprivileged ``sandbox`` user, and the
-worker. No host file beyond those, no secrets, no network configuration.
-Paths keep their host values so the interpreter finds its prefix unchanged.
+names, an ``/etc/passwd`` with an unprivileged ``sandbox`` user, the
+worker, its language layer (``language.py``) and the RestrictedPython package
+it compiles env code with (copied from this interpreter's installation: env
+code is compiled inside the jail, never in the host). ``/dev`` holds empty
+placeholders for the few device nodes bubblewrap binds over them (null, zero,
+urandom, random), so the jail needs no writable ``/dev``. No host file beyond
+those, no secrets, no network configuration. Paths keep their host values so
+the interpreter finds its prefix unchanged.
 
 The tree is cached under ``$TRACE_GYM_CACHE`` (default ``~/.cache/trace-gym``)
-by a hash of the interpreter and the worker, built in a temporary folder and
-renamed into place so concurrent builders cannot see half a tree.
+by a hash of the interpreter, the worker and RestrictedPython, built in a
+temporary folder and renamed into place so concurrent builders cannot see half
+a tree. When the host runs as root the tree lives in ``/var/cache/trace-gym``
+(root-owned, world-readable) instead, because bubblewrap is then started as
+the unprivileged sandbox user, who must be able to read it (``$TRACE_GYM_CACHE``
+does not move it then).
 """
 
 from __future__ import annotations
@@ -27,9 +36,13 @@ import tempfile
 from pathlib import Path
 
 WORKER_SOURCE = Path(__file__).with_name("worker.py")
-WORKER_IN_ROOTFS = "/opt/trace-gym/worker.py"
+LANGUAGE_SOURCE = Path(__file__).with_name("language.py")
+WORKER_DIR = "/opt/trace-gym"
+WORKER_IN_ROOTFS = f"{WORKER_DIR}/worker.py"
 SANDBOX_UID = 65534
-BUILDER_VERSION = "2"
+DEVICES = ("null", "zero", "urandom", "random")
+ROOT_CACHE = Path("/var/cache/trace-gym")
+BUILDER_VERSION = "3"
 SKIP_STDLIB = {
     "test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "distutils", "pydoc_data",
     "site-packages", "venv", "unittest", "sqlite3", "dbm", "curses", "xmlrpc", "wsgiref", "http",
@@ -40,6 +53,24 @@ SKIP_DYNLOAD = re.compile(r"^_?(tkinter|curses|curses_panel|readline|sqlite3|dbm
 
 def cache_root() -> Path:
     return Path(os.environ.get("TRACE_GYM_CACHE", Path.home() / ".cache" / "trace-gym"))
+
+
+def sandbox_cache() -> Path:
+    """Where root filesystems are kept: readable by the sandbox user when the host is root."""
+    if os.geteuid() == 0:
+        return ROOT_CACHE / "sandbox"
+    return cache_root() / "sandbox"
+
+
+def restricted_python_dir() -> Path:
+    """The installed RestrictedPython package (the language layer's compiler)."""
+    try:
+        import RestrictedPython
+    except ImportError:  # a declared dependency: only a broken installation lacks it
+        from .errors import SandboxUnavailable
+
+        raise SandboxUnavailable("the sandbox needs RestrictedPython: pip install restrictedpython==9.0") from None
+    return Path(RestrictedPython.__file__).parent
 
 
 def interpreter() -> Path:
@@ -53,17 +84,22 @@ def interpreter() -> Path:
 
 def rootfs_key() -> str:
     digest = hashlib.sha256()
-    for part in (BUILDER_VERSION, sys.version, str(interpreter()), WORKER_SOURCE.read_text()):
+    for part in (BUILDER_VERSION, sys.version, str(interpreter()), WORKER_SOURCE.read_text(), LANGUAGE_SOURCE.read_text()):
         digest.update(part.encode() + b"\0")
+    for source in sorted(restricted_python_dir().glob("*.py")):
+        digest.update(source.name.encode() + b"\0" + source.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
 
 
 def ensure_rootfs() -> Path:
     """The cached root filesystem, built on first use (a few seconds)."""
-    target = cache_root() / "sandbox" / f"rootfs-{rootfs_key()}"
+    target = sandbox_cache() / f"rootfs-{rootfs_key()}"
     if target.is_dir():  # only ever appears whole: built aside, then renamed
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() == 0:
+        for folder in (target.parent, target.parent.parent):
+            folder.chmod(0o755)  # the sandbox user starts bwrap and must reach the tree
     staging = Path(tempfile.mkdtemp(prefix="rootfs-", dir=target.parent))
     try:
         _build(staging)
@@ -107,7 +143,13 @@ def _build(root: Path) -> None:
     (etc / "group").write_text(f"root:x:0:\nsandbox:x:{SANDBOX_UID}:\n")
     for folder in ("tmp", "proc", "dev", "sys"):
         (root / folder).mkdir(exist_ok=True)
+    for device in DEVICES:  # mount points for the devices bubblewrap binds; Docker brings its own /dev
+        (root / "dev" / device).touch()
     _copy_file(WORKER_SOURCE, root, dest=WORKER_IN_ROOTFS)
+    _copy_file(LANGUAGE_SOURCE, root, dest=f"{WORKER_DIR}/language.py")
+    library = restricted_python_dir()
+    for source in sorted(library.glob("*.py")):
+        _copy_file(source, root, dest=f"{WORKER_DIR}/RestrictedPython/{source.name}")
     for path in [root, *root.rglob("*")]:
         if path.is_symlink():
             continue

@@ -1,43 +1,33 @@
 """The in-sandbox worker: runs one untrusted env.py and answers JSON lines.
 
-Runs inside the jail (Docker or bubblewrap) as ``python -I -S worker.py``,
-standard library only. Order matters: read the init message, set rlimits,
-import the allowlisted modules, install the seccomp filter (no sockets, no
-exec, no fork from here on), then run the env code with restricted builtins
-and module proxies. The env code's prints go to a capped buffer; protocol
-lines go to a private copy of stdout, each prefixed with a per-session token
-the env code never sees, so a print cannot forge a reply.
+Runs inside the jail (Docker or bubblewrap) as ``python -I -S worker.py``.
+Order matters: read the init message, set rlimits, import the language layer
+(``language.py`` and RestrictedPython, beside this file) and the allowlisted
+modules, install the seccomp allowlist (no sockets, no exec, no fork from here
+on), then compile env.py with RestrictedPython and run it with the guards,
+restricted builtins and module proxies. The env code's prints go to a capped
+buffer; protocol lines go to a private copy of stdout, each prefixed with a
+per-session token that only the sender's closure holds (env code cannot reach
+frames, closures or globals of the worker: the language layer refuses every
+way there), so a print cannot forge a reply. An exception of env code is
+answered as data (type, message, the env.py lines of its traceback).
 
-This file must not import anything outside the standard library.
+This file must not import anything outside the standard library and the
+language layer beside it.
 """
 
 import ctypes
 import io
 import json
-import math
 import os
 import resource
 import struct
 import sys
 import traceback
 
-ALLOWED_MODULES = (
-    "random", "math", "json", "re", "datetime", "dataclasses", "collections", "itertools",
-    "functools", "string", "typing", "enum", "copy", "collections.abc",
-)
-# Attributes that hand out an attribute getter or code evaluation even though
-# their names look harmless.
-DENIED_MODULE_ATTRS = {"string": {"Formatter"}, "typing": {"get_type_hints"}, "dataclasses": {"_create_fn"}}
-SAFE_BUILTINS = (
-    "abs all any ascii bin bool bytearray bytes callable chr classmethod complex dict divmod enumerate "
-    "filter float format frozenset hash hex id int isinstance issubclass iter len list map max min next "
-    "object oct ord pow property range repr reversed round set slice sorted staticmethod str sum super "
-    "tuple type zip hasattr ArithmeticError AssertionError AttributeError BaseException Exception IndexError "
-    "KeyError LookupError NameError NotImplementedError OverflowError RecursionError RuntimeError "
-    "StopIteration TypeError ValueError ZeroDivisionError NotImplemented Ellipsis True False None "
-    "__build_class__"
-).split()
+WORKER_DIR = os.path.dirname(os.path.abspath(__file__))
 MAX_PRINT = 64 * 1024
+MAX_TEXT = 2000
 
 
 def main():
@@ -46,34 +36,45 @@ def main():
     os.dup2(devnull, 1)  # C-level writes to stdout vanish
     init = json.loads(sys.stdin.readline())
     send = make_sender(proto, init.pop("token"))
+    del proto  # from here on only the sender's closure holds the channel and the token
 
     set_limits(init.get("limits", {}))
-    modules = {name: __import__(name, fromlist=["_"]) for name in ALLOWED_MODULES}
+    sys.path.insert(0, WORKER_DIR)
+    import language  # RestrictedPython and the guards, imported before seccomp
+
+    modules = {name: __import__(name, fromlist=["_"]) for name in language.ALLOWED_MODULES}
     seccomp_status = install_seccomp() if init.get("seccomp", True) else "off"
     printed = CappedText(MAX_PRINT)
     sys.stdout = printed
 
-    namespace = {"__builtins__": restricted_builtins(modules, printed), "__name__": "env"}
     try:
-        exec(compile(init["source"], "env.py", "exec"), namespace)
+        code, errors = language.compile_env(init.pop("source"), "env.py")
+        if errors:
+            raise SyntaxError("refused by the language layer (RestrictedPython): " + "; ".join(errors[:5]))
+        namespace = language.env_globals(modules, printed)
+        exec(code, namespace)
         cls = namespace.get("Environment")
         if not isinstance(cls, type):
             raise TypeError("env.py defines no class Environment")
         env = cls()
         tools = namespace.get("TOOLS")
+        max_steps = getattr(env, "max_steps", None)
         info = {
             "ok": True,
-            "tools": list(tools) if isinstance(tools, (list, tuple)) else tools,
-            "max_steps": getattr(env, "max_steps", None),
+            "tools": [str(t) for t in tools] if isinstance(tools, (list, tuple)) else None,
+            "max_steps": max_steps if type(max_steps) is int else None,
             "has_oracle": callable(getattr(env, "oracle", None)),
             "seccomp": seccomp_status,
+            "uid": os.getuid(),
+            "proc_sys_writable": os.access("/proc/sys/kernel/core_pattern", os.W_OK),
         }
     except BaseException as exc:  # noqa: BLE001 - every failure of env code is reported, never fatal here
-        send({"ok": False, "error": describe(exc), "where": "load"})
+        send(failure(exc, "load", printed))
         return
     send(info)
 
     for line in sys.stdin:
+        op = None
         try:
             request = json.loads(line)
             op = request.get("op")
@@ -89,13 +90,17 @@ def main():
                 result = "pong"
             else:
                 raise ValueError("unknown op " + repr(op))
-            send({"ok": True, "result": to_json(result)})
+            reply = {"ok": True, "result": to_json(result)}
         except BaseException as exc:  # noqa: BLE001
-            send({"ok": False, "error": describe(exc), "where": str(request.get("op")), "printed": printed.tail()})
+            reply = failure(exc, str(op), printed)
+        try:
+            send(reply)
+        except BaseException as exc:  # noqa: BLE001 - a result the encoder refuses (too deep...)
+            send(failure(exc, str(op), printed))
 
 
 def make_sender(proto, token):
-    """The only writer of protocol lines; the token lives in this closure alone."""
+    """The only writer of protocol lines; the token and the channel live in this closure alone."""
 
     def send(payload):
         proto.write(token + " " + json.dumps(payload, allow_nan=True) + "\n")
@@ -104,10 +109,20 @@ def make_sender(proto, token):
     return send
 
 
-def describe(exc):
+def failure(exc, where, printed):
+    """An exception of env code as plain data: type, message, the env.py lines of its traceback."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == "env.py"]
-    where = " (env.py line %d)" % frames[-1].lineno if frames else ""
-    return "%s: %s%s" % (type(exc).__name__, str(exc)[:2000], where)
+    line = " (env.py line %d)" % frames[-1].lineno if frames else ""
+    try:
+        message = str(exc)[:MAX_TEXT]
+    except BaseException:  # noqa: BLE001 - an exception whose text itself fails
+        message = "(unprintable)"
+    kind = type(exc).__name__
+    trace = "".join(traceback.format_list(frames[-20:]))[-4 * MAX_TEXT:]
+    return {
+        "ok": False, "error": "%s: %s%s" % (kind, message, line), "where": where, "printed": printed.tail(),
+        "exception": {"type": kind, "message": message}, "traceback": trace,
+    }
 
 
 def to_json(value):
@@ -126,57 +141,7 @@ class CappedText(io.TextIOBase):
         return len(text)
 
     def tail(self):
-        return "".join(self.parts)[-2000:]
-
-
-class ModuleProxy:
-    """Public, non-module attributes of an allowed module; nothing else."""
-
-    __slots__ = ("_module", "_name", "_denied")
-
-    def __init__(self, module, name):
-        object.__setattr__(self, "_module", module)
-        object.__setattr__(self, "_name", name)
-        object.__setattr__(self, "_denied", DENIED_MODULE_ATTRS.get(name, set()))
-
-    def __getattr__(self, attr):
-        name = object.__getattribute__(self, "_name")
-        if attr.startswith("_") or attr in object.__getattribute__(self, "_denied"):
-            raise AttributeError("%s.%s is not available in the sandbox" % (name, attr))
-        value = getattr(object.__getattribute__(self, "_module"), attr)
-        if type(value) is type(sys):
-            sub = name + "." + attr
-            if sub in ALLOWED_MODULES:
-                return ModuleProxy(value, sub)
-            raise AttributeError("%s is not an allowed module" % sub)
-        return value
-
-    def __setattr__(self, attr, value):
-        raise AttributeError("modules are read-only in the sandbox")
-
-    def __repr__(self):
-        return "<module %s>" % object.__getattribute__(self, "_name")
-
-
-def restricted_builtins(modules, printed):
-    import builtins
-
-    table = {name: getattr(builtins, name) for name in SAFE_BUILTINS if hasattr(builtins, name)}
-    proxies = {name: ModuleProxy(mod, name) for name, mod in modules.items()}
-
-    def safe_import(name, globals=None, locals=None, fromlist=(), level=0):
-        if level != 0 or name not in proxies:
-            raise ImportError("import of %r is not allowed in the sandbox" % name)
-        if "." in name and not fromlist:
-            return proxies[name.split(".")[0]]
-        return proxies[name]
-
-    def safe_print(*args, sep=" ", end="\n", **_):
-        printed.write(sep.join(str(a) for a in args) + end)
-
-    table["__import__"] = safe_import
-    table["print"] = safe_print
-    return table
+        return "".join(self.parts)[-MAX_TEXT:]
 
 
 def set_limits(limits):
@@ -193,16 +158,21 @@ def set_limits(limits):
             resource.setrlimit(which, (value, value))
 
 
-# --- seccomp: deny sockets, exec, fork and kernel-facing calls ------------------
+# --- seccomp: an allowlist of what a running interpreter needs ------------------------
 AUDIT_ARCH_X86_64 = 0xC000003E
-DENY_X86_64 = {
-    41: "socket", 42: "connect", 43: "accept", 44: "sendto", 49: "bind", 50: "listen", 53: "socketpair",
-    288: "accept4", 56: "clone", 57: "fork", 58: "vfork", 59: "execve", 322: "execveat", 435: "clone3",
-    101: "ptrace", 165: "mount", 166: "umount2", 272: "unshare", 308: "setns", 161: "chroot",
-    155: "pivot_root", 321: "bpf", 298: "perf_event_open", 248: "add_key", 249: "request_key",
-    250: "keyctl", 425: "io_uring_setup", 323: "userfaultfd", 310: "process_vm_readv",
-    311: "process_vm_writev", 304: "open_by_handle_at", 175: "init_module", 313: "finit_module",
-    246: "kexec_load", 169: "reboot", 135: "personality",
+ALLOW_X86_64 = {
+    0: "read", 1: "write", 2: "open", 3: "close", 4: "stat", 5: "fstat", 6: "lstat", 7: "poll", 8: "lseek",
+    9: "mmap", 10: "mprotect", 11: "munmap", 12: "brk", 13: "rt_sigaction", 14: "rt_sigprocmask",
+    15: "rt_sigreturn", 16: "ioctl", 17: "pread64", 19: "readv", 20: "writev", 21: "access", 23: "select",
+    24: "sched_yield", 25: "mremap", 28: "madvise", 32: "dup", 33: "dup2", 35: "nanosleep", 39: "getpid",
+    60: "exit", 63: "uname", 72: "fcntl", 78: "getdents", 79: "getcwd", 89: "readlink", 96: "gettimeofday",
+    97: "getrlimit", 98: "getrusage", 99: "sysinfo", 100: "times", 102: "getuid", 104: "getgid",
+    107: "geteuid", 108: "getegid", 110: "getppid", 111: "getpgrp", 115: "getgroups", 131: "sigaltstack",
+    158: "arch_prctl", 186: "gettid", 202: "futex", 204: "sched_getaffinity", 217: "getdents64",
+    218: "set_tid_address", 219: "restart_syscall", 228: "clock_gettime", 229: "clock_getres",
+    230: "clock_nanosleep", 231: "exit_group", 257: "openat", 262: "newfstatat", 267: "readlinkat",
+    269: "faccessat", 270: "pselect6", 271: "ppoll", 273: "set_robust_list", 292: "dup3", 302: "prlimit64",
+    318: "getrandom", 332: "statx", 334: "rseq", 439: "faccessat2",
 }
 SECCOMP_RET_ALLOW = 0x7FFF0000
 SECCOMP_RET_ERRNO = 0x00050000
@@ -211,7 +181,9 @@ EPERM = 1
 
 
 def install_seccomp():
-    """A classic-BPF filter, assembled here to avoid a dependency on libseccomp."""
+    """A classic-BPF allowlist, assembled here to avoid a dependency on libseccomp:
+    every system call not listed fails with EPERM (sockets, exec, fork, mount,
+    ptrace, kill, links, chmod... all of them), another architecture is killed."""
     if os.uname().machine != "x86_64":
         return "unsupported-arch"
     ld_abs, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
@@ -223,12 +195,12 @@ def install_seccomp():
         (jge, 0, 1, 0x40000000),  # the x32 ABI: refuse all of it
         (ret, 0, 0, SECCOMP_RET_ERRNO | EPERM),
     ]
-    numbers = sorted(DENY_X86_64)
+    numbers = sorted(ALLOW_X86_64)
     for i, nr in enumerate(numbers):
         remaining = len(numbers) - i - 1
-        insns.append((jeq, remaining + 1, 0, nr))  # to the ERRNO return below the ALLOW
-    insns.append((ret, 0, 0, SECCOMP_RET_ALLOW))
+        insns.append((jeq, remaining + 1, 0, nr))  # to the ALLOW return below the ERRNO
     insns.append((ret, 0, 0, SECCOMP_RET_ERRNO | EPERM))
+    insns.append((ret, 0, 0, SECCOMP_RET_ALLOW))
     program = b"".join(struct.pack("HBBI", *insn) for insn in insns)
     buf = ctypes.create_string_buffer(program)
 

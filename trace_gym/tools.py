@@ -143,6 +143,8 @@ class CallErrorStyle:
     unknown_tool: str = "Error: Tool '{name}' not found."
     unexpected_argument: str = "Error: {prefix}{name}() got an unexpected keyword argument '{argument}'"
     missing_arguments: str = "Error: {prefix}{name}() missing {count} required positional argument{plural}: {arguments}"
+    tool_exception: str = "Error: {message}"
+    """An exception raised inside a tool: τ²-bench answers ``Error: <str(exception)>``."""
 
 
 def call_error(tools: Iterable[ToolSchema], name: str, arguments: dict[str, Any], style: CallErrorStyle) -> str | None:

@@ -19,6 +19,7 @@ import math
 import re
 import statistics
 import time
+import traceback
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -102,7 +103,7 @@ class ValidationReport:
         width = max(len(c.name) for c in self.checks)
         for c in self.checks:
             mark = "PASS" if c.passed else ("skip" if c.passed is None else "FAIL")
-            lines.append(f"  {mark}  {c.name.ljust(width)}  {c.evidence}")
+            lines.append(f"  {mark}  {c.name.ljust(width)}  {printable(c.evidence)}")
         lines.append("passed" if self.passed else f"FAILED: {', '.join(self.failed())}")
         return "\n".join(lines)
 
@@ -202,6 +203,11 @@ def validate(
             result = check(ctx)
         except TraceGymError as exc:
             result = CheckResult(check.__name__.removeprefix("check_"), False, f"error: {exc}")
+        except Exception as exc:  # noqa: BLE001 - a reply no check foresaw still ends as a FAIL with evidence
+            result = CheckResult(check.__name__.removeprefix("check_"), False,
+                                 f"error: the env's answers broke this check ({type(exc).__name__}: {str(exc)[:300]})",
+                                 {"traceback": traceback.format_exc()[-4000:]})
+            _revive_quietly(ctx)
         result.seconds = round(time.perf_counter() - t0, 3)
         results.append(result)
         if result.passed is False and check in (check_static_gate, check_contract_shape, check_interface_fidelity) and ctx.env is None:
@@ -531,6 +537,23 @@ CHECKS = [
 
 
 # --- helpers -----------------------------------------------------------------------
+_ANSI = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """Evidence as it may be printed: escape sequences removed, other control
+    characters (carriage returns, bells, bidi overrides) shown as spaces."""
+    return _CONTROL.sub(" ", _ANSI.sub("", str(text)))
+
+
+def _revive_quietly(ctx: _Context) -> None:
+    try:
+        _revive(ctx)
+    except Exception:  # noqa: BLE001 - the next check reports a worker that cannot start
+        ctx.env = None
+
+
 def _revive(ctx: _Context) -> None:
     """A check that killed the worker gets a fresh env for the checks after it."""
     if ctx.env is None or not ctx.env.worker.alive:

@@ -1,0 +1,403 @@
+"""The language layer: env code compiled by RestrictedPython and run with guards.
+
+What it is for: the second of three layers (static gate, language layer, OS
+jail). ``compile_env`` compiles env.py with RestrictedPython (the kept library
+named by the design card), so that every attribute read goes through
+``guarded_getattr``, every attribute or item write through ``guarded_write``,
+every class through ``EnvMeta``; ``env_globals`` builds the namespace with
+those guards, restricted builtins and module proxies. The host uses
+``compile_env`` for the gate's findings (with line numbers, before anything
+runs); the worker compiles again inside the jail and runs the result.
+
+What RestrictedPython refuses at compile time: names and attributes starting
+with ``_`` (dunders included), its list of frame/code/traceback/generator
+attributes (``gi_frame``, ``f_back``, ``tb_frame``...), ``match`` statements (an
+unknown node, refused whole: class patterns read attributes by keyword),
+method definitions with dunder names other than ``__init__`` and comparisons,
+``exec``/``eval`` statements, ``async``, ``metaclass=``. This module relaxes one
+rule, as the env contract needs: *single*-underscore names (``self._order``,
+``def _tool``) compile, and the runtime guard lets them through only on
+objects of classes that env code defined itself, for attributes found in
+those classes or in the instance's own dict. Augmented assignment to an
+attribute or item of a plain name (``self.steps += 1``) is also accepted.
+
+The guards refuse at run time, whatever way the name was spelled: dunders;
+private names of objects env code did not define; every attribute whose
+prefix is a frame, code, traceback, generator or coroutine internal (``gi_``,
+``f_``, ``tb_``, ``co_``, ``cr_``, ``ag_``, ``func_``, ``im_``); ``mro``; ``str.format``
+and ``format_map`` fields that walk attributes or items. Module proxies hand
+out only public attributes, wrap every function they hand out (and what those
+return) so that no ``__func__``/``__globals__``/``__self__`` is reachable, and
+check the attribute names given to ``functools.update_wrapper``/``wraps``.
+
+Must not: import anything beyond the standard library and RestrictedPython
+(it runs inside the jail), or hand env code any object of the worker.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import copy
+import functools
+import operator
+import re
+import string
+import types
+import weakref
+
+from RestrictedPython import compile_restricted_exec
+from RestrictedPython.Guards import guarded_iter_unpack_sequence, guarded_unpack_sequence
+from RestrictedPython.transformer import INSPECT_ATTRIBUTES, IOPERATOR_TO_STR, RestrictingNodeTransformer, copy_locations
+
+LAYER = "the language layer (RestrictedPython guards)"
+INTROSPECTION_PREFIXES = ("gi_", "ag_", "cr_", "f_", "tb_", "co_", "func_", "im_")
+INTROSPECTION_NAMES = frozenset({"mro"}) | INSPECT_ATTRIBUTES
+_PRIVATE = re.compile(r"_[A-Za-z0-9](\w*[A-Za-z0-9])?")
+_RESERVED = frozenset({"_print"})  # RestrictedPython's own helper name
+ALLOWED_MODULES = (
+    "random", "math", "json", "re", "datetime", "dataclasses", "collections", "itertools",
+    "functools", "string", "typing", "enum", "copy", "collections.abc",
+)
+# Attributes that evaluate code or walk attributes by names given at run time.
+DENIED_MODULE_ATTRS = {
+    "string": {"Formatter"},
+    "typing": {"get_type_hints", "ForwardRef"},
+    "functools": {"singledispatch", "singledispatchmethod"},  # evaluate annotation strings
+    "dataclasses": {"make_dataclass"},  # a class namespace from a dict: dunder methods by the back door
+}
+# Dunders that a class namespace may hold: Python's own and the methods RestrictedPython lets env code define.
+CLASS_DUNDERS = frozenset(
+    {"__module__", "__qualname__", "__doc__", "__annotations__", "__classcell__", "__orig_bases__",
+     "__static_attributes__", "__firstlineno__", "__init__", "__contains__", "__lt__", "__le__", "__eq__",
+     "__ne__", "__gt__", "__ge__", "__hash__"}
+)
+SAFE_BUILTINS = (
+    "abs all any ascii bin bool bytearray bytes callable chr classmethod complex dict divmod enumerate "
+    "filter float format frozenset hash hex id int isinstance issubclass iter len list map max min next "
+    "object oct ord pow property range repr reversed round set slice sorted staticmethod str sum super "
+    "tuple zip ArithmeticError AssertionError AttributeError BaseException Exception IndexError "
+    "KeyError LookupError NameError NotImplementedError OverflowError RecursionError RuntimeError "
+    "StopIteration TypeError ValueError ZeroDivisionError NotImplemented Ellipsis True False None "
+    "__build_class__"
+).split()
+
+
+class Refused(AttributeError):
+    """An attribute, name or call the language layer does not allow."""
+
+    def __init__(self, what: str):
+        super().__init__(f"{what}: refused by {LAYER}")
+
+
+# --- compile time -----------------------------------------------------------------------
+class EnvTransformer(RestrictingNodeTransformer):
+    """RestrictedPython's policy, with single-underscore names and simple augmented
+    assignments allowed (the runtime guards decide about private attributes)."""
+
+    def check_name(self, node, name, allow_magic_methods=False):
+        if name and _PRIVATE.fullmatch(name) and name not in _RESERVED:
+            return
+        super().check_name(node, name, allow_magic_methods=allow_magic_methods)
+
+    def visit_Attribute(self, node):
+        attr = node.attr
+        if not (_PRIVATE.fullmatch(attr) and attr not in _RESERVED):
+            return super().visit_Attribute(node)
+        node.attr = "p" + attr  # past the parent's leading-underscore refusal, restored below
+        new = super().visit_Attribute(node)
+        if isinstance(new, ast.Call):
+            name = ast.Constant(attr)
+            copy_locations(name, node)
+            new.args[1] = name
+        else:
+            new.attr = attr
+        return new
+
+    def visit_AugAssign(self, node):
+        target = node.target
+        simple_attr = isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
+        simple_item = (isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name)
+                       and isinstance(target.slice, (ast.Name, ast.Constant)))
+        if not (simple_attr or simple_item):
+            return super().visit_AugAssign(node)
+        load = copy.deepcopy(target)
+        load.ctx = ast.Load()
+        operation = ast.Constant(IOPERATOR_TO_STR[type(node.op)])
+        call = ast.Call(ast.Name("_inplacevar_", ast.Load()), [operation, self.visit(load), self.visit(node.value)], [])
+        assign = ast.Assign(targets=[self.visit(target)], value=call)
+        for child in ast.walk(assign):
+            if "lineno" in child._attributes and getattr(child, "lineno", None) is None:
+                copy_locations(child, node)
+        return assign
+
+
+def compile_env(source: str, filename: str = "env.py"):
+    """(code, errors): the env compiled under RestrictedPython, or its refusals."""
+    result = compile_restricted_exec(source, filename=filename, policy=EnvTransformer)
+    return result.code, list(result.errors)
+
+
+# --- run time: the guards ------------------------------------------------------------------
+ENV_CLASSES: weakref.WeakSet = weakref.WeakSet()
+
+
+def _env_owns(obj, name: str) -> bool:
+    cls = obj if isinstance(obj, type) else type(obj)
+    mro = type.__getattribute__(cls, "__mro__")
+    if not any(c in ENV_CLASSES for c in mro):
+        return False
+    if not isinstance(obj, type):
+        try:
+            own = object.__getattribute__(obj, "__dict__")
+        except AttributeError:
+            own = None
+        if isinstance(own, dict) and name in own:
+            return True
+    return any(c in ENV_CLASSES and name in type.__getattribute__(c, "__dict__") for c in mro)
+
+
+def refusal(obj, name) -> str | None:
+    """Why reading ``obj.<name>`` is refused, or None."""
+    if not isinstance(name, str):
+        return "an attribute name that is not a string"
+    if name.startswith("__") or name.endswith("__"):
+        return f"dunder attribute '{name}'"
+    if name.startswith(INTROSPECTION_PREFIXES) or name in INTROSPECTION_NAMES:
+        return f"introspection attribute '{name}'"
+    if name.startswith("_") and not (_PRIVATE.fullmatch(name) and _env_owns(obj, name)):
+        return f"private attribute '{name}' of an object env code did not define"
+    return None
+
+
+def guarded_getattr(obj, name, *default):
+    why = refusal(obj, name)
+    if why:
+        raise Refused(why)
+    if name in ("format", "format_map") and (isinstance(obj, str) or obj is str):
+        return functools.partial(safe_format, obj) if name == "format" and isinstance(obj, str) else _refuse_call(f"str.{name}")
+    value = getattr(obj, name, *default)
+    if isinstance(value, types.ModuleType):
+        raise Refused(f"module reached through '{name}'")
+    return value
+
+
+def _refuse_call(what: str):
+    def refused(*args, **kwargs):
+        raise Refused(what)
+
+    return refused
+
+
+_FIELD = re.compile(r"\w*")
+
+
+def safe_format(template: str, *args, **kwargs) -> str:
+    """``str.format`` whose fields name arguments only (no ``.attr`` or ``[key]`` walks)."""
+    for _, field, spec, _ in string.Formatter().parse(template):
+        if field is not None and not _FIELD.fullmatch(field):
+            raise Refused(f"format field '{field}' (only plain names or positions)")
+        if spec and "{" in spec:
+            raise Refused(f"nested format field in '{spec}'")
+    return template.format(*args, **kwargs)
+
+
+def guarded_write(obj):
+    if isinstance(obj, type) and obj not in ENV_CLASSES:
+        raise Refused(f"changing class '{obj.__name__}', which env code did not define")
+    if isinstance(obj, (types.ModuleType, ModuleProxy, FunctionProxy, types.FunctionType, types.BuiltinFunctionType, types.MethodType)):
+        raise Refused("changing a module or a function")
+    return obj
+
+
+def guarded_hasattr(obj, name) -> bool:
+    if refusal(obj, name):
+        return False
+    return hasattr(obj, name)
+
+
+def guarded_type(*args):
+    if len(args) != 1:
+        raise Refused("type() with three arguments (a class from a dict)")
+    return type(args[0])
+
+
+def guarded_getitem(obj, key):
+    return obj[key]
+
+
+def apply(function, *args, **kwargs):
+    return function(*args, **kwargs)
+
+
+_INPLACE = {
+    "+=": operator.iadd, "-=": operator.isub, "*=": operator.imul, "/=": operator.itruediv, "//=": operator.ifloordiv,
+    "%=": operator.imod, "**=": operator.ipow, "<<=": operator.ilshift, ">>=": operator.irshift, "|=": operator.ior,
+    "^=": operator.ixor, "&=": operator.iand, "@=": operator.imatmul,
+}
+
+
+def inplacevar(op: str, x, y):
+    return _INPLACE[op](x, y)
+
+
+class EnvMeta:
+    """Every class statement of env code goes through here (RestrictedPython adds
+    ``metaclass=__metaclass__``): the real metaclass of its bases builds it, the
+    namespace may hold no dunder beyond Python's own and the allowed methods, and
+    the class is remembered as env code's own."""
+
+    @staticmethod
+    def _winner(bases):
+        meta = type
+        for base in bases:
+            candidate = type(base)
+            if issubclass(candidate, meta):
+                meta = candidate
+        return meta
+
+    def __prepare__(self, name, bases, **kwargs):
+        return self._winner(bases).__prepare__(name, bases, **kwargs)
+
+    def __call__(self, name, bases, namespace, **kwargs):
+        extra = [k for k in namespace if isinstance(k, str) and k.startswith("__") and k.endswith("__") and k not in CLASS_DUNDERS]
+        if extra:
+            raise Refused(f"class {name} defining {', '.join(sorted(extra))}")
+        cls = self._winner(bases)(name, bases, namespace, **kwargs)
+        ENV_CLASSES.add(cls)
+        return cls
+
+
+class PrintCollector:
+    """RestrictedPython's ``print`` hook, writing to the worker's capped buffer."""
+
+    sink = None
+
+    def __init__(self, _getattr_=None):
+        self.parts = []
+
+    def write(self, text):
+        self.parts.append(text)
+        if PrintCollector.sink is not None:
+            PrintCollector.sink.write(text)
+
+    def __call__(self):
+        return "".join(self.parts)
+
+    def _call_print(self, *objects, sep=" ", end="\n", **_):
+        self.write(sep.join(str(o) for o in objects) + end)
+
+
+# --- run time: module proxies --------------------------------------------------------------
+class FunctionProxy:
+    """A stdlib function handed to env code: callable, and nothing else."""
+
+    __slots__ = ("_fn", "_name")
+
+    def __init__(self, fn, name):
+        object.__setattr__(self, "_fn", fn)
+        object.__setattr__(self, "_name", name)
+
+    def __call__(self, *args, **kwargs):
+        return wrap(object.__getattribute__(self, "_fn")(*args, **kwargs), object.__getattribute__(self, "_name") + "()")
+
+    def __getattr__(self, attr):
+        raise Refused(f"attribute '{attr}' of {object.__getattribute__(self, '_name')}")
+
+    def __setattr__(self, attr, value):
+        raise Refused("changing a function")
+
+    def __repr__(self):
+        return "<function %s>" % object.__getattribute__(self, "_name")
+
+
+class ModuleProxy:
+    """Public, allowed attributes of an allowed module, each wrapped; nothing else."""
+
+    __slots__ = ("_module", "_name", "_denied")
+
+    def __init__(self, module, name):
+        object.__setattr__(self, "_module", module)
+        object.__setattr__(self, "_name", name)
+        object.__setattr__(self, "_denied", DENIED_MODULE_ATTRS.get(name, set()))
+
+    def __getattr__(self, attr):
+        name = object.__getattribute__(self, "_name")
+        if attr.startswith("_") or attr in object.__getattribute__(self, "_denied"):
+            raise Refused(f"{name}.{attr} is not available in the sandbox")
+        value = getattr(object.__getattribute__(self, "_module"), attr)
+        if name == "functools" and attr in ("update_wrapper", "wraps"):
+            return FunctionProxy(_checked_wrapper(value), f"functools.{attr}")
+        return wrap(value, f"{name}.{attr}")
+
+    def __setattr__(self, attr, value):
+        raise Refused("changing a module")
+
+    def __repr__(self):
+        return "<module %s>" % object.__getattribute__(self, "_name")
+
+
+_CALLABLES = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.MethodWrapperType,
+              types.WrapperDescriptorType, types.MethodDescriptorType)
+
+
+def wrap(value, name: str):
+    """What a proxy hands out: modules as proxies (allowed ones only), functions as
+    call-only proxies, everything else (classes, constants, data) as it is."""
+    if isinstance(value, types.ModuleType):
+        sub = value.__name__
+        if sub in ALLOWED_MODULES:
+            return ModuleProxy(value, sub)
+        raise Refused(f"{name} is not an allowed module")
+    if isinstance(value, _CALLABLES) and getattr(value, "__module__", None) != "env":
+        return FunctionProxy(value, name)
+    return value
+
+
+def _checked_wrapper(real):
+    """functools.update_wrapper / wraps with every attribute name checked like a read."""
+    defaults = frozenset(functools.WRAPPER_ASSIGNMENTS) | frozenset(functools.WRAPPER_UPDATES)
+
+    def checked(*args, **kwargs):
+        wrapped = args[1] if real is functools.update_wrapper and len(args) > 1 else (args[0] if args else kwargs.get("wrapped"))
+        positional = args[2:] if real is functools.update_wrapper else args[1:]
+        names = list(kwargs.get("assigned", ())) + list(kwargs.get("updated", ()))
+        for extra in positional:
+            names += list(extra)
+        for name in names:
+            if name not in defaults and refusal(wrapped, name):
+                raise Refused(f"functools.{real.__name__} of {refusal(wrapped, name)}")
+        return real(*args, **kwargs)
+
+    return checked
+
+
+# --- the namespace ------------------------------------------------------------------------------
+def env_globals(modules: dict, print_sink) -> dict:
+    """Globals for the compiled env code: guards, restricted builtins, module proxies."""
+    table = {name: getattr(builtins, name) for name in SAFE_BUILTINS if hasattr(builtins, name)}
+    proxies = {name: ModuleProxy(mod, name) for name, mod in modules.items()}
+
+    def safe_import(name, globals=None, locals=None, fromlist=(), level=0):
+        if level != 0 or name not in proxies:
+            raise ImportError("import of %r is not allowed in the sandbox" % name)
+        if "." in name and not fromlist:
+            return proxies[name.split(".")[0]]
+        return proxies[name]
+
+    table.update({"__import__": safe_import, "hasattr": guarded_hasattr, "type": guarded_type})
+    PrintCollector.sink = print_sink
+    return {
+        "__builtins__": table,
+        "__name__": "env",
+        "__metaclass__": EnvMeta(),
+        "_getattr_": guarded_getattr,
+        "_write_": guarded_write,
+        "_getitem_": guarded_getitem,
+        "_getiter_": iter,
+        "_iter_unpack_sequence_": guarded_iter_unpack_sequence,
+        "_unpack_sequence_": guarded_unpack_sequence,
+        "_apply_": apply,
+        "_inplacevar_": inplacevar,
+        "_print_": PrintCollector,
+    }
