@@ -155,3 +155,88 @@ def test_an_always_succeeding_policy_gets_a_harder_variant_asked_for_with_the_re
     prov = tomllib.loads((tmp_path / "registry" / "exact-lookup" / "manifest.toml").read_text())["provenance"]
     assert prov["calibration"]["run"] and prov["calibration"]["mean_reward"] == 1.0 and not prov["calibration"]["in_band"]
     assert prov["policy"] == "oracle"
+
+
+@pytest.mark.slow
+def test_kill_9_mid_run_leaves_no_half_written_env_folder(tmp_path):
+    """Killed while the final files are being written and re-validated, then rerun: the
+    registry shows either nothing or a complete env, never a partial folder."""
+    registry = tmp_path / "registry"
+    caps = capabilities_file(tmp_path)
+    args = ["synthesize", "--capabilities", str(caps), "--target", TARGET, "--analyst", "openai:double",
+            "--registry", str(registry), "--backend", "bwrap", "--seeds", "30", "--cache", str(tmp_path / "cache")]
+    with OpenAIDouble(replay(fenced(GOOD))) as double:
+        env = {**os.environ, "OPENAI_BASE_URL": double.base_url, "OPENAI_API_KEY": "test-key"}
+        exe = str(Path(PYTHON).parent / "trace-gym")
+        proc = subprocess.Popen([exe, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        deadline = time.time() + 300
+        killed_in_final_write = False
+        while time.time() < deadline and proc.poll() is None:
+            staged = list((registry / ".synthesis").glob("*/manifest.toml")) if (registry / ".synthesis").is_dir() else []
+            if staged and "[provenance]" in staged[0].read_text():
+                os.killpg(proc.pid, signal.SIGKILL)
+                killed_in_final_write = True
+                break
+            time.sleep(0.02)
+        proc.wait(timeout=30)
+        assert killed_in_final_write, proc.stderr.read().decode()[-2000:]
+        assert not (registry / "exact-lookup").exists()
+        assert [p.name for p in registry.iterdir() if not p.name.startswith(".")] == []
+
+        again = run_cli(*args, env=env)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "REGISTERED" in again.stdout and "1 cached answers" in again.stdout  # the answer came from the disk cache
+    assert sorted(p.name for p in (registry / "exact-lookup").iterdir()) == ["README.md", "env.py", "manifest.toml", "validation.json"]
+    assert not any((registry / ".synthesis").iterdir())  # the dead run's staging folder was cleaned
+
+
+def test_offline_every_gold_capability_on_retail_is_served_by_a_validated_registry_env(tmp_path):
+    from trace_gym.identification import GOLD_CAPABILITIES
+
+    rows = [{"name": n, "description": d} for n, d in GOLD_CAPABILITIES.items()]
+    rows.append({"name": "greets_the_customer", "description": "Says hello."})
+    (tmp_path / "capabilities.json").write_text(json.dumps({"selected": rows}))
+    result = run_cli("synthesize", "--capabilities", str(tmp_path / "capabilities.json"), "--target", TARGET, "--json")
+    assert result.returncode == 1  # one capability could not be served
+    outcomes = {o["capability"]: o for o in json.loads(result.stdout)["outcomes"]}
+    assert outcomes["greets_the_customer"]["status"] == "not_synthesized"
+    from trace_gym.registry import get_entry
+
+    for name in GOLD_CAPABILITIES:
+        assert outcomes[name]["status"] == "served", outcomes[name]
+        assert "nothing was synthesized" in outcomes[name]["message"]
+        entry = get_entry(outcomes[name]["env_id"])
+        assert entry.target == TARGET and name in entry.capability["serves"]
+        assert entry.validation_status() == "passed", (entry.id, entry.validation_status())
+    human = run_cli("synthesize", "--capabilities", str(tmp_path / "capabilities.json"), "--target", TARGET)
+    assert "SERVED" in human.stdout and "served by the registry env trace/" in human.stdout
+    assert "NOT_SYNTHESIZED" in human.stdout and "no registry env serves it" in human.stdout
+
+
+def test_user_mistakes_are_one_line(tmp_path):
+    result = run_cli("synthesize", "--capabilities", str(tmp_path / "missing.json"), "--target", TARGET)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and "no capabilities file" in result.stderr
+    (tmp_path / "c.json").write_text(json.dumps({"selected": [{"name": "x_y", "description": "d"}]}))
+    for extra, words in ((["--analyst", "gpt-4"], "unknown analyst"), (["--only", "nope"], "--only nope"),
+                         (["--target", "trace/tool-precision-v0"], "is not a target")):
+        args = ["synthesize", "--capabilities", str(tmp_path / "c.json"), "--target", TARGET, *extra]
+        result = run_cli(*args)
+        assert result.returncode == 2 and words in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_code_is_taken_from_the_fenced_block_and_an_answer_without_code_is_refused():
+    from trace_gym.synthesis import SynthesisError, extract_code
+
+    assert extract_code("Sure:\n```python\nTOOLS = []\nclass Environment:\n    pass\n```\nDone.").startswith("TOOLS = []")
+    with pytest.raises(SynthesisError, match="no ```python block"):
+        extract_code("I cannot write that environment.")
+
+
+def test_calibration_asks_for_an_easier_variant_when_the_policy_never_succeeds():
+    from trace_gym.synthesis.loop import calibration_request
+
+    never = {"mean_reward": 0.0, "success_rate": 0.0, "all_success_groups": 0.0, "all_zero_groups": 1.0, "constant_groups": 1.0}
+    direction, reason, _ = calibration_request(never, ValidationConfig())
+    assert direction == "easier" and "rarely succeeds" in reason
+    flat = {"mean_reward": 0.4, "success_rate": 0.4, "all_success_groups": 0.0, "all_zero_groups": 0.0, "constant_groups": 0.9}
+    assert calibration_request(flat, ValidationConfig())[0] == "more graded"

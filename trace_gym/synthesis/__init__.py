@@ -40,6 +40,7 @@ class SynthesisResult:
     calls: int = 0
     tokens: int = 0
     cache_hits: int = 0
+    notes: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         lines = []
@@ -50,11 +51,12 @@ class SynthesisResult:
                      + ", ".join(f"{n} {s}" for s, n in counts.items())
                      + f"; {sum(len(o.attempts) for o in self.outcomes)} attempts; analyst {self.analyst}: "
                      f"{self.calls} calls, {self.tokens} tokens, {self.cache_hits} cached answers")
+        lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
     def as_dict(self) -> dict[str, Any]:
         return {"target": self.target, "analyst": self.analyst, "registry_dir": self.registry_dir,
-                "calls": self.calls, "tokens": self.tokens, "cache_hits": self.cache_hits,
+                "calls": self.calls, "tokens": self.tokens, "cache_hits": self.cache_hits, "notes": self.notes,
                 "outcomes": [o.as_dict() for o in self.outcomes]}
 
 
@@ -135,6 +137,9 @@ def synthesize(capabilities: str | Path | list[Capability], target: str, *, anal
     say = progress or (lambda message: None)
     registry = Path(registry_dir) if registry_dir else default_registry_dir()
     result = SynthesisResult(entry.id, analyst, str(registry))
+    if not _expose(registry):
+        result.notes.append(f"{registry} is not on the registry path: set TRACE_GYM_REGISTRY_PATH={registry} "
+                            "for other processes to see its envs")
     if analyst == "registry":
         for cap in caps:
             served = serving_envs(cap.name, entry.id)
@@ -157,7 +162,7 @@ def synthesize(capabilities: str | Path | list[Capability], target: str, *, anal
         trajectories_list = [t for t in read_trajectories(trajectories) if t.env_id.removeprefix("trace_gym:") == entry.id]
     say(f"reading {entry.id}: tool schemas, policy and sample results")
     context = target_context(entry, trajectories_list)
-    _expose(registry)
+    say("context: " + "; ".join(context.sources))
     synthesizer = Synthesizer(client, entry, context, registry, config, progress=say)
     for i, cap in enumerate(caps, 1):
         say(f"[{i}/{len(caps)}] {cap.name}")
@@ -170,11 +175,12 @@ def synthesize(capabilities: str | Path | list[Capability], target: str, *, anal
     return result
 
 
-def _expose(registry: Path) -> None:
-    """Make a registry dir outside the installed one visible to this process's registry."""
+def _expose(registry: Path) -> bool:
+    """Make a registry dir visible to this process's registry; False if it was not already."""
     from trace_gym.registry import registry_dirs
 
     if any(registry.resolve() == d.resolve() for d in registry_dirs()):
-        return
+        return True
     current = os.environ.get("TRACE_GYM_REGISTRY_PATH", "")
     os.environ["TRACE_GYM_REGISTRY_PATH"] = os.pathsep.join(p for p in (current, str(registry)) if p)
+    return False
