@@ -1,0 +1,84 @@
+"""`trace-gym run CONFIG`: a bad config is one line naming the field, before any work starts."""
+
+import pytest
+
+from conftest import run_cli
+from trace_gym.config import ConfigError
+from trace_gym.pipeline import grpo_config, load_config
+
+GOOD = """
+[run]
+target = "trace/tau2-retail-v0"
+dir = "{dir}"
+stages = ["rollout", "identify"]
+
+[rollout]
+tasks = 4
+
+[identify.selection]
+delta = 0.25
+"""
+
+
+def write(tmp_path, text):
+    path = tmp_path / "run.toml"
+    path.write_text(text.replace("{dir}", str(tmp_path / "run")))
+    return path
+
+
+def test_a_good_config_maps_onto_the_stage_dataclasses(tmp_path):
+    config = load_config(write(tmp_path, GOOD))
+    assert config.rollout.tasks == 4 and config.identify.selection.delta == 0.25
+    assert config.identify.selection.rho == 0.10  # the paper's defaults
+    grpo = grpo_config(config, ["trace/tool-precision-v0"], str(tmp_path / "a"))
+    assert (grpo.lora_rank, grpo.groups, grpo.rollouts_per_group, grpo.iterations, grpo.learning_rate) == (32, 4, 4, 40, 1e-5)
+    result = run_cli("run", str(write(tmp_path, GOOD)), "--check")
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr
+
+
+BAD = [
+    ('stages = ["rollout", "identify"]', 'stages = ["rollout", "fine-tune"]', "[run] stages: unknown stage 'fine-tune'"),
+    ('target = "trace/tau2-retail-v0"', 'target = "trace/no-such-env-v0"', "[run] target: unknown env id 'trace/no-such-env-v0'"),
+    ('target = "trace/tau2-retail-v0"', 'target = "trace/structured-data-v0"', "[run] target: trace/structured-data-v0 is a training env"),
+    ("[rollout]\ntasks = 4", "[rollout]\ntasks = \"four\"", "[rollout] tasks: must be a whole number"),
+    ("[rollout]\ntasks = 4", "[rollout]\ntask = 4", "[rollout] task: unknown setting"),
+    ("delta = 0.25", "delta = 0.25\nspeed = 1", "[identify.selection] speed: unknown setting"),
+    ("[rollout]", "[identify]\nanalyst = \"openai:gpt-x\"\n[rollout]", "[identify] analyst: openai:gpt-x needs an analyst endpoint"),
+    ("[rollout]", "[synthesize]\nanalyst = \"claude\"\n[rollout]", "[synthesize] analyst: unknown analyst 'claude'"),
+    ("[rollout]", "[policy]\nmodel = \"hf:/no/such/model\"\n[rollout]", "[policy] model: no model folder at /no/such/model"),
+    ("[rollout]", "[evaluate]\nmethods = [\"base\", \"magic\"]\n[rollout]", "[evaluate] methods: unknown method 'magic'"),
+    ("[rollout]", "[training]\niterations = 2\n[rollout]", "[training]: unknown section"),
+    ('stages = ["rollout", "identify"]', 'stages = ["identify", "rollout"]', "[run] stages: must keep pipeline order"),
+    ("[rollout]", "[train.grpo]\nlearning_rat = 1e-5\n[rollout]", "[train.grpo] learning_rat: unknown setting"),
+    ("[rollout]", "[train.grpo]\nenv_ids = [\"x\"]\n[rollout]", "[train.grpo] env_ids: set by the pipeline"),
+    ("[rollout]", "[train.grpo]\nrollouts_per_group = 1\n[rollout]", "[train.grpo] rollouts_per_group (K) must be at least 2"),
+    ("[rollout]", "[train]\ncontrol = [\"telepathy\"]\n[rollout]", "[train] control: no registry env serves 'telepathy'"),
+]
+
+
+@pytest.mark.parametrize("old, new, message", BAD, ids=[b[2].split(":")[0] for b in BAD])
+def test_a_bad_config_is_one_line_naming_the_field_and_nothing_runs(tmp_path, monkeypatch, old, new, message):
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    assert old in GOOD
+    path = write(tmp_path, GOOD.replace(old, new))
+    with pytest.raises(ConfigError, match=None) as info:
+        load_config(path)
+    assert message in str(info.value)
+    result = run_cli("run", str(path), env={"OPENAI_BASE_URL": "", "OPENAI_API_KEY": ""})
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()  # nothing started
+
+
+def test_missing_and_malformed_config_files_are_one_line(tmp_path):
+    result = run_cli("run", str(tmp_path / "nope.toml"))
+    assert result.returncode == 2 and "no config file" in result.stderr
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[run\n")
+    result = run_cli("run", str(bad))
+    assert result.returncode == 2 and "not valid TOML" in result.stderr
+    no_run = tmp_path / "norun.toml"
+    no_run.write_text("[policy]\nmodel = \"smollm2-135m-instruct\"\n")
+    result = run_cli("run", str(no_run))
+    assert result.returncode == 2 and "[run] target: required" in result.stderr

@@ -1,0 +1,637 @@
+"""The whole TRACE loop as one command: ``trace-gym run CONFIG [--resume] [--from STAGE]``.
+
+A TOML config names the target, the policy, the analyst and each stage's
+settings (defaults = the paper's); every stage writes into one run directory::
+
+    RUN/rollouts/   the base policy on the target's train split (trajectories.jsonl)
+    RUN/identify/   capabilities.json, labels.jsonl, report.md (identification)
+    RUN/envs/       one training env per selected capability (envs.json)
+    RUN/adapters/   one LoRA adapter per capability, and the baselines' (adapters.json)
+    RUN/eval/       every method on the held-out split (results.json/.md, plots)
+    RUN/report.md   the whole run, every figure read from the files above
+
+``state.json`` records, per stage, a hash of its inputs (its settings and the
+upstream outputs it read). With ``--resume`` a finished stage whose inputs have
+not changed is not redone, and an unfinished one continues from its own
+checkpoints (rollouts and training resume); ``--from STAGE`` redoes that stage
+and everything after it. A bad config is one line naming the field, before any
+work starts.
+
+This module only sequences stages and records what they did; each stage is a
+library call (``rollout``, ``identify``, ``synthesize``, ``train``, ``evaluate``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+from .config import ConfigError, from_table, read_toml, to_table
+from .errors import TraceGymError
+from .identification.stats import SelectionConfig
+from .synthesis.loop import SynthesisConfig
+
+STAGES = ("rollout", "identify", "synthesize", "train", "evaluate")
+
+
+@dataclass
+class RunSettings:
+    """``[run]``: what the run is about and where it goes."""
+
+    target: str
+    """The target env id, e.g. ``trace/tau2-retail-v0``."""
+    dir: str = "runs/trace"
+    """The run directory (relative paths are taken from the working directory)."""
+    stages: list[str] = field(default_factory=lambda: list(STAGES))
+    """The stages to run, in pipeline order (a subset of rollout, identify, synthesize, train, evaluate)."""
+    seed: int = 0
+    """The run seed; every episode's and every stage's seed derives from it."""
+
+
+@dataclass
+class PolicySettings:
+    """``[policy]``: the model being improved (and the router, which is the same base model)."""
+
+    model: str = "smollm2-135m-instruct"
+    """``smollm2-135m-instruct`` (embedded, offline), ``hf:<path>`` or ``openai:<model>`` (vLLM multi-LoRA)."""
+    temperature: float = 0.0
+    """Sampling temperature of rollouts and evaluation (0: greedy)."""
+    max_new_tokens: int = 256
+    """Longest reply per turn."""
+    batch: int = 8
+    """Local models: episodes generated together in lock-step, one batched generation per turn."""
+    workers: int = 1
+    """API models: episodes played in parallel threads."""
+
+
+@dataclass
+class RolloutStage:
+    """``[rollout]``: the base policy on the target, the data identification contrasts."""
+
+    split: str = "train"
+    """The target's split to roll out on (never the held-out split evaluation uses)."""
+    tasks: int | None = None
+    """Only the first N tasks of the split (None: all)."""
+    samples: int = 1
+    """Episodes per task."""
+    max_steps: int | None = None
+    """Messages per episode before truncation (None: the target's default)."""
+    executor: Literal["local", "ray"] = "local"
+    """``ray`` fans episodes out over a Ray cluster."""
+
+
+@dataclass
+class IdentifyStage:
+    """``[identify]`` (and ``[identify.selection]``): contrastive capability identification."""
+
+    analyst: str = "gold"
+    """``gold`` (τ² gold actions, no LLM), ``milestone`` (ToolSandbox), or ``openai:<model>``."""
+    selection: SelectionConfig = field(default_factory=SelectionConfig)
+    """Selection thresholds (δ, ρ, K of N runs); the paper's defaults."""
+
+
+@dataclass
+class SynthesizeStage:
+    """``[synthesize]`` (and ``[synthesize.loop]``): one training env per selected capability."""
+
+    analyst: str = "registry"
+    """``registry`` (offline: a registry env whose manifest names the capability) or ``openai:<model>``."""
+    loop: SynthesisConfig = field(default_factory=SynthesisConfig)
+    """Attempts, calibration rounds and policy, validation thresholds of the synthesis loop."""
+
+
+@dataclass
+class TrainStage:
+    """``[train]`` (and ``[train.grpo]``): GRPO, one LoRA adapter per capability env, and the
+    baselines at the same total rollout budget."""
+
+    grpo: dict[str, Any] = field(default_factory=dict)
+    """Settings of every training run: any field of ``GRPOTrainingConfig`` but ``env_ids``,
+    ``out`` and ``model`` (the pipeline sets those); the paper's defaults otherwise."""
+    grpo_target: bool = True
+    """Also train GRPO on the target itself, with as many rollouts as all capability adapters together."""
+    merged: bool = True
+    """Also train one adapter on the mixture of the capability envs, at that same total."""
+    control: list[str] = field(default_factory=list)
+    """Capabilities the contrast did NOT select, trained and routed the same way (the causal
+    control), each served by a registry env for the target."""
+
+
+@dataclass
+class EvaluateStage:
+    """``[evaluate]``: every method on the target's held-out split."""
+
+    split: str = "test"
+    tasks: int | None = None
+    """Only the first N tasks of the split (None: all)."""
+    samples: int = 1
+    """Episodes per task (pass^k for k up to this)."""
+    methods: list[str] = field(default_factory=lambda: ["base", "trace", "grpo-target", "merged", "summed", "control"])
+    """Rows of the table: base, trace (routed), grpo-target, merged, summed (adapters' weights added), control."""
+    max_steps: int | None = None
+    """Messages per episode before truncation (None: the target's default)."""
+    calibrate_router: bool = False
+    """Route by label scores minus those of a content-free task (off: the paper's plain argmax).
+    Small routers such as the embedded 135M model prefer the first label whatever the task."""
+
+
+@dataclass
+class PipelineConfig:
+    run: RunSettings
+    policy: PolicySettings = field(default_factory=PolicySettings)
+    rollout: RolloutStage = field(default_factory=RolloutStage)
+    identify: IdentifyStage = field(default_factory=IdentifyStage)
+    synthesize: SynthesizeStage = field(default_factory=SynthesizeStage)
+    train: TrainStage = field(default_factory=TrainStage)
+    evaluate: EvaluateStage = field(default_factory=EvaluateStage)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.dir)
+
+
+METHODS = ("base", "trace", "grpo-target", "merged", "summed", "control")
+
+
+def load_config(path: str | Path) -> PipelineConfig:
+    """Read and check a pipeline config; every mistake is one line naming the field."""
+    data = read_toml(path)
+    sections = {f.name: f for f in dataclasses.fields(PipelineConfig)}
+    unknown = sorted(set(data) - set(sections))
+    if unknown:
+        raise ConfigError(f"[{unknown[0]}]: unknown section; known: {', '.join(sections)}")
+    if "run" not in data:
+        raise ConfigError("[run] target: required (the target env id, e.g. trace/tau2-retail-v0)")
+    import typing
+
+    hints = typing.get_type_hints(PipelineConfig)
+    config = PipelineConfig(**{name: from_table(hints[name], data.get(name), name) for name in sections if name in data or name == "run"})
+    check_config(config)
+    return config
+
+
+def check_config(config: PipelineConfig) -> None:
+    """What can be checked before any work: stage and method names, the target, the models and analysts."""
+    from .registry import get_entry
+
+    bad = [s for s in config.run.stages if s not in STAGES]
+    if bad:
+        raise ConfigError(f"[run] stages: unknown stage '{bad[0]}'; stages are {', '.join(STAGES)}")
+    if [s for s in STAGES if s in config.run.stages] != list(config.run.stages):
+        raise ConfigError(f"[run] stages: must keep pipeline order ({', '.join(STAGES)})")
+    try:
+        entry = get_entry(config.run.target)
+    except TraceGymError as exc:
+        raise ConfigError(f"[run] target: {exc}") from None
+    if entry.kind != "target":
+        raise ConfigError(f"[run] target: {entry.id} is a training env, not a target benchmark")
+    bad = [m for m in config.evaluate.methods if m not in METHODS]
+    if bad:
+        raise ConfigError(f"[evaluate] methods: unknown method '{bad[0]}'; methods are {', '.join(METHODS)}")
+    _check_model(config.policy.model, "[policy] model")
+    grpo_config(config, ["<env>"], "<out>")  # every [train.grpo] mistake, now
+    for capability in config.train.control:
+        from .synthesis import serving_envs
+
+        if not serving_envs(capability, entry.id):
+            raise ConfigError(f"[train] control: no registry env serves '{capability}' for {entry.id}")
+    _check_analyst(config.identify.analyst, "[identify] analyst", ("gold", "milestone"))
+    _check_analyst(config.synthesize.analyst, "[synthesize] analyst", ("registry",))
+    for name, value in (("[rollout] samples", config.rollout.samples), ("[evaluate] samples", config.evaluate.samples),
+                        ("[policy] batch", config.policy.batch), ("[policy] workers", config.policy.workers)):
+        if value < 1:
+            raise ConfigError(f"{name}: must be at least 1, got {value}")
+
+
+def grpo_config(config: PipelineConfig, env_ids: list[str], out: str, *, iterations_scale: int = 1) -> Any:
+    """The ``GRPOTrainingConfig`` of one training run of this pipeline."""
+    from .training.config import GRPOTrainingConfig, TrainingError
+
+    fixed = sorted({"env_ids", "out", "model"} & set(config.train.grpo))
+    if fixed:
+        raise ConfigError(f"[train.grpo] {fixed[0]}: set by the pipeline (the capability envs, adapters/, [policy] model)")
+    table = {**config.train.grpo, "env_ids": env_ids, "out": out, "model": config.policy.model}
+    run = from_table(GRPOTrainingConfig, table, "train.grpo")
+    run.iterations *= iterations_scale
+    try:
+        return run.check()
+    except TrainingError as exc:
+        raise ConfigError(f"[train.grpo] {exc}") from None
+
+
+def _check_model(spec: str, where: str) -> None:
+    import os
+
+    from .llm import EMBEDDED_DEFAULT
+
+    if spec == EMBEDDED_DEFAULT:
+        return
+    if spec.startswith("hf:"):
+        if not Path(spec[3:]).exists():
+            raise ConfigError(f"{where}: no model folder at {spec[3:]}")
+        return
+    if spec.startswith("openai:"):
+        if not os.environ.get("OPENAI_BASE_URL") and not os.environ.get("OPENAI_API_KEY"):
+            raise ConfigError(f"{where}: {spec} needs an endpoint: set OPENAI_BASE_URL (and OPENAI_API_KEY)")
+        return
+    raise ConfigError(f"{where}: unknown model '{spec}'; use {EMBEDDED_DEFAULT}, hf:<path> or openai:<model>")
+
+
+def _check_analyst(spec: str, where: str, offline: tuple[str, ...]) -> None:
+    import os
+
+    if spec in offline:
+        return
+    if spec.startswith("openai:"):
+        if not os.environ.get("OPENAI_BASE_URL") and not os.environ.get("OPENAI_API_KEY"):
+            raise ConfigError(f"{where}: {spec} needs an analyst endpoint: set OPENAI_BASE_URL (and OPENAI_API_KEY)")
+        return
+    raise ConfigError(f"{where}: unknown analyst '{spec}'; use {', '.join(offline)} or openai:<model>")
+
+
+# --- the run directory and its state -------------------------------------------------------
+
+class PipelineError(TraceGymError):
+    """A run that cannot go on as asked (an existing run without --resume, a missing upstream stage)."""
+
+
+@dataclass
+class StageRecord:
+    stage: str
+    inputs_hash: str
+    outputs: dict[str, Any]
+    wall_s: float
+    finished_at: str
+
+
+class RunState:
+    """``RUN/state.json``: what each finished stage read and wrote."""
+
+    def __init__(self, run_dir: Path):
+        self.path = run_dir / "state.json"
+        self.stages: dict[str, StageRecord] = {}
+        if self.path.exists():
+            try:
+                raw = json.loads(self.path.read_text(encoding="utf-8"))
+                self.stages = {k: StageRecord(**v) for k, v in raw.get("stages", {}).items()}
+            except (json.JSONDecodeError, TypeError) as exc:
+                raise PipelineError(f"{self.path} is damaged ({exc}); move it away to start the run over") from None
+
+    def save(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"stages": {k: dataclasses.asdict(v) for k, v in self.stages.items()}}, indent=2) + "\n")
+        tmp.replace(self.path)
+
+
+def stage_inputs_hash(config: PipelineConfig, stage: str, state: RunState) -> str:
+    """A stage's inputs: the run's target and seed, the policy, its own settings, and
+    every upstream stage's recorded outputs (so a changed upstream redoes it)."""
+    upstream = STAGES[: STAGES.index(stage)]
+    payload = {
+        "target": config.run.target,
+        "seed": config.run.seed,
+        "policy": to_table(config.policy),
+        "settings": to_table(getattr(config, stage)),
+        "upstream": {s: state.stages[s].outputs for s in upstream if s in state.stages},
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+StageFn = Callable[[PipelineConfig, RunState, Callable[[str], None]], dict[str, Any]]
+
+
+def run_pipeline(config: PipelineConfig, *, resume: bool = False, from_stage: str | None = None,
+                 say: Callable[[str], None] = print) -> Path:
+    """Run the configured stages in order; returns the path of ``report.md``."""
+    run_dir = config.run_dir
+    if from_stage is not None and from_stage not in config.run.stages:
+        raise PipelineError(f"--from {from_stage}: not one of this run's stages ({', '.join(config.run.stages)})")
+    if run_dir.exists() and (run_dir / "state.json").exists() and not resume and from_stage is None:
+        raise PipelineError(f"{run_dir} already holds a run; pass --resume to continue it (finished stages with "
+                            "unchanged inputs are kept) or --from STAGE to redo from a stage, or choose another [run] dir")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(to_table(config), indent=2, default=str) + "\n")
+    state = RunState(run_dir)
+    redo = False
+    for stage in config.run.stages:
+        redo = redo or stage == from_stage
+        inputs = stage_inputs_hash(config, stage, state)
+        record = state.stages.get(stage)
+        if record and record.inputs_hash == inputs and not redo:
+            say(f"[{stage}] unchanged since {record.finished_at}; kept ({_summary(record.outputs)})")
+            continue
+        say(f"[{stage}] running")
+        started = time.perf_counter()
+        outputs = STAGE_FUNCTIONS[stage](config, state, lambda m, s=stage: say(f"[{s}] {m}"))
+        state.stages[stage] = StageRecord(stage, inputs, outputs, round(time.perf_counter() - started, 1),
+                                          datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        # A redone stage invalidates what came after it: their recorded inputs no longer match.
+        state.save()
+        say(f"[{stage}] done in {state.stages[stage].wall_s:.0f}s ({_summary(outputs)})")
+    from .pipeline_report import write_report
+
+    return write_report(config, state)
+
+
+def _summary(outputs: dict[str, Any]) -> str:
+    return outputs.get("summary", "")
+
+
+# --- stages --------------------------------------------------------------------------------
+
+def _agent_kwargs(config: PipelineConfig, **extra: Any) -> dict[str, Any]:
+    return {"model": config.policy.model, "temperature": config.policy.temperature,
+            "max_new_tokens": config.policy.max_new_tokens, **extra}
+
+
+def stage_rollout(config: PipelineConfig, state: RunState, say: Callable[[str], None]) -> dict[str, Any]:
+    from .rollout import rollout
+
+    # One file per distinct set of settings: changed settings start a new file, the same ones resume it.
+    out = config.run_dir / "rollouts" / f"trajectories-{stage_inputs_hash(config, 'rollout', state)[:10]}.jsonl"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    env_kwargs = {"max_steps": config.rollout.max_steps} if config.rollout.max_steps else {}
+    summary = rollout(config.run.target, "llm", out, agent_kwargs=_agent_kwargs(config), split=config.rollout.split,
+                      limit=config.rollout.tasks, samples=config.rollout.samples, seed=config.run.seed, resume=True,
+                      env_kwargs=env_kwargs, executor=config.rollout.executor, workers=config.policy.workers,
+                      batch=config.policy.batch)
+    return {"trajectories": str(out), "sha256": content_hash(out), "episodes": summary.episodes, "successes": summary.successes,
+            "pass_rate": summary.successes / max(summary.episodes, 1), "mean_reward": summary.mean_reward,
+            "wall_s": summary.wall_s,
+            "summary": f"{summary.episodes} episodes, pass rate {summary.successes / max(summary.episodes, 1):.3f}"}
+
+
+def stage_identify(config: PipelineConfig, state: RunState, say: Callable[[str], None]) -> dict[str, Any]:
+    from .identification import identify, make_analyst
+    from .identification.stats import DegenerateInputError
+    from .store import read_trajectories
+
+    upstream = _require(state, "rollout", "identify")
+    trajectories = read_trajectories(upstream["trajectories"])
+    out = config.run_dir / "identify"
+    options: dict[str, Any] = {}
+    if config.identify.analyst.startswith("openai:"):
+        options = {"cache_dir": out / ".analyst_cache"}
+    analyst = make_analyst(config.identify.analyst, **options)
+    try:
+        result = identify(trajectories, analyst, out, config=config.identify.selection, seed=config.run.seed, progress=say)
+    except DegenerateInputError as exc:
+        # No contrast is possible (all successes or all failures): say so, select nothing.
+        out.mkdir(parents=True, exist_ok=True)
+        payload = {"selected": [], "candidates": [], "degenerate": str(exc), "analyst": {"calls": 0, "tokens": 0}}
+        (out / "capabilities.json").write_text(json.dumps(payload, indent=2) + "\n")
+        say(f"no capability can be selected: {exc}")
+        return {"dir": str(out), "selected": [], "degenerate": str(exc), "analyst_calls": 0,
+                "summary": "nothing selected (no contrast possible)"}
+    return {"dir": str(out), "sha256": content_hash(out / "capabilities.json", out / "labels.jsonl"),
+            "selected": list(result.selected), "analyst_calls": result.analyst.get("calls", 0),
+            "analyst_tokens": result.analyst.get("tokens", 0),
+            "summary": f"selected {', '.join(result.selected) or 'nothing'}"}
+
+
+def content_hash(*paths: Path) -> str:
+    """sha256 over files (a folder: every file below it, by relative path), so that a
+    stage downstream notices when an upstream output changed, not only its path."""
+    digest = hashlib.sha256()
+    for path in paths:
+        path = Path(path)
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        for f in files:
+            if f.exists():
+                digest.update(str(f.relative_to(path) if path.is_dir() else f.name).encode() + b"\0")
+                digest.update(f.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _require(state: RunState, stage: str, by: str) -> dict[str, Any]:
+    if stage not in state.stages:
+        raise PipelineError(f"the {by} stage needs the {stage} stage's output; add '{stage}' to [run] stages "
+                            "or run it first")
+    return state.stages[stage].outputs
+
+
+def stage_synthesize(config: PipelineConfig, state: RunState, say: Callable[[str], None]) -> dict[str, Any]:
+    from .synthesis import synthesize
+
+    identified = _require(state, "identify", "synthesize")
+    out = config.run_dir / "envs"
+    registry = out / "registry"
+    registry.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    if not identified["selected"]:
+        say("no capability was selected; nothing to synthesize")
+        summary, calls, tokens = "nothing to synthesize", 0, 0
+    else:
+        loop = dataclasses.replace(config.synthesize.loop, resume=True)  # a registered env with a matching hash is kept
+        result = synthesize(Path(identified["dir"]) / "capabilities.json", config.run.target,
+                            analyst=config.synthesize.analyst, registry_dir=registry, config=loop,
+                            trajectories=state.stages["rollout"].outputs["trajectories"] if "rollout" in state.stages else None,
+                            cache_dir=out / ".analyst_cache", progress=say)
+        from .registry import read_manifest
+
+        for o in result.outcomes:
+            status = read_manifest(Path(o.path)).validation_status() if o.path else "-"
+            rows.append({"capability": o.capability, "env_id": o.env_id, "path": o.path, "source": o.status,
+                         "status": status, "attempts": len(o.attempts), "message": o.message})
+        for note in result.notes:
+            say(note)
+        usable = [r for r in rows if r["env_id"]]
+        summary = f"{len(usable)} of {len(rows)} capabilities have an env"
+        calls, tokens = result.calls, result.tokens
+    envs_json = out / "envs.json"
+    envs_json.write_text(json.dumps(rows, indent=2) + "\n")
+    return {"envs_json": str(envs_json), "registry": str(registry), "sha256": content_hash(envs_json, registry),
+            "envs": {r["capability"]: r["env_id"] for r in rows if r["env_id"]}, "analyst_calls": calls,
+            "analyst_tokens": tokens, "summary": summary}
+
+
+def _expose_registry(folder: str | Path) -> None:
+    """Make the run's own registry of synthesized envs visible to ``gym.make`` (here and in workers)."""
+    import os
+
+    from .registry import register_all
+
+    folder = str(Path(folder).resolve())
+    current = [p for p in os.environ.get("TRACE_GYM_REGISTRY_PATH", "").split(os.pathsep) if p]
+    if folder not in current:
+        os.environ["TRACE_GYM_REGISTRY_PATH"] = os.pathsep.join([*current, folder])
+    register_all()
+
+
+def training_plan(config: PipelineConfig, envs: dict[str, str]) -> list[dict[str, Any]]:
+    """The training runs of the train stage: one adapter per capability env, then the
+    baselines at the same total rollout budget, then the causal control."""
+    from .synthesis import serving_envs
+
+    plan = [{"name": cap, "kind": "capability", "envs": [env_id], "scale": 1} for cap, env_id in sorted(envs.items())]
+    total = max(1, len(plan))  # the baselines get as many rollouts as all capability adapters together
+    if config.train.grpo_target and plan:
+        plan.append({"name": "grpo-target", "kind": "baseline", "envs": [config.run.target], "scale": total})
+    if config.train.merged and len(plan) > 1:
+        plan.append({"name": "merged", "kind": "baseline", "envs": sorted(envs.values()), "scale": total})
+    for cap in config.train.control:
+        if cap in envs:
+            continue  # selected after all: it is a TRACE adapter, not a control
+        plan.append({"name": f"control-{cap}", "kind": "control", "capability": cap,
+                     "envs": [serving_envs(cap, config.run.target)[0].id], "scale": 1})
+    return plan
+
+
+def stage_train(config: PipelineConfig, state: RunState, say: Callable[[str], None]) -> dict[str, Any]:
+    from .training.log import TrainLog
+    from .training.trainer import train
+
+    synthesized = _require(state, "synthesize", "train")
+    _expose_registry(synthesized["registry"])
+    out = config.run_dir / "adapters"
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    plan = training_plan(config, synthesized["envs"])
+    if not plan:
+        say("no capability env to train on")
+    for i, job in enumerate(plan, 1):
+        folder = out / job["name"]
+        run = grpo_config(config, job["envs"], str(folder), iterations_scale=job["scale"])
+        done = TrainLog(folder / "train_log.jsonl").read()
+        if (folder / "adapter" / "adapter_config.json").exists() and done and done[-1]["iteration"] >= run.iterations:
+            say(f"({i}/{len(plan)}) {job['name']}: already trained ({run.iterations} iterations); kept")
+        else:
+            resume = (folder / "run.json").exists()
+            say(f"({i}/{len(plan)}) {job['name']} on {', '.join(job['envs'])}: {run.iterations} iterations of "
+                f"{run.groups}x{run.rollouts_per_group} rollouts" + (" (resuming)" if resume else ""))
+            train(run, resume=resume)
+        log = TrainLog(folder / "train_log.jsonl").read()
+        rows.append({**{k: v for k, v in job.items() if k != "scale"}, "adapter": str(folder / "adapter"),
+                     "train_log": str(folder / "train_log.jsonl"), "iterations": run.iterations,
+                     "rollouts": log[-1]["rollouts"] if log else 0,
+                     "wall_s": log[-1].get("elapsed_s") if log else None,
+                     "reward_curve": str(folder / "reward_curve.png") if (folder / "reward_curve.png").exists() else None})
+    adapters_json = out / "adapters.json"
+    adapters_json.write_text(json.dumps(rows, indent=2) + "\n")
+    trace_rollouts = sum(r["rollouts"] for r in rows if r["kind"] == "capability")
+    return {"adapters_json": str(adapters_json), "sha256": content_hash(adapters_json, *[Path(r["adapter"]) for r in rows]),
+            "curves": {r["name"]: r["reward_curve"] for r in rows if r["reward_curve"]},
+            "summary": f"{len(rows)} adapters; the TRACE adapters used {trace_rollouts} rollouts"}
+
+
+def stage_evaluate(config: PipelineConfig, state: RunState, say: Callable[[str], None]) -> dict[str, Any]:
+    from .evaluation import capability_groups, method_result, write_results
+    from .rollout import rollout
+    from .store import read_trajectories
+
+    identified = state.stages.get("identify")
+    adapters = json.loads(Path(state.stages["train"].outputs["adapters_json"]).read_text()) if "train" in state.stages else []
+    out = config.run_dir / "eval"
+    out.mkdir(parents=True, exist_ok=True)
+    backend = _policy_backend(config, adapters)
+    env_kwargs = {"max_steps": config.evaluate.max_steps} if config.evaluate.max_steps else {}
+    by_kind = {kind: [a for a in adapters if a["kind"] == kind] for kind in ("capability", "baseline", "control")}
+    cost = _method_costs(state, adapters)
+    methods: list[tuple[str, str, dict[str, Any], list[str] | None]] = []
+    for method in config.evaluate.methods:
+        if method == "base":
+            methods.append(("base", "llm", {}, None))
+        elif method == "trace" and by_kind["capability"]:
+            router = _router(config, backend, by_kind["capability"], identified, state)
+            methods.append(("trace", "routed", {"router": router}, [a["name"] for a in by_kind["capability"]]))
+        elif method in ("grpo-target", "merged") and any(a["name"] == method for a in adapters):
+            methods.append((method, "llm", {"adapter": method}, None))
+        elif method == "summed" and len(by_kind["capability"]) > 1:
+            backend.add_summed_adapter("summed", [a["name"] for a in by_kind["capability"]])
+            methods.append(("summed", "llm", {"adapter": "summed"}, None))
+        elif method == "control" and by_kind["control"]:
+            controls = [{**a, "name": a["capability"], "adapter_name": a["name"]} for a in by_kind["control"]]
+            router = _router(config, backend, controls, identified, state, descriptions_from_gold=True)
+            methods.append(("control", "routed", {"router": router}, [a["capability"] for a in by_kind["control"]]))
+        else:
+            say(f"{method}: nothing to evaluate (no adapter of that kind was trained); left out of the table")
+    played = {}
+    for name, agent, extra, routed in methods:
+        path = out / f"{name}.jsonl"
+        say(f"{name} on the {config.evaluate.split} split")
+        rollout(config.run.target, agent, path, agent_kwargs={**_agent_kwargs(config, model=backend), **extra},
+                split=config.evaluate.split, limit=config.evaluate.tasks, samples=config.evaluate.samples,
+                seed=config.run.seed + 1, resume=True, env_kwargs=env_kwargs, batch=config.policy.batch,
+                workers=config.policy.workers, progress=False)
+        played[name] = (read_trajectories(path), routed)
+    groups: dict[str, set[str]] = {}
+    base = played.get("base", ([], None))[0]
+    capabilities = sorted({c for _, routed in played.values() for c in (routed or [])})
+    if base and capabilities and config.identify.analyst == "gold":
+        groups = capability_groups(base, capabilities)
+    results = [method_result(name, trajectories, groups=groups, routed_capabilities=routed, cost=cost.get(name))
+               for name, (trajectories, routed) in played.items()]
+    paths = write_results(results, out, reward_curves={a["name"]: Path(a["train_log"]) for a in adapters})
+    best = max(results, key=lambda r: r.pass_1) if results else None
+    return {"results_json": str(out / "results.json"), "results_md": str(out / "results.md"),
+            "plots": [str(p) for p in paths if p.suffix == ".png"], "sha256": content_hash(out / "results.json"),
+            "summary": f"{len(results)} methods" + (f"; best pass^1 {best.pass_1:.3f} ({best.method})" if best else "")}
+
+
+def _policy_backend(config: PipelineConfig, adapters: list[dict[str, Any]]) -> Any:
+    """The policy with every trained adapter loaded under its name. An OpenAI-compatible
+    server (vLLM) must already serve them under those names (``--lora-modules name=path``)."""
+    from .llm import make_backend
+
+    backend = make_backend(config.policy.model)
+    if config.policy.model.startswith("openai:"):
+        return backend
+    for a in adapters:
+        backend.load_adapter(a["name"], a["adapter"])
+    return backend
+
+
+def _router(config: PipelineConfig, backend: Any, adapters: list[dict[str, Any]], identified: Any, state: RunState,
+            descriptions_from_gold: bool = False) -> Any:
+    """The router over these adapters: descriptions and LACKING examples from identification
+    (the control's capabilities were not selected, so theirs come from the gold dictionary)."""
+    from .routing import RouteCapability, Router, capabilities_from_identification
+    from .store import read_trajectories
+
+    trajectories = read_trajectories(state.stages["rollout"].outputs["trajectories"]) if "rollout" in state.stages else []
+    names = {a["name"]: a.get("adapter_name", a["name"]) for a in adapters}
+    caps = []
+    if identified is not None and not descriptions_from_gold:
+        caps = capabilities_from_identification(identified.outputs["dir"], names, trajectories=trajectories)
+    if not caps:
+        from .identification.gold import GOLD_CAPABILITIES
+
+        caps = [RouteCapability(n, GOLD_CAPABILITIES.get(n, n), adapter) for n, adapter in names.items()]
+    return Router(backend, caps, calibrate=config.evaluate.calibrate_router)
+
+
+def _method_costs(state: RunState, adapters: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Training rollouts, analyst calls and wall time behind each method, from the stages' records."""
+    analyst_calls = sum(state.stages[s].outputs.get("analyst_calls", 0) for s in ("identify", "synthesize") if s in state.stages)
+    pre_wall = sum(state.stages[s].wall_s for s in ("rollout", "identify", "synthesize") if s in state.stages)
+
+    def total(kind: str) -> dict[str, Any]:
+        rows = [a for a in adapters if a["kind"] == kind]
+        return {"train_rollouts": sum(a["rollouts"] for a in rows), "wall_s": sum(a.get("wall_s") or 0 for a in rows)}
+
+    trace = total("capability")
+    cost = {"base": {"train_rollouts": 0, "analyst_calls": 0, "wall_s": 0.0},
+            "trace": {**trace, "analyst_calls": analyst_calls, "wall_s": trace["wall_s"] + pre_wall},
+            "summed": {**trace, "analyst_calls": analyst_calls, "wall_s": trace["wall_s"] + pre_wall},
+            "control": {**total("control"), "analyst_calls": 0}}
+    for a in adapters:
+        if a["kind"] == "baseline":
+            merged = a["name"] == "merged"  # it needed identification and synthesis too
+            cost[a["name"]] = {"train_rollouts": a["rollouts"], "analyst_calls": analyst_calls if merged else 0,
+                               "wall_s": (a.get("wall_s") or 0) + (pre_wall if merged else 0)}
+    return cost
+
+
+STAGE_FUNCTIONS: dict[str, StageFn] = {
+    "rollout": stage_rollout,
+    "identify": stage_identify,
+    "synthesize": stage_synthesize,
+    "train": stage_train,
+    "evaluate": stage_evaluate,
+}

@@ -1,0 +1,136 @@
+"""``RUN/report.md``: the whole run on one page, every figure read from the run directory.
+
+Sections appear as their stages finish: the base policy's rollouts, the
+capability table, the environments and their validation, the training curves,
+and the evaluation table, each followed by what its figures mean. Nothing here
+computes a result: it reads the files the stages wrote (``state.json``,
+``identify/capabilities.json``, ``envs/envs.json``, ``adapters/adapters.json``,
+``eval/results.json``) and quotes them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _rel(path: str | Path, run_dir: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(run_dir.resolve()))
+    except ValueError:
+        return str(path)
+
+
+def write_report(config: Any, state: Any) -> Path:
+    run_dir = config.run_dir
+    out = [f"# TRACE run: {config.run.target}", "",
+           f"Policy `{config.policy.model}`, seed {config.run.seed}, stages: {', '.join(config.run.stages)}. "
+           f"Every figure below is read from the files of `{run_dir}`; `state.json` records when each stage ran "
+           "and a hash of what it read.", ""]
+    stages = state.stages
+    if "rollout" in stages:
+        r = stages["rollout"].outputs
+        out += ["## 1. The base policy on the target", "",
+                f"{r['episodes']} episodes on the `{config.rollout.split}` split: pass rate **{r['pass_rate']:.3f}** "
+                f"({r['successes']} successes), mean reward {r['mean_reward']:.3f}, {r['wall_s']:.0f} s "
+                f"(`{_rel(r['trajectories'], run_dir)}`).", "",
+                "*Pass rate*: the share of episodes the target's own evaluator scored as solved. Identification "
+                "contrasts the successes with the failures, so it needs some of each.", ""]
+    if "identify" in stages:
+        out += _identify_section(stages["identify"].outputs, run_dir, config)
+    if "synthesize" in stages:
+        out += _envs_section(stages["synthesize"].outputs, run_dir)
+    if "train" in stages:
+        out += _train_section(stages["train"].outputs, run_dir)
+    if "evaluate" in stages:
+        out += _eval_section(stages["evaluate"].outputs, run_dir)
+    out += ["## Stages", "", "| stage | finished | wall s | inputs hash |", "| --- | --- | --- | --- |"]
+    for name, record in stages.items():
+        out.append(f"| {name} | {record.finished_at} | {record.wall_s:.0f} | `{record.inputs_hash[:12]}` |")
+    path = run_dir / "report.md"
+    path.write_text("\n".join(out) + "\n", encoding="utf-8")
+    return path
+
+
+def _identify_section(outputs: dict[str, Any], run_dir: Path, config: Any) -> list[str]:
+    payload = _read_json(Path(outputs["dir"]) / "capabilities.json") or {}
+    sel = config.identify.selection
+    out = ["## 2. Capabilities the policy lacks", ""]
+    if payload.get("degenerate"):
+        return out + [f"No capability could be selected: {payload['degenerate']}", ""]
+    out += [f"Analyst `{config.identify.analyst}`; kept when the gap ER- - ER+ >= {sel.delta} and coverage >= {sel.rho} "
+            f"in at least {sel.min_runs} of {sel.runs} runs (details: `{_rel(Path(outputs['dir']) / 'report.md', run_dir)}`).", "",
+            "| capability | gap | coverage | ER+ | ER- | runs passed | selected |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for c in payload.get("candidates", []):
+        gap = "unknown" if c.get("gap_mean") is None else f"{c['gap_mean']:.2f} ± {c.get('gap_std') or 0:.2f}"
+        er_plus = "unknown" if c.get("er_plus_mean") is None else f"{c['er_plus_mean']:.2f}"
+        er_minus = "unknown" if c.get("er_minus_mean") is None else f"{c['er_minus_mean']:.2f}"
+        out.append(f"| {c['name']} | {gap} | {c.get('coverage_mean', 0):.2f} | {er_plus} | {er_minus} | "
+                   f"{c.get('runs_passed')}/{c.get('runs')} | {'**yes**' if c.get('selected') else 'no'} |")
+    out += ["", "*ER+ / ER-*: how often the capability is LACKING in successes / failures; *gap*: their difference "
+            "(large means the lack goes with failure); *coverage*: the share of all failures where it is lacking.", ""]
+    return out
+
+
+def _envs_section(outputs: dict[str, Any], run_dir: Path) -> list[str]:
+    envs = _read_json(Path(outputs["envs_json"])) if outputs.get("envs_json") else None
+    out = ["## 3. Training environments", ""]
+    if not envs:
+        return out + [outputs.get("summary", "none"), ""]
+    out += ["| capability | env | source | validation | checks |", "| --- | --- | --- | --- | --- |"]
+    for row in envs:
+        report = _read_json(Path(row["path"]) / "validation.json") if row.get("path") else None
+        checks = "-"
+        if report:
+            ran = [c for c in report.get("checks", []) if c.get("passed") is not None]
+            checks = f"{sum(1 for c in ran if c['passed'])}/{len(ran)}"
+        out.append(f"| {row['capability']} | `{row.get('env_id') or '-'}` | {row.get('source', '-')} | "
+                   f"{row.get('status', '-')} | {checks} |")
+    out += ["", "*validation*: the env passed every named check in the sandbox (determinism, seed diversity, interface "
+            "fidelity with the target's tools and result formats, graded rewards, termination, robustness, hints).", ""]
+    return out
+
+
+def _train_section(outputs: dict[str, Any], run_dir: Path) -> list[str]:
+    adapters = _read_json(Path(outputs["adapters_json"])) if outputs.get("adapters_json") else None
+    out = ["## 4. Training (GRPO, one LoRA adapter per capability)", ""]
+    if not adapters:
+        return out + [outputs.get("summary", "none"), ""]
+    out += ["| adapter | trained on | iterations | rollouts | first mean reward | last mean reward | wall s |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    for row in adapters:
+        log = [json.loads(line) for line in Path(row["train_log"]).read_text().splitlines() if line.strip()] \
+            if row.get("train_log") and Path(row["train_log"]).exists() else []
+        first = f"{log[0]['mean_reward']:.3f}" if log else "-"
+        last = f"{log[-1]['mean_reward']:.3f}" if log else "-"
+        rollouts = log[-1].get("rollouts", "-") if log else "-"
+        wall = f"{log[-1].get('elapsed_s', 0):.0f}" if log else "-"
+        out.append(f"| {row['name']} | {', '.join(row.get('envs', []))} | {len(log)} | {rollouts} | {first} | {last} | {wall} |")
+    if outputs.get("curves"):
+        out += ["", *[f"![{name}]({_rel(path, run_dir)})" for name, path in sorted(outputs["curves"].items())]]
+    out += ["", "*rollouts*: episodes played for the update (G groups x K samples per iteration), the budget "
+            "by which the methods are compared.", ""]
+    return out
+
+
+def _eval_section(outputs: dict[str, Any], run_dir: Path) -> list[str]:
+    out = ["## 5. Evaluation on the held-out split", ""]
+    table = Path(outputs["results_md"]) if outputs.get("results_md") else None
+    if not table or not table.exists():
+        return out + [outputs.get("summary", "none"), ""]
+    out += [table.read_text(encoding="utf-8").rstrip(), ""]
+    for plot in outputs.get("plots", []):
+        out.append(f"![{Path(plot).stem}]({_rel(plot, run_dir)})")
+    out += ["", "*pass^1*: share of solved episodes, with a 95% Wilson interval; *pass^k*: the chance that k samples "
+            "of a task all succeed; capability columns: pass^1 on the tasks where the base model lacked that "
+            "capability (gold labels); *routing acc.*: share of tasks routed to a capability the base model lacked "
+            "there (or to none when it lacked none); cost columns: training rollouts, analyst calls, wall time.", ""]
+    return out
