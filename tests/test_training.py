@@ -1,0 +1,150 @@
+"""GRPO training: the settings, the dataset plan, TRL's batch layout, the log on
+resume, the env pool's failure handling and the CLI's one-line errors.
+The runs themselves (model updates, kill -9 and --resume) are in test_training_run.py."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from conftest import FIXTURE_ENVS, run_cli
+
+os.environ.setdefault("TRACE_GYM_REGISTRY_PATH", str(FIXTURE_ENVS))
+
+pytest.importorskip("trl")
+
+from trace_gym.training import GRPOTrainingConfig, TrainingError  # noqa: E402
+from trace_gym.training.log import TrainLog, plot_reward_curve  # noqa: E402
+from trace_gym.training.rollouts import EnvRolloutFunc, IterationRecord, episode_key, groups_of, plan_groups  # noqa: E402
+
+TWO_REPLIES = "trace/test-two-replies-v0"
+
+
+def test_defaults_are_the_papers():
+    config = GRPOTrainingConfig(env_ids=[TWO_REPLIES], out="x")
+    assert (config.lora_rank, config.groups, config.rollouts_per_group, config.learning_rate, config.iterations) == (32, 4, 4, 1e-5, 40)
+    assert config.clip_epsilon == 0.2 and config.kl_beta > 0
+    assert 0.25 <= config.hint_share <= 0.5 and config.hinted_per_group == 1
+    args = config.to_grpo_args()
+    # one generation of G x K rollouts and one optimizer step per iteration
+    assert args.num_generations == 4
+    assert args.per_device_train_batch_size * args.gradient_accumulation_steps == 16
+    assert args.steps_per_generation == args.gradient_accumulation_steps
+    assert args.max_steps == 40 and args.learning_rate == 1e-5 and args.beta == config.kl_beta and args.epsilon == 0.2
+    assert args.use_cpu and not args.bf16 and args.optim == "adamw_torch"
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"rollouts_per_group": 1}, "at least 2"),
+    ({"hint_share": 1.0}, "hint-free"),
+    ({"hint_share": 0.9, "rollouts_per_group": 2}, "hints all"),
+    ({"groups": 0}, "groups"),
+    ({"device": "tpu"}, "device"),
+    ({"micro_batch": 3}, "micro_batch"),
+    ({"env_ids": []}, "--env"),
+])
+def test_bad_settings_are_refused(change, message):
+    with pytest.raises(TrainingError, match=message):
+        GRPOTrainingConfig(**{"env_ids": [TWO_REPLIES], "out": "x", **change}).check()
+
+
+def test_plan_mixes_envs_group_by_group_and_cycles_target_tasks():
+    config = GRPOTrainingConfig(env_ids=["a/x-v0", "b/y-v0", "t/z-v0"], out="x", iterations=3, groups=4)
+    keys = [json.loads(k) for k in plan_groups(config, {"a/x-v0": None, "b/y-v0": None, "t/z-v0": ["t1", "t2"]})]
+    assert len(keys) == 12 and len(set(map(json.dumps, keys))) == 10  # a target's 2 tasks repeat, seeds never do
+    assert [k["env"] for k in keys[:4]] == ["a/x-v0", "b/y-v0", "t/z-v0", "a/x-v0"]
+    assert {k["task"] for k in keys if k["env"] == "t/z-v0"} == {"t1", "t2"}
+    assert plan_groups(config, {"a/x-v0": None, "b/y-v0": None, "t/z-v0": ["t1", "t2"]}) == [json.dumps(k, sort_keys=True) for k in keys]
+    with pytest.raises(TrainingError, match="no tasks"):
+        plan_groups(config, {"a/x-v0": None, "b/y-v0": None, "t/z-v0": []})
+
+
+def test_groups_follow_trls_repeat_layout():
+    a, b = episode_key("e", seed=1), episode_key("e", seed=2)
+    assert groups_of([a, a, b, b], 2) == [a, b]
+    with pytest.raises(TrainingError, match="in a row"):
+        groups_of([a, b, a, b], 2)
+    with pytest.raises(TrainingError, match="multiple"):
+        groups_of([a, a, b], 2)
+
+
+def test_trl_hands_rollout_func_each_prompt_k_times_in_a_row():
+    """Empirical, on TRL's own sampler as GRPOTrainer configures it."""
+    from trl.trainer.utils import RepeatSampler
+
+    config = GRPOTrainingConfig(env_ids=[TWO_REPLIES], out="x", iterations=3, groups=4)
+    args = config.to_grpo_args()
+    prompts = [f"p{i}" for i in range(config.iterations * config.groups)]
+    sampler = RepeatSampler(prompts, mini_repeat_count=args.num_generations,
+                            batch_size=args.per_device_train_batch_size * args.steps_per_generation // args.num_generations,
+                            repeat_count=args.num_iterations * args.steps_per_generation, seed=0)
+    order = [prompts[i] for i in sampler]
+    generation = order[:config.rollouts_per_iteration]  # the first generation batch: one iteration
+    assert len(groups_of(generation, config.rollouts_per_group)) == config.groups
+
+
+def test_log_keeps_each_iteration_once_up_to_the_checkpoint(tmp_path):
+    log = TrainLog(tmp_path / "train_log.jsonl")
+    for i in (1, 2, 3):
+        log.append({"iteration": i, "mean_reward": 0.1 * i, "rollouts": 16 * i})
+    with log.path.open("a") as f:
+        f.write('{"iteration": 4, "mean_rew')  # a line cut short by kill -9
+    assert [r["iteration"] for r in log.truncate_to(2)] == [1, 2]
+    assert [r["iteration"] for r in log.read()] == [1, 2]
+    assert plot_reward_curve(log.read(), tmp_path / "curve.png").stat().st_size > 1000
+    assert plot_reward_curve([{"iteration": 1, "mean_reward": None, "rollouts": 4}], tmp_path / "none.png") is None
+
+
+def test_constant_reward_groups_and_void_rows_are_counted():
+    record = IterationRecord(rewards=[0.5, 0.5, 0.2, None], groups=[[0.5, 0.5], [0.2, None]])
+    summary = record.summary()
+    assert summary["mean_reward"] == pytest.approx(0.4)
+    assert summary["constant_reward_groups"] == 1.0  # a group with one scored rollout cannot be compared either
+
+
+def test_a_void_row_carries_no_loss_weight():
+    class Tok:
+        eos_token_id = 2
+
+    rollout = EnvRolloutFunc(GRPOTrainingConfig(env_ids=[TWO_REPLIES], out="x"), pool=None, tokenizer=Tok())
+    record = IterationRecord()
+    row = rollout._void_row([5, 6], "step: SandboxCrashed: gone", record)
+    assert row["env_mask"] == [0] and row["env_reward"] is None and record.failed == ["step: SandboxCrashed: gone"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--env", "trace/nope-v0"], "unknown env id"),
+    (["--env", TWO_REPLIES, "--rollouts-per-group", "1"], "at least 2"),
+    (["--env", TWO_REPLIES, "--use-vllm"], "vllm is not installed"),
+    (["--env", TWO_REPLIES, "--device", "cuda"], "no CUDA device"),
+    (["--env", TWO_REPLIES, "--model", "openai:gpt-4o"], "cannot train"),
+    (["--env", TWO_REPLIES, "--model", "hf:/no/such/folder"], "no local model folder"),
+])
+def test_cli_mistakes_are_one_line(tmp_path, args, message):
+    if "--use-vllm" in args:
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is not None:
+            pytest.skip("vllm is installed here: --use-vllm is passed through")
+    if "cuda" in args:
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("a CUDA device is available here")
+    result = run_cli("train", "--out", str(tmp_path / "run"), *args, env={"TRACE_GYM_REGISTRY_PATH": str(FIXTURE_ENVS)})
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_cli_refuses_to_overwrite_a_run_and_to_resume_nothing(tmp_path):
+    env = {"TRACE_GYM_REGISTRY_PATH": str(FIXTURE_ENVS)}
+    result = run_cli("train", "--env", TWO_REPLIES, "--out", str(tmp_path / "empty"), "--resume", env=env)
+    assert result.returncode == 2 and "nothing to resume" in result.stderr
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "train_log.jsonl").write_text('{"iteration": 1}\n')
+    result = run_cli("train", "--env", TWO_REPLIES, "--out", str(tmp_path / "used"), env=env)
+    assert result.returncode == 2 and "already holds a training run" in result.stderr
+    assert (tmp_path / "used" / "train_log.jsonl").read_text() == '{"iteration": 1}\n'  # never lost

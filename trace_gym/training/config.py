@@ -1,0 +1,198 @@
+"""The settings of one GRPO training run, paired with ``trainer.py`` (TRL-style).
+
+Every field is documented once, here, where it is defined; the defaults are
+the TRACE paper's (LoRA rank 32, G = 4 seeds per iteration, K = 4 rollouts per
+seed, AdamW at lr 1e-5, 40 iterations, clip 0.2 with a KL term to the base
+policy, hints on 25-50% of rollouts). Where the paper gives no number the
+choice is named as ours in the field's docstring. Nothing here touches a model
+or an environment: ``check()`` only validates values, ``to_grpo_args()`` maps
+them onto TRL's ``GRPOConfig``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trace_gym.errors import TraceGymError
+
+
+class TrainingError(TraceGymError):
+    """A training run that cannot start or continue: a bad setting, a missing package, an out folder in use."""
+
+
+@dataclass
+class GRPOTrainingConfig:
+    """One LoRA adapter trained with GRPO on one env or a mixture of envs."""
+
+    env_ids: list[str]
+    """Registry env ids to train on. One id: an adapter per capability (or, with a
+    target id, the GRPO-on-target baseline); several: one merged adapter over
+    their mixture, the seeds of each iteration drawn round-robin over the ids."""
+    out: str
+    """Run folder: the adapter (PEFT format) in ``adapter/``, ``train_log.jsonl``,
+    ``reward_curve.png``, ``checkpoints/`` and ``run.json`` (this config)."""
+    model: str = "smollm2-135m-instruct"
+    """The policy: the embedded model's name or a local Hugging Face folder (never a hub id)."""
+
+    # --- GRPO (the paper's settings) -------------------------------------------------
+    iterations: int = 40
+    """GRPO iterations; each plays ``groups`` x ``rollouts_per_group`` episodes and makes one optimizer step."""
+    groups: int = 4
+    """G: seeds (tasks) per iteration."""
+    rollouts_per_group: int = 4
+    """K: episodes per seed; the advantage of each is its reward normalised within its group."""
+    learning_rate: float = 1e-5
+    """AdamW learning rate (constant schedule)."""
+    clip_epsilon: float = 0.2
+    """epsilon of the clipped policy-ratio objective (the paper: about 0.2)."""
+    kl_beta: float = 0.04
+    """Weight of the KL term to the base policy (the LoRA disabled). The paper uses a KL
+    term without giving its weight; 0.04 is GRPO's original (DeepSeekMath) value. 0 drops
+    the reference forward pass."""
+    loss_type: str = "grpo"
+    """TRL loss aggregation; ``grpo`` is the paper's per-sequence mean (TRL's default is ``dapo``)."""
+    temperature: float = 1.0
+    """Sampling temperature of the rollouts."""
+    hint_share: float = 0.25
+    """Share of each group played with ``reset(hint=True)`` (the paper: 0.25-0.5); the
+    update sees the hint-free prompt with the hinted episode's completion. Must leave
+    at least one hint-free rollout per group (it gives the hint-free prompt). Envs
+    that cannot hint (targets) play every rollout without one."""
+    seed: int = 0
+    """Seeds the env seeds of every iteration, the sampler and the LoRA initialisation."""
+
+    # --- LoRA ----------------------------------------------------------------------------
+    lora_rank: int = 32
+    """LoRA rank r (the paper: 32, about 5% of the parameters of its 8B model)."""
+    lora_alpha: int = 64
+    """LoRA scaling alpha (ours: 2 x rank; the paper does not say)."""
+    lora_dropout: float = 0.0
+    """LoRA dropout (ours: none, so the rollout policy and the trained policy agree)."""
+    lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    """Modules that get an adapter (attention projections, as the authors' code)."""
+
+    # --- episodes ------------------------------------------------------------------------
+    max_new_tokens: int = 256
+    """Tokens the policy may sample per turn."""
+    max_steps: int | None = None
+    """Agent actions per episode; None keeps each env's own limit."""
+    sandbox_backend: str = "auto"
+    """Sandbox backend of synthesized envs: auto, docker, bwrap."""
+    sandbox_cpu_seconds: int = 600
+    """CPU seconds one sandbox worker may use over its life (an rlimit). The pool
+    replaces each worker after ``recycle_after`` episodes, long before this, so a
+    long run never meets the limit; it stays as a backstop to the call time limit."""
+    recycle_after: int = 64
+    """Episodes a sandbox worker plays before the pool replaces it with a fresh one."""
+
+    # --- machine --------------------------------------------------------------------------
+    device: str = "cpu"
+    """``cpu`` or ``cuda``. On CPU: no bf16, ``use_cpu``; on CUDA: bf16."""
+    use_vllm: bool = False
+    """Generate through TRL's vLLM integration (only where ``vllm`` is importable)."""
+    micro_batch: int | None = None
+    """Episodes per forward/backward pass; None: K (one group). The optimizer still steps once per iteration."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (saves memory, costs about a third
+    more compute); TRL turns it on by default, we keep it off: an adapter of a small
+    model fits without it. Turn it on for large models on a GPU."""
+    torch_threads: int | None = None
+    """CPU threads of torch; None keeps torch's choice. On a shared machine 1 is often fastest."""
+    save_every: int = 1
+    """Iterations between checkpoints (``--resume`` continues from the last one)."""
+    keep_checkpoints: int = 2
+    """Checkpoints kept on disk (older ones are deleted)."""
+
+    @property
+    def rollouts_per_iteration(self) -> int:
+        return self.groups * self.rollouts_per_group
+
+    @property
+    def hinted_per_group(self) -> int:
+        """Rollouts of each group played with a hint: the share of K, rounded to nearest."""
+        return int(math.floor(self.hint_share * self.rollouts_per_group + 0.5))
+
+    def check(self) -> "GRPOTrainingConfig":
+        """Raise ``TrainingError`` naming the first bad setting; returns self."""
+        if not self.env_ids or not all(isinstance(e, str) and e for e in self.env_ids):
+            raise TrainingError("--env needs at least one registry env id")
+        positive = {"iterations": self.iterations, "groups": self.groups, "lora_rank": self.lora_rank,
+                    "max_new_tokens": self.max_new_tokens, "save_every": self.save_every,
+                    "keep_checkpoints": self.keep_checkpoints, "recycle_after": self.recycle_after}
+        for name, value in positive.items():
+            if value < 1:
+                raise TrainingError(f"{name} must be at least 1, got {value}")
+        if self.rollouts_per_group < 2:
+            raise TrainingError(f"rollouts_per_group (K) must be at least 2: GRPO compares rollouts within a group, got {self.rollouts_per_group}")
+        if not 0.0 <= self.hint_share < 1.0:
+            raise TrainingError(f"hint_share must be in [0, 1): a group needs a hint-free rollout, got {self.hint_share}")
+        if self.hint_share > 0 and self.hinted_per_group >= self.rollouts_per_group:
+            raise TrainingError(f"hint_share {self.hint_share} hints all {self.rollouts_per_group} rollouts of a group; lower it")
+        if self.learning_rate <= 0 or self.temperature <= 0:
+            raise TrainingError("learning_rate and temperature must be positive")
+        if self.device not in ("cpu", "cuda"):
+            raise TrainingError(f"device must be cpu or cuda, got {self.device!r}")
+        if self.micro_batch is not None and (self.micro_batch < 1 or self.rollouts_per_iteration % self.micro_batch):
+            raise TrainingError(f"micro_batch must divide G x K = {self.rollouts_per_iteration}, got {self.micro_batch}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise TrainingError(f"max_steps must be at least 1, got {self.max_steps}")
+        return self
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "GRPOTrainingConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return Path(self.out) / "checkpoints"
+
+    def to_grpo_args(self) -> Any:
+        """TRL's ``GRPOConfig`` for this run: one generation of G x K rollouts and one
+        optimizer step per iteration, checkpoints every ``save_every`` iterations."""
+        from trl import GRPOConfig
+
+        micro = self.micro_batch or self.rollouts_per_group
+        steps = self.rollouts_per_iteration // micro
+        cpu = self.device == "cpu"
+        return GRPOConfig(
+            output_dir=str(self.checkpoint_dir),
+            max_steps=self.iterations,
+            per_device_train_batch_size=micro,
+            gradient_accumulation_steps=steps,
+            steps_per_generation=steps,
+            num_generations=self.rollouts_per_group,
+            num_iterations=1,
+            learning_rate=self.learning_rate,
+            lr_scheduler_type="constant",
+            optim="adamw_torch",
+            beta=self.kl_beta,
+            epsilon=self.clip_epsilon,
+            loss_type=self.loss_type,
+            scale_rewards="group",
+            temperature=self.temperature,
+            max_completion_length=self.max_new_tokens,
+            gradient_checkpointing=self.gradient_checkpointing,
+            use_cpu=cpu,
+            bf16=not cpu,
+            fp16=False,
+            use_vllm=self.use_vllm,
+            seed=self.seed,
+            data_seed=self.seed,
+            logging_steps=1,
+            save_strategy="steps",
+            save_steps=self.save_every,
+            save_total_limit=self.keep_checkpoints,
+            report_to=[],
+            disable_tqdm=True,
+            remove_unused_columns=False,
+            dataloader_num_workers=0,
+            log_completions=False,
+        )

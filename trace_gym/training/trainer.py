@@ -1,0 +1,295 @@
+"""GRPO training of one LoRA adapter on registry envs with TRL, paired with ``config.py``.
+
+``train(config)`` builds TRL's ``GRPOTrainer`` with a peft ``LoraConfig`` (the
+KL reference is then the base model with the adapter disabled), feeds it the
+env's episodes through ``EnvRolloutFunc`` (``rollouts.py``) and the env's
+reward through ``env_reward``, and writes into ``config.out``:
+
+- ``adapter/``: the trained LoRA in PEFT format (``LocalHF(adapters=...)`` loads it);
+- ``train_log.jsonl``: one line per iteration (mean reward, share of
+  constant-reward groups, KL, loss, rollouts so far, wall time, reward
+  components, failed episodes);
+- ``reward_curve.png``: mean reward against rollouts;
+- ``checkpoints/checkpoint-N``: TRL/transformers checkpoints (adapter,
+  optimizer, scheduler, RNG, sampler position); ``resume=True`` continues from
+  the last complete one and cuts the log back to it, so no iteration is
+  logged twice;
+- ``run.json``: the config, checked on resume.
+
+One iteration = G groups x K rollouts played, one optimizer step. Every
+rollout is counted (``rollouts`` in the log), so a run on a target (the
+GRPO-on-target baseline), on one capability env, or on a mixture (the merged
+baseline) compare at equal budget. What this module must not do: play
+episodes itself (``rollouts.py`` and the model layer do) or score them (the env does).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from .config import GRPOTrainingConfig, TrainingError
+from .log import TrainLog, plot_reward_curve
+from .pool import EnvPool
+from .rollouts import EnvRolloutFunc, env_reward, plan_groups
+
+# Settings a resumed run must share with the run it continues (iterations may grow).
+RESUME_FIXED = ("env_ids", "model", "groups", "rollouts_per_group", "lora_rank", "lora_alpha", "lora_target_modules",
+                "learning_rate", "kl_beta", "clip_epsilon", "loss_type", "hint_share", "seed", "temperature", "max_new_tokens")
+
+
+@dataclass
+class TrainingResult:
+    out: Path
+    adapter: Path
+    iterations: int
+    rollouts: int
+    resumed_from: int
+    log: Path
+    reward_curve: Path | None
+    wall_s: float
+    final_mean_reward: float | None
+
+
+def resolve_model(spec: str) -> tuple[str, str | None]:
+    """(local folder, chat template to set) of a policy spec: the embedded name,
+    ``hf:<folder>`` or a folder. Training never reaches a hub or a remote server."""
+    from trace_gym.llm.embedded import EMBEDDED_NAME, TOOL_CHAT_TEMPLATE, ensure_embedded_model
+
+    if spec == EMBEDDED_NAME:
+        return str(ensure_embedded_model()), TOOL_CHAT_TEMPLATE
+    if spec.startswith("openai:"):
+        raise TrainingError(f"cannot train {spec}: GRPO updates local weights; use {EMBEDDED_NAME} or hf:<local folder>")
+    path = spec.removeprefix("hf:")
+    if not Path(path).is_dir():
+        raise TrainingError(f"no local model folder at {path}: trace-gym trains local models only and never downloads weights")
+    return path, None
+
+
+def last_checkpoint(folder: Path) -> Path | None:
+    """The newest checkpoint whose trainer state was written (it is written last)."""
+    best, best_step = None, -1
+    for path in folder.glob("checkpoint-*"):
+        try:
+            step = int(path.name.split("-", 1)[1])
+            state = json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
+        except (ValueError, OSError, json.JSONDecodeError):
+            continue
+        if state.get("global_step") == step and step > best_step and (path / "adapter_model.safetensors").exists():
+            best, best_step = path, step
+    return best
+
+
+def _check_run_folder(config: GRPOTrainingConfig, resume: bool) -> None:
+    out = Path(config.out)
+    run_file = out / "run.json"
+    if not resume:
+        if run_file.exists() or (out / "train_log.jsonl").exists():
+            raise TrainingError(f"{out} already holds a training run; pass --resume to continue it, or choose another --out")
+        return
+    if not run_file.exists():
+        raise TrainingError(f"nothing to resume in {out} (no run.json); start the run without --resume")
+    before = json.loads(run_file.read_text(encoding="utf-8"))
+    now = config.as_dict()
+    changed = [k for k in RESUME_FIXED if before.get(k) != now.get(k)]
+    if changed:
+        raise TrainingError(f"--resume with other settings than the run in {out}: {', '.join(changed)} differ "
+                            f"(was {', '.join(f'{k}={before.get(k)!r}' for k in changed)})")
+
+
+def _check_machine(config: GRPOTrainingConfig) -> None:
+    for module, extra in (("trl", "train"), ("peft", "models"), ("datasets", "train")):
+        if importlib.util.find_spec(module) is None:
+            raise TrainingError(f"training needs {module}: pip install 'trace-gym[{extra}]'")
+    if config.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise TrainingError("--device cuda: no CUDA device is available here (this torch build or machine has none); use --device cpu")
+    if config.use_vllm and importlib.util.find_spec("vllm") is None:
+        raise TrainingError("--use-vllm: vllm is not installed here (pip install vllm on a CUDA machine); drop --use-vllm")
+
+
+def _env_plan(config: GRPOTrainingConfig) -> tuple[dict[str, list[str] | None], dict[str, dict[str, Any]]]:
+    """Per env id: its task list (targets) or None (seeded envs), and its make() kwargs."""
+    from trace_gym.registry import get_entry, make
+
+    tasks: dict[str, list[str] | None] = {}
+    kwargs: dict[str, dict[str, Any]] = {}
+    for env_id in dict.fromkeys(config.env_ids):
+        entry = get_entry(env_id)  # an unknown id is a one-line error here, before any model loads
+        if entry.kind == "target":
+            kwargs[env_id] = {"max_steps": config.max_steps} if config.max_steps else {}
+            env = make(env_id, **kwargs[env_id])
+            try:
+                tasks[env_id] = list(getattr(env.unwrapped, "task_ids", None) or [])
+            finally:
+                env.close()
+        else:
+            from trace_gym.sandbox.backends import Limits
+
+            kwargs[env_id] = {"backend": config.sandbox_backend, "limits": Limits(cpu_seconds=config.sandbox_cpu_seconds)}
+            if config.max_steps:
+                kwargs[env_id]["max_steps"] = config.max_steps
+            tasks[env_id] = None
+    return tasks, kwargs
+
+
+class _IterationLog:
+    """TRL callback: one ``train_log.jsonl`` line per optimizer step (= iteration), a progress bar."""
+
+    def __init__(self, config: GRPOTrainingConfig, rollout: EnvRolloutFunc, log: TrainLog, start: int, previous: list[dict[str, Any]],
+                 progress: bool | None):
+        from tqdm.auto import tqdm
+
+        self.config = config
+        self.rollout = rollout
+        self.log = log
+        self.episodes_played = sum(r.get("episodes_played", 0) for r in previous)
+        self.elapsed = previous[-1]["elapsed_s"] if previous else 0.0
+        self.t_last = time.perf_counter()
+        self.bar = tqdm(total=config.iterations, initial=start, desc=f"GRPO {','.join(config.env_ids)}", unit="it",
+                        disable=None if progress is None else not progress)
+
+    def callback(self) -> Any:
+        from transformers import TrainerCallback
+
+        outer = self
+
+        class Callback(TrainerCallback):
+            def on_train_begin(self, args, state, control, **kwargs):
+                outer.t_last = time.perf_counter()
+
+            def on_log(self, args, state, control, logs=None, **kwargs):
+                if logs and "loss" in logs:
+                    outer.write(state.global_step, logs)
+
+        return Callback()
+
+    def write(self, iteration: int, logs: dict[str, Any]) -> None:
+        now = time.perf_counter()
+        wall = now - self.t_last
+        self.t_last = now
+        self.elapsed += wall
+        summary = self.rollout.records[-1].summary() if self.rollout.records else {}
+        self.episodes_played += summary.get("episodes_played", 0)
+        row = {
+            "iteration": iteration,
+            "mean_reward": summary.get("mean_reward"),
+            "constant_reward_groups": summary.get("constant_reward_groups"),
+            "kl": logs.get("kl"),
+            "loss": logs.get("loss"),
+            "grad_norm": logs.get("grad_norm"),
+            "rollouts": iteration * self.config.rollouts_per_iteration,
+            "episodes_played": self.episodes_played,
+            "wall_s": round(wall, 3),
+            "elapsed_s": round(self.elapsed, 3),
+            **{k: v for k, v in summary.items() if k not in ("mean_reward", "constant_reward_groups", "episodes_played")},
+        }
+        self.log.append(row)
+        self.bar.update(1)
+        if row["mean_reward"] is not None:
+            self.bar.set_postfix(reward=f"{row['mean_reward']:.3f}")
+
+
+def build_trainer(config: GRPOTrainingConfig, *, resume: bool = False, progress: bool | None = None) -> tuple[Any, dict[str, Any]]:
+    """TRL's ``GRPOTrainer`` for ``config`` and what ``run_trainer`` needs (pool,
+    rollout function, log, checkpoint). Checks everything a user can get wrong
+    before loading the model."""
+    config.check()
+    _check_run_folder(config, resume)
+    _check_machine(config)
+    tasks, env_kwargs = _env_plan(config)
+    model_path, chat_template = resolve_model(config.model)
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL; we pin its version
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+    from trl import GRPOTrainer
+
+    from trace_gym.registry import make
+
+    hf_logging.set_verbosity_error()
+    if config.torch_threads:
+        torch.set_num_threads(config.torch_threads)
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    checkpoint = last_checkpoint(config.checkpoint_dir) if resume else None
+    start = int(checkpoint.name.split("-", 1)[1]) if checkpoint else 0
+    log = TrainLog(out / "train_log.jsonl")
+    previous = log.truncate_to(start) if resume else []
+    if config.iterations <= start:
+        raise TrainingError(f"the run in {out} already finished {start} iterations; raise --iterations to train further")
+    (out / "run.json").write_text(json.dumps(config.as_dict(), indent=2) + "\n", encoding="utf-8")
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    dtype = torch.bfloat16 if config.device == "cuda" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(model_path, local_files_only=True, dtype=dtype)
+
+    pool = EnvPool(lambda env_id: make(env_id, **env_kwargs[env_id]), recycle_after=config.recycle_after)
+    rollout = EnvRolloutFunc(config, pool, tokenizer)
+    iteration_log = _IterationLog(config, rollout, log, start, previous, progress)
+    dataset = Dataset.from_list([{"prompt": key} for key in plan_groups(config, tasks)])
+    args = config.to_grpo_args()
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[env_reward],
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        rollout_func=rollout,
+        peft_config=LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+                               target_modules=list(config.lora_target_modules), task_type="CAUSAL_LM"),
+        callbacks=[iteration_log.callback()],
+    )
+    if config.use_vllm:
+        print("trace-gym: --use-vllm: TRL keeps vLLM's weights in sync, but multi-turn episodes are still played by "
+              "trace-gym's LocalHF runner on the training weights (vLLM multi-turn generation is not wired in)",
+              file=sys.stderr, flush=True)
+    return trainer, {"pool": pool, "rollout": rollout, "log": log, "checkpoint": checkpoint, "start": start,
+                     "iteration_log": iteration_log}
+
+
+def run_trainer(config: GRPOTrainingConfig, trainer: Any, parts: dict[str, Any]) -> TrainingResult:
+    """Train (from the checkpoint, if any), save the adapter and the reward curve."""
+    t0 = time.perf_counter()
+    out = Path(config.out)
+    try:
+        checkpoint = parts["checkpoint"]
+        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+        adapter = out / "adapter"
+        trainer.model.save_pretrained(str(adapter))
+    finally:
+        parts["pool"].close()
+        parts["iteration_log"].bar.close()
+    rows = parts["log"].read()
+    curve = plot_reward_curve(rows, out / "reward_curve.png", title=f"{config.model} on {', '.join(config.env_ids)}")
+    last = rows[-1] if rows else {}
+    return TrainingResult(
+        out=out, adapter=adapter, iterations=last.get("iteration", 0), rollouts=last.get("rollouts", 0),
+        resumed_from=parts["start"], log=parts["log"].path, reward_curve=curve, wall_s=time.perf_counter() - t0,
+        final_mean_reward=last.get("mean_reward"),
+    )
+
+
+def train(config: GRPOTrainingConfig, *, resume: bool = False, progress: bool | None = None,
+          on_trainer: Callable[[Any], None] | None = None) -> TrainingResult:
+    """Train one LoRA adapter with GRPO on ``config.env_ids``; see the module docstring.
+    ``on_trainer`` sees the TRL trainer before training starts."""
+    trainer, parts = build_trainer(config, resume=resume, progress=progress)
+    if on_trainer is not None:
+        on_trainer(trainer)
+    return run_trainer(config, trainer, parts)
