@@ -100,7 +100,9 @@ def test_a_bug_the_validator_catches_is_repaired_from_its_evidence(tmp_path):
     assert prov["template_version"] == TEMPLATE_VERSION and prov["template_sha256"] == template_hash()
     assert prov["code_hash"] == code_hash(folder)
     assert prov["env_sha256"] == hashlib.sha256((folder / "env.py").read_bytes()).hexdigest()
-    assert [(a["number"], a["passed"], a["failing_checks"]) for a in prov["attempts"]] == [(1, False, ["solvable", "reward_range"]), (2, True, [])]
+    assert [(a["number"], a["kind"], a["passed"], a["failing_checks"]) for a in prov["attempts"]] == [
+        (1, "generate", False, outcome.attempts[0].failing_checks), (2, "repair", True, [])]
+    assert "reward_range" in prov["attempts"][0]["failing_checks"] and prov["attempts"][0]["stopped_by"] == "validation"
     assert prov["calibration"] == {"run": False}
     assert entry.capability["serves"] == ["exact_lookup"]
     report = json.loads((folder / "validation.json").read_text())
@@ -240,3 +242,25 @@ def test_calibration_asks_for_an_easier_variant_when_the_policy_never_succeeds()
     assert direction == "easier" and "rarely succeeds" in reason
     flat = {"mean_reward": 0.4, "success_rate": 0.4, "all_success_groups": 0.0, "all_zero_groups": 0.0, "constant_groups": 0.9}
     assert calibration_request(flat, ValidationConfig())[0] == "more graded"
+
+
+@pytest.mark.slow
+def test_the_prompt_is_built_from_any_target_and_the_capability_evidence(tmp_path):
+    """Nothing benchmark-specific in the loop: the mock target's own tools, policy and
+    results fill the same template, and identification's evidence is quoted."""
+    from trace_gym.registry import get_entry
+    from trace_gym.synthesis.prompt import generation_prompt, target_context
+    from trace_gym.tools import load_frozen_tools, tool_name
+
+    [cap] = load_capabilities(capabilities_file(tmp_path))
+    entry = get_entry("trace/tau2-mock-v0")
+    context = target_context(entry)
+    prompt = generation_prompt(cap, context)
+    assert "trace/tau2-mock-v0" in prompt and "retail" not in prompt.lower()
+    tools = load_frozen_tools(entry.tools_path)
+    assert json.dumps(tools, indent=1, ensure_ascii=False) in prompt  # the frozen schemas, whole
+    assert all(f'"name": "{tool_name(t)}"' in prompt for t in tools)
+    assert context.policy and context.policy.strip() in prompt
+    assert context.tool_results and context.tool_results[0] in prompt
+    assert "order id W123 without '#'" in prompt and cap.description in prompt
+    assert "Transfer rationale" in prompt and "random.Random(seed)" in prompt

@@ -75,7 +75,10 @@ class Environment:
                 "price": round(rng.uniform(20, 400), 2), "options": {"color": rng.choice(["black", "white", "blue", "red"])}}
         self.orders[order_id] = {"order_id": order_id, "user_id": self.user_id, "address": dict(self.home), "items": [item],
                                  "status": "pending", "fulfillments": [],
-                                 "payment_history": [{"transaction_type": "payment", "amount": item["price"], "payment_method_id": self.card}]}
+                                 "payment_history": [{"transaction_type": "payment", "amount": item["price"], "payment_method_id": self.card}],
+                                 # every field of tau2's Order, None as null
+                                 "cancel_reason": None, "exchange_items": None, "exchange_new_items": None, "exchange_payment_method_id": None,
+                                 "exchange_price_difference": None, "return_items": None, "return_payment_method_id": None}
         return order_id
 
     def step(self, action):

@@ -38,7 +38,10 @@ class Environment:
                       "items": self.items, "status": "delivered",
                       "fulfillments": [{"tracking_id": ["%012d" % rng.randrange(10**12)], "item_ids": [i["item_id"] for i in self.items]}],
                       "payment_history": [{"transaction_type": "payment", "amount": round(sum(i["price"] for i in self.items), 2),
-                                           "payment_method_id": self.card}]}
+                                           "payment_method_id": self.card}],
+                      # every field of tau2's Order, None as null
+                      "cancel_reason": None, "exchange_items": None, "exchange_new_items": None, "exchange_payment_method_id": None,
+                      "exchange_price_difference": None, "return_items": None, "return_payment_method_id": None}
         self.good = set()
         self.mistyped = 0
         self.in_prose = 0

@@ -162,7 +162,8 @@ class Synthesizer:
                 messages.append({"role": "assistant", "content": answer})
                 attempt, code, report = self._try(number, kind, answer, env_id, capability, staging, validation_config)
                 attempts.append(attempt)
-                last_report = report.table() if report else _evidence_text(attempt.evidence)
+                last_report = (f"attempt {number} refused by {attempt.stopped_by}:\n" if not attempt.passed else "") + (
+                    report.table() if report else _evidence_text(attempt.evidence))
                 if attempt.passed:
                     valid = (code, report, attempt.calibration)
                     break
@@ -184,7 +185,9 @@ class Synthesizer:
                 "calibrate", policy=self.config.policy, figures=calibration["evidence"], reason=reason,
                 direction=direction, advice=advice)})
         if best is None:
-            return Outcome(capability.name, "failed", f"no valid env after {len(attempts)} attempts; nothing was registered",
+            last = attempts[-1]
+            return Outcome(capability.name, "failed", f"no valid env after {len(attempts)} attempts (the last refused by "
+                           f"{last.stopped_by}: {', '.join(last.failing_checks)}); nothing was registered",
                            attempts=attempts, last_report=last_report)
         code, report, calibration = best
         self._write(capability, env_id, staging, folder, code, attempts, calibration)

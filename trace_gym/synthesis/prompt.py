@@ -98,11 +98,32 @@ def target_context(entry: EnvEntry, trajectories: list[Any] | None = None, *, sa
     if not policy and (entry.path / "policy.md").exists():
         policy = (entry.path / "policy.md").read_text(encoding="utf-8")
         sources.append("policy: frozen policy.md")
-    if not results:
-        for frozen in sorted(entry.path.glob("*results*.json")):
-            results.append(f"{frozen.name}:\n{frozen.read_text(encoding='utf-8')[: per_result * samples]}")
-            sources.append(f"tool results: frozen {frozen.name}")
+    shapes = result_shapes(entry.path / "results.json")
+    if shapes:
+        results.append(shapes)
+        sources.append("result shapes: frozen results.json")
     return TargetContext(entry, tools, policy, results, sources)
+
+
+def result_shapes(path: Path) -> str:
+    """The target's frozen result shapes (``results.json``: per tool, text or a JSON
+    object's fields) as a short listing; "" when the target has none."""
+    if not path.exists():
+        return ""
+    try:
+        frozen = json.loads(path.read_text(encoding="utf-8"))
+        lines = ["Result shapes (every field must be present; null where there is no value):"]
+        for name, shape in sorted(frozen.get("tools", {}).items()):
+            schema = shape.get("schema") or {}
+            if shape.get("format") == "json" and schema.get("properties"):
+                lines.append(f"- {name}: JSON {schema.get('title') or 'object'} with {', '.join(schema['properties'])}")
+            else:
+                lines.append(f"- {name}: {shape.get('format', 'text')}")
+        if frozen.get("error_prefix"):
+            lines.append(f"Errors start with {frozen['error_prefix']!r}.")
+        return "\n".join(lines)
+    except (ValueError, AttributeError, TypeError):
+        return ""
 
 
 def _call_of(messages: list[Any], tool_index: int) -> str:
@@ -125,9 +146,10 @@ def _from_live_target(entry: EnvEntry, samples: int, per_result: int) -> tuple[s
     except (TraceGymError, ImportError) as exc:
         return "", [], f"the live target could not be made ({str(exc).splitlines()[0][:120]})"
     results: list[str] = []
+    shown: dict[str, int] = {}
     policy = ""
     try:
-        for seed in range(3):
+        for seed in range(6):
             _, info = env.reset(seed=seed)
             policy = policy or info.get("system_prompt", "")
             for action in env.unwrapped.oracle_actions() or []:
@@ -136,7 +158,9 @@ def _from_live_target(entry: EnvEntry, samples: int, per_result: int) -> tuple[s
                     continue
                 obs, _, terminated, truncated, _ = env.step(action)
                 call = parsed.tool_calls[0]
-                results.append(f"{call.name}({json.dumps(call.arguments, ensure_ascii=False)}) ->\n{obs[:per_result]}")
+                if shown.get(call.name, 0) < 2:  # a variety of tools rather than one tool's results again
+                    shown[call.name] = shown.get(call.name, 0) + 1
+                    results.append(f"{call.name}({json.dumps(call.arguments, ensure_ascii=False)}) ->\n{obs[:per_result]}")
                 if terminated or truncated or len(results) >= samples:
                     break
             if len(results) >= samples:
