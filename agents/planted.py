@@ -56,20 +56,25 @@ class PlantedDeficitAgent(OracleAgent):
 
 
 def apply_deficits(script: list[str], drawn: list[str], info_strings: list[str], rng: random.Random) -> tuple[list[str], list[str]]:
-    """The script with the drawn deficits applied, and those that applied (a
-    deficit needs something to act on: a write to corrupt, information to omit)."""
+    """The script with the drawn deficits applied, and those that took effect (a
+    deficit needs something to act on: a write that is still made to corrupt,
+    information to omit); only those are recorded as fired."""
     parsed = [parse_action(a) for a in script]
     writes = [i for i, p in enumerate(parsed) if p.is_tool_call and changes_state(p.tool_calls[0].name)]
     out = list(script)
     applied = []
-    if "corrupt_ids" in drawn and writes:
-        i = rng.choice(writes)
+    ends_early = "end_early" in drawn and bool(writes)
+    # Only a write that is still made can carry a corrupted id: corrupting the
+    # write that end_early drops would record a deficit that never acted.
+    made = writes[:-1] if ends_early else writes
+    if "corrupt_ids" in drawn and made:
+        i = rng.choice(made)
         call = parsed[i].tool_calls[0]
         corrupted = corrupt_one_id(call.arguments, rng)
         if corrupted != call.arguments:
             out[i] = format_tool_call(call.name, corrupted)
             applied.append("corrupt_ids")
-    if "end_early" in drawn and writes:
+    if ends_early:
         out[writes[-1]] = None
         applied.append("end_early")
     reads_before = [i for i in range(writes[0]) if parsed[i].is_tool_call and is_read(parsed[i].tool_calls[0].name)] if writes else []

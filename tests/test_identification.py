@@ -116,11 +116,14 @@ def recorded_analyst(gold_labels: dict[tuple[str, str], str]):
     ]}
 
     def answer(body):
-        prompt = body["messages"][-1]["content"]
+        prompt = body["messages"][0]["content"]
         if prompt.startswith("You analyse why"):
             state["discovery_calls"] += 1
             if state["discovery_calls"] == 1:
                 return {"content": "Sure! The agent seems to struggle with ids and with finishing tasks."}
+            if state["discovery_calls"] == 2:
+                # The retry is a conversation: the bad answer and what was wrong with it.
+                state["retry"] = [m["content"] for m in body["messages"]]
             return {"content": "```json\n" + json.dumps(discovery) + "\n```"}
         if prompt.startswith("These capability descriptions"):
             return {"content": json.dumps(merge)}
@@ -144,6 +147,7 @@ def test_llm_analyst_end_to_end_retries_and_caches(tmp_path, per_trajectory):
         first = make_analyst("openai:double", base_url=server.base_url, api_key="test-key", cache_dir=tmp_path / "cache", per_trajectory=per_trajectory)
         result = identify(trajectories, first, tmp_path / "out", config=config)
         assert state["discovery_calls"] == 4  # 3 runs, the first answer malformed and asked again
+        assert len(state["retry"]) == 3 and state["retry"][1].startswith("Sure!") and "no JSON object" in state["retry"][2]
         pairs = len(trajectories) * (1 if per_trajectory else 2)
         assert first.calls == 4 + 1 + pairs and first.tokens > 0
         assert set(result.selected) <= {"precise_arguments", "complete_actions"} and "precise_arguments" in result.selected
@@ -179,3 +183,22 @@ def test_identify_cli_errors_are_one_line(tmp_path):
     assert result.returncode == 2 and result.stderr.strip().splitlines()[-1] == "trace-gym: error: all 3 trajectories succeeded: there are no failures to explain"
     result = run_cli("identify", "--trajectories", str(oracle), "--analyst", "magic", "--out", str(tmp_path / "o"))
     assert "unknown analyst 'magic'" in result.stderr and result.returncode == 2
+
+
+def test_compare_gold_does_not_change_the_selection(tmp_path):
+    out = tmp_path / "planted.jsonl"
+    rollout("trace/tau2-retail-v0", "planted", out, split="test", limit=24, seed=2, progress=False,
+            agent_kwargs={"deficits": {"corrupt_ids": 0.4, "end_early": 0.2, "omit_info": 0.5}})
+    trajectories = read_trajectories(out)
+    gold = {(l.episode_id, l.capability): l.label for t in trajectories for l in GoldActionAnalyst().label(t)}
+    answer, _ = recorded_analyst(gold)
+    config = SelectionConfig(runs=3, min_runs=2)
+    with OpenAIDouble(answer) as server:
+        results = [identify(trajectories, make_analyst("openai:double", base_url=server.base_url, api_key="test-key", per_trajectory=True),
+                            config=config, compare_gold=compare) for compare in (False, True)]
+    plain, compared = results
+    # The analyst's own labels of the gold capabilities (omit_info makes communicates_required_info
+    # a strong contrast) serve kappa only: they are not candidates.
+    assert compared.agreement["communicates_required_info"] == pytest.approx(1.0)
+    assert compared.selected == plain.selected and "communicates_required_info" not in compared.selected
+    assert [c.name for c in compared.capabilities] == [c.name for c in plain.capabilities]

@@ -25,18 +25,20 @@ from .stats import (
     LACKING,
     CapabilityStats,
     DegenerateInputError,
+    IncompleteLabelsError,
     Label,
     SelectedCapability,
     SelectionConfig,
     check_contrastable,
     cohen_kappa,
     contrast,
+    labels_by_episode,
     select,
 )
 
 __all__ = [
     "identify", "IdentificationResult", "SelectionConfig", "GoldActionAnalyst", "GOLD_CAPABILITIES",
-    "DegenerateInputError", "Label", "contrast", "select", "cohen_kappa", "make_analyst",
+    "DegenerateInputError", "IncompleteLabelsError", "Label", "contrast", "select", "cohen_kappa", "make_analyst",
 ]
 
 
@@ -55,14 +57,18 @@ class IdentificationResult:
 
 
 def make_analyst(spec: str, **kwargs: Any):
-    """``gold`` or ``openai:<model>``."""
+    """``gold``, ``milestone`` (ToolSandbox's milestones) or ``openai:<model>``."""
     if spec == "gold":
         return GoldActionAnalyst()
+    if spec == "milestone":
+        from .milestone import MilestoneAnalyst
+
+        return MilestoneAnalyst()
     if spec.startswith("openai:"):
         from .llm_analyst import LLMAnalyst
 
         return LLMAnalyst(spec, **kwargs)
-    raise TraceGymError(f"unknown analyst '{spec}'; use gold or openai:<model>")
+    raise TraceGymError(f"unknown analyst '{spec}'; use gold, milestone or openai:<model>")
 
 
 def identify(trajectories: list[Trajectory], analyst: Any, out_dir: str | Path | None = None, *,
@@ -78,28 +84,34 @@ def identify(trajectories: list[Trajectory], analyst: Any, out_dir: str | Path |
     say("discovering candidate capabilities")
     if hasattr(analyst, "discover"):
         candidates = analyst.discover([t for t in trajectories if not t.success], runs=config.runs, seed=seed)
-        if compare_gold:
-            candidates = {**candidates, **GOLD_CAPABILITIES}
     else:
         candidates = analyst.capabilities()
     say(f"labelling {len(trajectories)} trajectories x {len(candidates)} capabilities")
     labels = label_all(analyst, trajectories, candidates)
+    by_episode = labels_by_episode(labels, success, list(candidates))
 
     agreement: dict[str, float | None] = {}
     if compare_gold and hasattr(analyst, "discover"):
+        # The analyst labels the gold capabilities too, for kappa only: they are
+        # not candidates, so comparing never changes what is selected.
+        say(f"labelling the {len(GOLD_CAPABILITIES)} gold capabilities for agreement")
+        own = label_all(analyst, trajectories, GOLD_CAPABILITIES)
         gold_labels = label_all(GoldActionAnalyst(), trajectories, GOLD_CAPABILITIES)
-        agreement = agreement_by_capability(labels, gold_labels)
+        agreement = agreement_by_capability(own, gold_labels)
 
-    ids = list(success)
+    clusters = task_clusters(trajectories)
     runs = []
     for r in range(config.runs):
-        sample = ids if config.runs == 1 else random.Random(f"{seed}|{r}").choices(ids, k=len(ids))
+        sample = list(success) if config.runs == 1 else bootstrap_sample(clusters, random.Random(f"{seed}|{r}"))
         try:
-            runs.append(contrast(labels, sample, success, list(candidates), config))
+            runs.append(contrast(by_episode, sample, success, list(candidates), config))
         except DegenerateInputError:
-            continue  # a bootstrap sample with no failures (tiny inputs): that run cannot vote
+            continue  # a bootstrap sample with no failures (tiny inputs): that run cannot vote; counted below
     if not runs:
-        raise DegenerateInputError("no bootstrap run had both successes and failures; add trajectories")
+        raise DegenerateInputError(f"none of the {config.runs} bootstrap runs drew both successes and failures; add trajectories")
+    if len(runs) < config.runs:
+        say(f"{config.runs - len(runs)} of {config.runs} bootstrap runs drew no successes or no failures and were skipped; "
+            f"selection is over the {len(runs)} runs made")
     task_of = {t.episode_id: t.task_id for t in trajectories}
     examples: dict[str, list[str]] = {}
     for label in labels:
@@ -111,11 +123,29 @@ def identify(trajectories: list[Trajectory], analyst: Any, out_dir: str | Path |
     info = {"analyst": getattr(analyst, "name", type(analyst).__name__), "calls": getattr(analyst, "calls", 0),
             "tokens": getattr(analyst, "tokens", 0), "trajectories": len(trajectories),
             "successes": sum(success.values()), "failures": len(success) - sum(success.values()),
-            "config": asdict(config), "seed": seed}
+            "tasks": len(clusters), "runs_requested": config.runs, "runs_made": len(runs),
+            "runs_required": min(config.min_runs, len(runs)), "config": asdict(config), "seed": seed}
     result = IdentificationResult(chosen, runs, labels, agreement, info)
     if out_dir is not None:
         write_outputs(result, Path(out_dir))
     return result
+
+
+def task_clusters(trajectories: list[Trajectory]) -> list[list[str]]:
+    """Episode ids grouped by task (by seed for envs without tasks): the unit a bootstrap resamples."""
+    groups: dict[str, list[str]] = {}
+    for t in trajectories:
+        key = f"task={t.task_id}" if t.task_id is not None else f"seed={t.seed}" if t.seed is not None else t.episode_id
+        groups.setdefault(f"{t.env_id}|{key}", []).append(t.episode_id)
+    return list(groups.values())
+
+
+def bootstrap_sample(clusters: list[list[str]], rng: random.Random) -> list[str]:
+    """A cluster bootstrap: draw tasks with replacement and keep every episode of each drawn task.
+
+    Samples of one task (``--samples K``) are not independent; resampling
+    episodes would treat them as if they were and understate the spread."""
+    return [episode for cluster in rng.choices(clusters, k=len(clusters)) for episode in cluster]
 
 
 def label_all(analyst: Any, trajectories: list[Trajectory], candidates: dict[str, str]) -> list[Label]:

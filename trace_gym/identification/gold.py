@@ -7,6 +7,7 @@ Its dictionary of capabilities is fixed, each decided from the record alone:
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from trace_gym.errors import TraceGymError
@@ -103,11 +104,20 @@ class GoldActionAnalyst:
 
 
 def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    norm = lambda d: {k: sorted(v) if isinstance(v, list) else v for k, v in d.items()}  # noqa: E731
-    return norm(a) == norm(b)
+    """Equal arguments, the order of list items aside (item ids, airline's passengers and payments)."""
+    return _canonical(a) == _canonical(b)
+
+
+def _canonical(value: Any) -> Any:
+    # Lists are compared as multisets; their items may be dicts (airline), which
+    # do not sort, so each item is ordered by its canonical JSON text.
+    if isinstance(value, dict):
+        return {k: _canonical(v) for k, v in value.items()}
+    if isinstance(value, list):
+        items = [_canonical(v) for v in value]
+        return sorted(items, key=lambda v: json.dumps(v, sort_keys=True, default=str))
+    return value
 
 
 def _short(value: Any) -> str:
-    import json
-
     return json.dumps(value)[:120]

@@ -187,52 +187,73 @@ class LLMAnalyst:
 
     # --- one validated, cached question ---------------------------------------------------
     def ask(self, prompt: str, schema: type[T], check=None) -> T:
+        """One question, answered with JSON that ``schema`` (and ``check``) accept.
+
+        A malformed answer is not asked again blind: at temperature 0 the same
+        prompt would get the same answer. The retry continues the conversation
+        with the answer and what was wrong with it, so the model can fix it."""
         key = AnswerCache.key(self.backend.model, prompt)
         cached = self.cache.get(key)
         if cached is not None:
             with self._lock:
                 self.cache_hits += 1
             return schema.model_validate_json(cached)
+        conversation = [{"role": "user", "content": prompt}]
         problem = ""
         for _ in range(self.max_retries + 1):
-            [completion] = self.backend.generate([[{"role": "user", "content": prompt}]], max_new_tokens=2048, temperature=0.0)
+            [completion] = self.backend.generate([conversation], max_new_tokens=2048, temperature=0.0)
             with self._lock:
                 self.calls += 1
                 self.tokens += (completion.prompt_tokens or 0) + (completion.completion_tokens or 0)
             try:
                 answer = schema.model_validate_json(extract_json(completion.text))
                 if check is not None and not check(answer):
-                    raise ValueError("the answer does not cover what was asked")
+                    raise ValueError("the answer does not cover everything that was asked")
             except (ValidationError, ValueError) as exc:
-                problem = str(exc).splitlines()[0][:200]
+                problem = _first_problem(exc)
+                conversation = conversation + [
+                    {"role": "assistant", "content": completion.text},
+                    {"role": "user", "content": RETRY_PROMPT.format(problem=problem)},
+                ]
                 continue
             self.cache.put(key, answer.model_dump_json())
             return answer
         raise AnalystError(f"{self.name} gave no valid answer in {self.max_retries + 1} tries (last problem: {problem})")
 
 
+RETRY_PROMPT = ("Your answer could not be used: {problem}. Answer the same question again with only the JSON "
+                "object described above, no prose.")
+
+
+def _first_problem(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error.get("loc", ())) or "the answer"
+        return f"{where}: {error.get('msg', 'invalid')}"[:300]
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:300]
+
+
 def extract_json(text: str) -> str:
-    """The first JSON object in a model's answer (models wrap JSON in prose or fences)."""
+    """The first JSON object in a model's answer (models wrap JSON in prose or fences).
+
+    Decoding starts at each ``{`` in turn with the standard JSON decoder, so
+    strings with escaped quotes or braces are read exactly as JSON reads them."""
+    decoder = json.JSONDecoder()
     start = text.find("{")
     if start < 0:
         raise ValueError("no JSON object in the answer")
-    depth, in_string, escape = 0, False, False
-    for i in range(start, len(text)):
-        ch = text[i]
-        if in_string:
-            escape = ch == "\\" and not escape
-            if ch == '"' and not escape:
-                in_string = False
-            continue
-        if ch == '"':
-            in_string = True
-        elif ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                return text[start : i + 1]
-    raise ValueError("unbalanced JSON object in the answer")
+    first_error = None
+    while start >= 0:
+        try:
+            value, end = decoder.raw_decode(text, start)
+        except json.JSONDecodeError as exc:
+            first_error = first_error or exc
+        else:
+            if isinstance(value, dict):
+                return text[start:end]
+        start = text.find("{", start + 1)
+    raise ValueError(f"no complete JSON object in the answer ({first_error.msg} at character {first_error.pos})"
+                     if first_error else "no JSON object in the answer")
 
 
 def _evidence(evidence: Evidence) -> str:

@@ -21,11 +21,15 @@ def write_report(result: Any, out: Path) -> None:
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(names)), 4))
     xs = range(len(names))
     for offset, key, colour, label in ((-0.2, "plus", "tab:green", "ER+ (successes)"), (0.2, "minus", "tab:red", "ER- (failures)")):
-        values = [pooled[n][key][0] for n in names]
+        # An unknown rate (never applicable in that group) is drawn as no bar and marked "?".
+        values = [pooled[n][key][0] or 0.0 for n in names]
         # The Wilson interval is not centred on the rate; a rate at 0 can sit just outside it.
-        lows = [max(0.0, pooled[n][key][0] - pooled[n][key][1][0]) for n in names]
-        highs = [max(0.0, pooled[n][key][1][1] - pooled[n][key][0]) for n in names]
+        lows = [max(0.0, v - pooled[n][key][1][0]) if pooled[n][key][0] is not None else 0.0 for v, n in zip(values, names)]
+        highs = [max(0.0, pooled[n][key][1][1] - v) if pooled[n][key][0] is not None else 0.0 for v, n in zip(values, names)]
         ax.bar([x + offset for x in xs], values, width=0.4, color=colour, label=label, yerr=[lows, highs], capsize=3)
+        for x, n in zip(xs, names):
+            if pooled[n][key][0] is None:
+                ax.text(x + offset, 0.02, "?", ha="center", color=colour)
     ax.set_xticks(list(xs), names, rotation=30, ha="right")
     ax.set_ylabel("share LACKING where applicable")
     ax.set_title("Error rates averaged over runs, 95% Wilson intervals")
@@ -45,7 +49,7 @@ def write_report(result: Any, out: Path) -> None:
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(names)), 3.5))
-    gaps = [[s.gap for run in result.runs for s in run if s.capability == n] for n in names]
+    gaps = [[s.gap for run in result.runs for s in run if s.capability == n and s.gap is not None] for n in names]
     ax.boxplot(gaps)
     ax.set_xticks([x + 1 for x in xs], names, rotation=30, ha="right")
     ax.axhline(config.delta, color="black", linestyle="--", label=f"delta = {config.delta}")
@@ -57,12 +61,17 @@ def write_report(result: Any, out: Path) -> None:
     plt.close(fig)
 
     info = result.analyst
+    made = len(result.runs)
+    required = min(config.min_runs, made)
     lines = [
         "# Capability identification", "",
-        f"Analyst **{info['analyst']}** on {info['trajectories']} trajectories ({info['successes']} successes, "
-        f"{info['failures']} failures); {len(result.runs)} bootstrap runs; keep a capability when gap >= {config.delta} "
-        f"and coverage >= {config.rho} in at least {config.min_runs} of {config.runs} runs. "
-        f"Analyst calls: {info['calls']}, tokens: {info['tokens']}.", "",
+        f"Analyst **{info['analyst']}** on {info['trajectories']} trajectories of {info.get('tasks', '?')} tasks "
+        f"({info['successes']} successes, {info['failures']} failures). "
+        f"{made} of {config.runs} bootstrap runs made (each draws tasks with replacement and keeps all their episodes)"
+        + (f"; {config.runs - made} drew no successes or no failures and were skipped" if made < config.runs else "")
+        + f". A capability is kept when gap >= {config.delta} and coverage >= {config.rho} in at least "
+        f"{required} of the {made} runs made" + (f" (K = {config.min_runs} asked)" if required < config.min_runs else "")
+        + f". Analyst calls: {info['calls']}, tokens: {info['tokens']}.", "",
         "## Selected", "",
     ]
     selected = [c for c in caps if c.selected]
@@ -70,9 +79,16 @@ def write_report(result: Any, out: Path) -> None:
     lines += ["", "## All candidates", "",
               "| capability | ER+ | ER- | gap (mean ± std) | coverage | runs passed | selected |",
               "| --- | --- | --- | --- | --- | --- | --- |"]
+    unknown = []
     for c in caps:
-        lines.append(f"| {c.name} | {c.er_plus_mean:.2f} | {c.er_minus_mean:.2f} | {c.gap_mean:.2f} ± {c.gap_std:.2f} | "
+        gap = "unknown" if c.gap_mean is None else f"{c.gap_mean:.2f} ± {c.gap_std:.2f}"
+        lines.append(f"| {c.name} | {_rate(c.er_plus_mean)} | {_rate(c.er_minus_mean)} | {gap} | "
                      f"{c.coverage_mean:.2f} | {c.runs_passed}/{c.runs} | {'yes' if c.selected else 'no'} |")
+        if c.runs_gap_unknown:
+            unknown.append(f"- **{c.name}**: ER+ or ER- unknown in {c.runs_gap_unknown} of {c.runs} runs (it never applied in "
+                           "a success, or in a failure, of that sample), so the gap was unknown and those runs could not keep it.")
+    if unknown:
+        lines += ["", "## Unknown rates", "", *unknown]
     if result.agreement:
         lines += ["", "## Agreement with the gold-action analyst (Cohen's κ)", "", "| capability | κ |", "| --- | --- |"]
         lines += [f"| {k} | {'n/a' if v is None else f'{v:.2f}'} |" for k, v in result.agreement.items()]
@@ -80,7 +96,11 @@ def write_report(result: Any, out: Path) -> None:
     (out / "report.md").write_text("\n".join(lines))
 
 
-def _pooled(result: Any) -> dict[str, dict[str, tuple[float, tuple[float, float]]]]:
+def _rate(value: float | None) -> str:
+    return "unknown" if value is None else f"{value:.2f}"
+
+
+def _pooled(result: Any) -> dict[str, dict[str, tuple[float | None, tuple[float, float]]]]:
     """ER+ and ER- averaged over the runs, with Wilson intervals at one run's sample size."""
     out = {}
     for c in result.capabilities:
@@ -88,7 +108,7 @@ def _pooled(result: Any) -> dict[str, dict[str, tuple[float, tuple[float, float]
         runs = max(len(rows), 1)
         n_plus, e_plus = sum(r.n_plus for r in rows), sum(r.e_plus for r in rows)
         n_minus, e_minus = sum(r.n_minus for r in rows), sum(r.e_minus for r in rows)
-        plus = (e_plus / n_plus if n_plus else 0.0, wilson(round(e_plus / runs), round(n_plus / runs)))
-        minus = (e_minus / n_minus if n_minus else 0.0, wilson(round(e_minus / runs), round(n_minus / runs)))
+        plus = (e_plus / n_plus if n_plus else None, wilson(round(e_plus / runs), round(n_plus / runs)))
+        minus = (e_minus / n_minus if n_minus else None, wilson(round(e_minus / runs), round(n_minus / runs)))
         out[c.name] = {"plus": plus, "minus": minus}
     return out

@@ -6,7 +6,12 @@ Per capability c, over successes D+ and failures D-:
   gap = ER- - ER+; coverage = E- / |D-|.
 Keep c in a run iff gap >= delta and coverage >= rho; across N runs keep c
 iff it was kept in at least K runs. Rates come with Wilson score intervals.
-Degenerate input (no successes, no failures) is an error that says so.
+
+Nothing is decided silently: with N+ = 0 (c never applies in a success of
+the sample) ER+ is unknown, not 0, so the gap is unknown and c is not kept in
+that run; a (trajectory, capability) pair with no label is an error, never
+read as NOT_APPLICABLE; degenerate input (no successes, no failures) is an
+error that says so.
 """
 
 from __future__ import annotations
@@ -26,6 +31,10 @@ class DegenerateInputError(TraceGymError):
     """The trajectories cannot support a contrast (no successes, or no failures)."""
 
 
+class IncompleteLabelsError(TraceGymError):
+    """An analyst left (trajectory, capability) pairs unlabelled, or used a label that is not one of LABELS."""
+
+
 @dataclass(frozen=True)
 class Label:
     episode_id: str
@@ -42,9 +51,12 @@ class CapabilityStats:
     n_minus: int
     e_minus: int
     failures: int
-    er_plus: float
-    er_minus: float
-    gap: float
+    er_plus: float | None
+    """E+/N+; None (unknown) when N+ is 0."""
+    er_minus: float | None
+    """E-/N-; None (unknown) when N- is 0."""
+    gap: float | None
+    """ER- - ER+; None when either rate is unknown (such a run cannot keep the capability)."""
     coverage: float
     er_plus_ci: tuple[float, float]
     er_minus_ci: tuple[float, float]
@@ -87,32 +99,56 @@ def check_contrastable(outcomes: list[bool]) -> None:
         raise DegenerateInputError(f"all {len(outcomes)} trajectories succeeded: there are no failures to explain")
 
 
-def contrast(labels: Iterable[Label], sample: list[str], success: dict[str, bool], capabilities: list[str],
-             config: SelectionConfig) -> list[CapabilityStats]:
-    """The statistics of one run over ``sample`` (episode ids; repeats count, as in a bootstrap)."""
-    check_contrastable([success[e] for e in sample])
-    failures = sum(1 for e in sample if not success[e])
+def labels_by_episode(labels: Iterable[Label], episode_ids: Iterable[str], capabilities: list[str]) -> dict[str, dict[str, str]]:
+    """Every episode's label per capability; a missing pair or an unknown label is an error that counts them."""
     by_episode: dict[str, dict[str, str]] = {}
+    bad_values = []
     for label in labels:
+        if label.label not in LABELS:
+            bad_values.append(label)
         by_episode.setdefault(label.episode_id, {})[label.capability] = label.label
+    if bad_values:
+        x = bad_values[0]
+        raise IncompleteLabelsError(f"{len(bad_values)} labels are not one of {', '.join(LABELS)} "
+                                    f"(e.g. {x.label!r} for {x.capability} in {x.episode_id})")
+    episodes = list(dict.fromkeys(episode_ids))
+    missing = [(e, c) for e in episodes for c in capabilities if c not in by_episode.get(e, {})]
+    if missing:
+        e, c = missing[0]
+        raise IncompleteLabelsError(
+            f"{len(missing)} of {len(episodes) * len(capabilities)} (trajectory, capability) pairs have no label "
+            f"(e.g. {c} in {e}); the analyst must label every pair, NOT_APPLICABLE included")
+    return by_episode
+
+
+def contrast(labels: Iterable[Label] | dict[str, dict[str, str]], sample: list[str], success: dict[str, bool],
+             capabilities: list[str], config: SelectionConfig) -> list[CapabilityStats]:
+    """The statistics of one run over ``sample`` (episode ids; repeats count, as in a bootstrap).
+
+    ``labels`` is a list of labels or what :func:`labels_by_episode` made of one."""
+    check_contrastable([success[e] for e in sample])
+    by_episode = labels if isinstance(labels, dict) else labels_by_episode(labels, sample, capabilities)
+    failures = sum(1 for e in sample if not success[e])
     counts = {c: [0, 0, 0, 0] for c in capabilities}  # n+, e+, n-, e-
     for episode in sample:
         offset = 0 if success[episode] else 2
-        for c, value in by_episode.get(episode, {}).items():
-            if c not in counts or value == NOT_APPLICABLE:
+        for c in capabilities:
+            value = by_episode[episode][c]
+            if value == NOT_APPLICABLE:
                 continue
             counts[c][offset] += 1
             counts[c][offset + 1] += value == LACKING
     out = []
     for c, (n_plus, e_plus, n_minus, e_minus) in counts.items():
-        er_plus = e_plus / n_plus if n_plus else 0.0
-        er_minus = e_minus / n_minus if n_minus else 0.0
+        er_plus = e_plus / n_plus if n_plus else None
+        er_minus = e_minus / n_minus if n_minus else None
+        gap = None if er_plus is None or er_minus is None else er_minus - er_plus
         stats = CapabilityStats(
             capability=c, n_plus=n_plus, e_plus=e_plus, n_minus=n_minus, e_minus=e_minus, failures=failures,
-            er_plus=er_plus, er_minus=er_minus, gap=er_minus - er_plus, coverage=e_minus / failures,
+            er_plus=er_plus, er_minus=er_minus, gap=gap, coverage=e_minus / failures,
             er_plus_ci=wilson(e_plus, n_plus), er_minus_ci=wilson(e_minus, n_minus),
         )
-        stats.kept = stats.gap >= config.delta and stats.coverage >= config.rho
+        stats.kept = gap is not None and gap >= config.delta and stats.coverage >= config.rho
         out.append(stats)
     return out
 
@@ -121,16 +157,22 @@ def contrast(labels: Iterable[Label], sample: list[str], success: dict[str, bool
 class SelectedCapability:
     name: str
     description: str
-    gap_mean: float
-    gap_std: float
+    gap_mean: float | None
+    """Mean gap over the runs where it is known; None if it is known in none."""
+    gap_std: float | None
     coverage_mean: float
     coverage_std: float
-    er_plus_mean: float
-    er_minus_mean: float
+    er_plus_mean: float | None
+    er_minus_mean: float | None
     runs_passed: int
     runs: int
+    """Runs actually made (bootstrap samples with no success or no failure are skipped)."""
     selected: bool
     example_failed_task_ids: list[str] = field(default_factory=list)
+    runs_gap_unknown: int = 0
+    """Runs where ER+ or ER- was unknown (N+ or N- = 0), so the gap was too and the run could not keep it."""
+    runs_required: int = 0
+    """Runs it had to pass: K, or every run made when fewer than K were made."""
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -138,22 +180,31 @@ class SelectedCapability:
 
 def select(runs: list[list[CapabilityStats]], descriptions: dict[str, str], examples: dict[str, list[str]],
            config: SelectionConfig) -> list[SelectedCapability]:
-    """K-of-N selection over runs; every candidate is returned, sorted by mean gap."""
+    """K-of-N selection over the runs made; every candidate is returned, sorted by mean gap.
+
+    When fewer than K runs were made (degenerate bootstrap samples are
+    skipped), a capability must pass every run made; ``runs`` and
+    ``runs_required`` say so in the output."""
     names = sorted({s.capability for run in runs for s in run})
+    required = min(config.min_runs, len(runs))
     out = []
     for name in names:
         rows = [s for run in runs for s in run if s.capability == name]
-        gaps, coverages = [r.gap for r in rows], [r.coverage for r in rows]
+        gaps = [r.gap for r in rows if r.gap is not None]
+        coverages = [r.coverage for r in rows]
+        plus = [r.er_plus for r in rows if r.er_plus is not None]
+        minus = [r.er_minus for r in rows if r.er_minus is not None]
         passed = sum(r.kept for r in rows)
         out.append(SelectedCapability(
             name=name, description=descriptions.get(name, ""),
-            gap_mean=statistics.fmean(gaps), gap_std=statistics.pstdev(gaps),
+            gap_mean=statistics.fmean(gaps) if gaps else None, gap_std=statistics.pstdev(gaps) if gaps else None,
             coverage_mean=statistics.fmean(coverages), coverage_std=statistics.pstdev(coverages),
-            er_plus_mean=statistics.fmean(r.er_plus for r in rows), er_minus_mean=statistics.fmean(r.er_minus for r in rows),
-            runs_passed=passed, runs=len(runs), selected=passed >= min(config.min_runs, len(runs)),
+            er_plus_mean=statistics.fmean(plus) if plus else None, er_minus_mean=statistics.fmean(minus) if minus else None,
+            runs_passed=passed, runs=len(runs), selected=passed >= required,
             example_failed_task_ids=examples.get(name, [])[:5],
+            runs_gap_unknown=len(rows) - len(gaps), runs_required=required,
         ))
-    return sorted(out, key=lambda c: c.gap_mean, reverse=True)
+    return sorted(out, key=lambda c: (c.gap_mean is not None, c.gap_mean or 0.0), reverse=True)
 
 
 def cohen_kappa(a: list[str], b: list[str]) -> float | None:
