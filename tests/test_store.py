@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 from trace_gym.errors import TrajectoryStoreError
@@ -83,3 +85,48 @@ def test_unwritable_path(tmp_path):
 def test_a_directory_is_not_a_file(tmp_path):
     with pytest.raises(TrajectoryStoreError, match="is a directory"):
         TrajectoryStore(tmp_path)
+
+
+def test_run_settings_are_a_header_that_readers_skip(tmp_path):
+    from trace_gym.store import read_run_settings
+
+    path = tmp_path / "t.jsonl"
+    settings = {"agent": "oracle", "agent_options": {"seed": 1}}
+    with TrajectoryStore(path, settings=settings) as store:
+        store.append(make(0))
+    first = json.loads(path.read_text().splitlines()[0])
+    assert first == {"record": "run", "settings": settings}
+    assert [t.task_id for t in read_trajectories(path)] == ["0"] and read_run_settings(path) == [settings]
+    with TrajectoryStore(path, resume=True, settings=settings) as store:
+        store.append(make(1))
+    assert read_run_settings(path) == [settings]  # the same run: no second header
+    with pytest.raises(TrajectoryStoreError, match=r"agent_options.seed 1 in the file, 2 now"):
+        TrajectoryStore(path, resume=True, settings={"agent": "oracle", "agent_options": {"seed": 2}})
+
+
+def test_concatenated_runs_with_different_settings_cannot_be_resumed(tmp_path):
+    a, b, both = tmp_path / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "both.jsonl"
+    with TrajectoryStore(a, settings={"seed": 1}) as store:
+        store.append(make(0))
+    with TrajectoryStore(b, settings={"seed": 2}) as store:
+        store.append(make(1))
+    both.write_bytes(a.read_bytes() + b.read_bytes())
+    assert len(read_trajectories(both)) == 2  # still readable
+    with pytest.raises(TrajectoryStoreError, match="mixes runs made with different settings"):
+        TrajectoryStore(both, resume=True, settings={"seed": 1})
+
+
+def test_a_retried_given_up_episode_supersedes_the_old_record(tmp_path):
+    path = tmp_path / "t.jsonl"
+    gave_up = make(0, reward=0.0).model_copy(update={"error": "the model never produced an action"})
+    with TrajectoryStore(path) as store:
+        store.append(gave_up)
+        store.append(make(1))
+    with TrajectoryStore(path, resume=True) as store:
+        assert set(store.completed) == {gave_up.episode_id, make(1).episode_id}  # a plain resume keeps it
+    with TrajectoryStore(path, resume=True, retry_given_up=True) as store:
+        assert set(store.given_up) == {gave_up.episode_id} and gave_up.episode_id not in store
+        store.append(make(0))
+    got = {t.episode_id: t for t in read_trajectories(path)}
+    assert got[gave_up.episode_id].reward == 1.0 and got[gave_up.episode_id].error is None
+    assert path.read_text().count(gave_up.episode_id) == 2  # the old record is kept, never lost

@@ -6,6 +6,14 @@ Opening with ``resume=True`` cuts that torn tail (it was never a finished
 episode) and reports which episodes are already done; every complete line
 is kept. A duplicated episode id can only come from concatenated files: it
 is read once and reported.
+
+A run's settings (agent, model, adapter, seed, deficits, temperature, user...)
+are recorded in a header line, ``{"record": "run", "settings": {...}}``, so a
+resumed run can refuse to mix its episodes into a file made with other
+settings. Files from before headers stay readable (their records are checked
+as far as they tell). An episode the agent gave up (``error`` set) may be
+played again with ``retry_given_up``: the new record is appended after the
+old one, which stays in the file, and supersedes it when read.
 """
 
 from __future__ import annotations
@@ -14,8 +22,9 @@ import json
 import os
 import threading
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from pydantic import ValidationError
 
@@ -23,16 +32,45 @@ from .errors import TrajectoryStoreError
 from .trajectory import Trajectory
 
 
+RUN_RECORD = "run"
+
+
 def read_trajectories(path: str | Path) -> list[Trajectory]:
-    """Read a trajectory file, ignoring a torn last line, de-duplicating ids."""
-    return list(_read(Path(path), repair=False)[0].values())
+    """Read a trajectory file, ignoring a torn last line and header records, de-duplicating ids."""
+    return list(_read(Path(path), repair=False).done.values())
+
+
+def read_run_settings(path: str | Path) -> list[dict[str, Any]]:
+    """The run settings recorded in a trajectory file: one per header, none for files from before headers."""
+    return _read(Path(path), repair=False).settings
+
+
+def normalize_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """Settings as they read back from the file (JSON types; objects by their text)."""
+    return json.loads(json.dumps(settings, sort_keys=True, default=str))
 
 
 class TrajectoryStore:
-    def __init__(self, path: str | Path, *, resume: bool = False, overwrite: bool = False):
+    """Args:
+        path: the JSONL file.
+        resume: continue a run in an existing file (its episodes are ``completed``).
+        overwrite: replace an existing file.
+        settings: the run's settings: written as the file's header; on resume,
+            compared with the file's and refused if they differ.
+        retry_given_up: on resume, episodes the agent gave up are not
+            ``completed``: they are played again and their new records supersede
+            the old ones (which stay in the file).
+    """
+
+    def __init__(self, path: str | Path, *, resume: bool = False, overwrite: bool = False,
+                 settings: dict[str, Any] | None = None, retry_given_up: bool = False):
         self.path = Path(path)
         self._lock = threading.Lock()
         self._done: dict[str, Trajectory] = {}
+        self.given_up: dict[str, Trajectory] = {}
+        """Given-up episodes released for a retry (``retry_given_up``), by episode id."""
+        settings = normalize_settings(settings) if settings is not None else None
+        header_needed = settings is not None
         if self.path.is_dir():
             raise TrajectoryStoreError(f"{self.path} is a directory; give a file path such as {self.path}/trajectories.jsonl")
         exists = self.path.exists() and self.path.stat().st_size > 0
@@ -45,8 +83,17 @@ class TrajectoryStore:
             if overwrite and not resume:
                 self.path.write_bytes(b"")
             elif exists:
-                self._done, _ = _read(self.path, repair=True)
+                contents = _read(self.path, repair=True)
+                if settings is not None:
+                    header_needed = check_same_run(self.path, contents, settings)
+                self._done = contents.done
+                if retry_given_up:
+                    self.given_up = {k: t for k, t in self._done.items() if t.error}
+                    for key in self.given_up:
+                        del self._done[key]
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            if header_needed:
+                self._write_line(json.dumps({"record": RUN_RECORD, "settings": settings}, sort_keys=True))
         except PermissionError as exc:
             raise TrajectoryStoreError(f"cannot write trajectories to {self.path}: permission denied") from exc
         except OSError as exc:
@@ -61,13 +108,17 @@ class TrajectoryStore:
         return episode_id in self._done
 
     def append(self, trajectory: Trajectory) -> None:
-        line = (trajectory.model_dump_json() + "\n").encode("utf-8")
         with self._lock:
             if trajectory.episode_id in self._done:
                 raise TrajectoryStoreError(f"episode {trajectory.episode_id} is already stored in {self.path}")
-            os.write(self._fd, line)
-            os.fsync(self._fd)
+            self._write_line(trajectory.model_dump_json())
             self._done[trajectory.episode_id] = trajectory
+            self.given_up.pop(trajectory.episode_id, None)
+
+    def _write_line(self, text: str) -> None:
+        # One write per line, fsync'd: a kill can tear only the last line.
+        os.write(self._fd, (text + "\n").encode("utf-8"))
+        os.fsync(self._fd)
 
     def __iter__(self) -> Iterator[Trajectory]:
         return iter(list(self._done.values()))
@@ -90,12 +141,62 @@ class TrajectoryStore:
             pass
 
 
-def _read(path: Path, *, repair: bool) -> tuple[dict[str, Trajectory], int]:
+@dataclass
+class _Contents:
+    done: dict[str, Trajectory] = field(default_factory=dict)
+    settings: list[dict[str, Any]] = field(default_factory=list)
+    duplicates: int = 0
+    retried: int = 0
+
+
+def check_same_run(path: Path, contents: _Contents, settings: dict[str, Any]) -> bool:
+    """Refuse to resume a file made with other settings; True if the file still needs this run's header."""
+    recorded = [s for i, s in enumerate(contents.settings) if s not in contents.settings[:i]]
+    if len(recorded) > 1:
+        raise TrajectoryStoreError(f"{path} mixes runs made with different settings "
+                                   f"({_differences(recorded[0], recorded[1])}); write to a new file")
+    if recorded:
+        if recorded[0] != settings:
+            raise TrajectoryStoreError(f"{path} was made by another run ({_differences(recorded[0], settings)}); "
+                                       "resume with the same settings, or write to a new --out")
+        return False
+    # A file from before run headers: check what its records tell, then record this run's settings.
+    for field_name in ("env_id", "agent"):
+        seen = {getattr(t, field_name) for t in contents.done.values()}
+        wanted = settings.get(field_name)
+        if wanted is not None and seen and seen != {wanted}:
+            raise TrajectoryStoreError(f"{path} was made by another run ({field_name} {', '.join(sorted(map(str, seen)))} "
+                                       f"in the file, {wanted} now); write to a new --out")
+    if contents.done:
+        warnings.warn(f"{path} has no run settings (written before they were recorded): only its env and agent could be "
+                      "checked against this run's")
+    return True
+
+
+def _differences(before: dict[str, Any], now: dict[str, Any], prefix: str = "") -> str:
+    out = []
+    for key in sorted(set(before) | set(now)):
+        a, b = before.get(key), now.get(key)
+        if a == b:
+            continue
+        if isinstance(a, dict) and isinstance(b, dict):
+            out.append(_differences(a, b, f"{prefix}{key}."))
+        else:
+            out.append(f"{prefix}{key} {json.dumps(a)} in the file, {json.dumps(b)} now")
+    return "; ".join(out)
+
+
+def _read(path: Path, *, repair: bool) -> _Contents:
     if not path.exists():
         raise TrajectoryStoreError(f"no trajectory file at {path}")
-    data = path.read_bytes()
-    done: dict[str, Trajectory] = {}
-    duplicates = 0
+    if path.is_dir():
+        raise TrajectoryStoreError(f"{path} is a directory, not a trajectory file")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise TrajectoryStoreError(f"cannot read {path}: {exc.strerror}") from None
+    contents = _Contents()
+    done = contents.done
     good_end = 0
     offset = 0
     for number, line in enumerate(data.splitlines(keepends=True), start=1):
@@ -106,7 +207,12 @@ def _read(path: Path, *, repair: bool) -> tuple[dict[str, Trajectory], int]:
             good_end = offset
             continue
         try:
-            traj = Trajectory.model_validate(json.loads(text))
+            record = json.loads(text)
+            if isinstance(record, dict) and record.get("record") == RUN_RECORD and isinstance(record.get("settings"), dict):
+                contents.settings.append(record["settings"])
+                good_end = offset
+                continue
+            traj = Trajectory.model_validate(record)
         except (json.JSONDecodeError, UnicodeDecodeError, ValidationError) as exc:
             if is_last and not line.endswith(b"\n"):
                 break  # a torn write from a killed run: not a finished episode
@@ -114,16 +220,19 @@ def _read(path: Path, *, repair: bool) -> tuple[dict[str, Trajectory], int]:
                 f"{path}:{number} is not a trajectory record ({str(exc).splitlines()[0]}); "
                 "fix or remove that line, or write to a new file"
             ) from None
-        if traj.episode_id in done:
-            duplicates += 1
-        else:
+        if traj.episode_id not in done:
             done[traj.episode_id] = traj
+        elif done[traj.episode_id].error:
+            done[traj.episode_id] = traj  # a retry of an episode the agent gave up supersedes it
+            contents.retried += 1
+        else:
+            contents.duplicates += 1
         good_end = offset
     if good_end < len(data):
         if repair:
             with open(path, "r+b") as fh:
                 fh.truncate(good_end)
             warnings.warn(f"{path}: dropped an unfinished last line ({len(data) - good_end} bytes) left by an interrupted run")
-    if duplicates:
-        warnings.warn(f"{path}: {duplicates} duplicated episode ids, each read once")
-    return done, duplicates
+    if contents.duplicates:
+        warnings.warn(f"{path}: {contents.duplicates} duplicated episode ids, each read once")
+    return contents
