@@ -1,11 +1,17 @@
 """Run untrusted environment code (installed as ``trace_gym.sandbox``).
 
-Three layers, each enough to stop most hostile code on its own:
-1. ``gate``: static AST checks before anything runs (imports, dunders, eval...);
-2. ``worker``: restricted builtins, module proxies, rlimits, a seccomp filter;
-3. a jail: Docker (``--network none``, read-only root, tmpfs, cgroup limits,
-   no capabilities, user 65534) or bubblewrap (all namespaces unshared,
-   read-only minimal root, user 65534), chosen by ``select_backend``.
+Layers, each enough to stop most hostile code on its own (see README.md):
+1. ``gate``: static checks before anything runs: RestrictedPython's compile
+   plus what it does not cover (imports, dunder strings, introspection prefixes);
+2. ``language``: the env compiled again by RestrictedPython inside the jail and
+   run with guarded attribute access, guarded writes and module proxies;
+3. ``worker``: rlimits and a seccomp allowlist, checked by the host;
+4. a jail: Docker (``--network none``, read-only root, capped tmpfs, no IPC,
+   cgroup limits, no capabilities, user 65534; settings read back and checked;
+   gVisor where the engine has it) or bubblewrap (all namespaces unshared,
+   read-only minimal root, minimal /dev, /proc/sys hidden, started as uid 65534
+   when the host is root), chosen by ``select_backend``.
+The host checks every reply (``host.check_reply``) before using it.
 
 Synthesized env code never runs in the host process.
 """

@@ -205,8 +205,10 @@ def check_container(attrs: dict, limits: Limits) -> None:
         problems.append(f"tmpfs mounts are not capped as asked ({tmpfs})")
     if host.get("IpcMode") != "none":
         problems.append(f"IPC mode {host.get('IpcMode')} (a writable /dev/shm)")
-    if (host.get("ReadonlyPaths") is not None and "/proc/sys" not in host.get("ReadonlyPaths")):
+    if not {"/proc/sys", "/proc/sysrq-trigger"} <= set(host.get("ReadonlyPaths") or []):
         problems.append("/proc/sys is not read-only")
+    if "/proc/kcore" not in (host.get("MaskedPaths") or []):
+        problems.append("/proc/kcore is not masked")
     if problems:
         raise SandboxUnavailable("the Docker engine did not apply the sandbox settings: " + "; ".join(problems))
 

@@ -1,7 +1,9 @@
 """The static gate: what env.py may contain, checked before anything runs.
 
 Two parts, each finding with its line:
-1. RestrictedPython's compile (``language.compile_env``, the kept library):
+1. RestrictedPython's compile (``compile_env``, the kept library; the code it
+   produces is what the worker runs, shipped to it marshalled, so env code is
+   compiled once, here, and only ever run with the language layer's guards):
    no names or attributes starting with ``__``, no frame/code/traceback
    attributes from its list, no ``match`` statements (class patterns read
    attributes by keyword), no dunder method definitions beyond ``__init__`` and
@@ -29,10 +31,17 @@ legitimate env never needs any of this.
 from __future__ import annotations
 
 import ast
+import copy
+import functools
 import re
 from dataclasses import dataclass
 
+from RestrictedPython import compile_restricted_exec
+from RestrictedPython.transformer import IOPERATOR_TO_STR, RestrictingNodeTransformer, copy_locations
+
 from trace_gym.errors import TraceGymError
+
+from .language import PRIVATE_NAME, RESERVED_NAMES
 
 ALLOWED_IMPORTS = frozenset(
     {"random", "math", "json", "re", "datetime", "dataclasses", "collections", "collections.abc",
@@ -68,6 +77,56 @@ class SandboxViolation(TraceGymError):
         super().__init__(f"{filename} refused by the static gate: {listed}{more}")
 
 
+# --- RestrictedPython's compile, with the policy of the env contract ---------------------
+class EnvTransformer(RestrictingNodeTransformer):
+    """RestrictedPython's policy, with single-underscore names and simple augmented
+    assignments allowed (the runtime guards decide about private attributes)."""
+
+    def check_name(self, node, name, allow_magic_methods=False):
+        if name and PRIVATE_NAME.fullmatch(name) and name not in RESERVED_NAMES:
+            return
+        super().check_name(node, name, allow_magic_methods=allow_magic_methods)
+
+    def visit_Attribute(self, node):
+        attr = node.attr
+        if not (PRIVATE_NAME.fullmatch(attr) and attr not in RESERVED_NAMES):
+            return super().visit_Attribute(node)
+        node.attr = "p" + attr  # past the parent's leading-underscore refusal, restored below
+        new = super().visit_Attribute(node)
+        if isinstance(new, ast.Call):
+            name = ast.Constant(attr)
+            copy_locations(name, node)
+            new.args[1] = name
+        else:
+            new.attr = attr
+        return new
+
+    def visit_AugAssign(self, node):
+        target = node.target
+        simple_attr = isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
+        simple_item = (isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name)
+                       and isinstance(target.slice, (ast.Name, ast.Constant)))
+        if not (simple_attr or simple_item):
+            return super().visit_AugAssign(node)
+        load = copy.deepcopy(target)
+        load.ctx = ast.Load()
+        operation = ast.Constant(IOPERATOR_TO_STR[type(node.op)])
+        call = ast.Call(ast.Name("_inplacevar_", ast.Load()), [operation, self.visit(load), self.visit(node.value)], [])
+        assign = ast.Assign(targets=[self.visit(target)], value=call)
+        for child in ast.walk(assign):
+            if "lineno" in child._attributes and getattr(child, "lineno", None) is None:
+                copy_locations(child, node)
+        return assign
+
+
+@functools.lru_cache(maxsize=64)
+def compile_env(source: str):
+    """(code, errors): env.py compiled by RestrictedPython (as ``env.py``, the name the
+    worker's tracebacks look for), or its refusals; cached, as the same env starts many workers."""
+    result = compile_restricted_exec(source, filename="env.py", policy=EnvTransformer)
+    return result.code, tuple(result.errors)
+
+
 def check_source(source: str, filename: str = "env.py") -> list[Finding]:
     """Every rule broken by ``source``; empty if it may run."""
     if len(source.encode("utf-8")) > MAX_SOURCE_BYTES:
@@ -87,9 +146,7 @@ _RP_LINE = re.compile(r"^Line (\d+): (.*)$", re.S)
 
 
 def _restricted_python_findings(source: str, filename: str) -> list[Finding]:
-    from .language import compile_env
-
-    _, errors = compile_env(source, filename)
+    _, errors = compile_env(source)
     out = []
     for error in errors:
         match = _RP_LINE.match(error)

@@ -17,14 +17,17 @@ writable. This module must not trust anything a reply says before checking it.
 
 from __future__ import annotations
 
+import base64
 import json
+import marshal
 import secrets
+import sys
 from typing import Any
 
 from .backends import Backend, Limits, select_backend
 from .channel import Channel
 from .errors import SandboxCrashed, SandboxEnvError, SandboxError, SandboxProtocolError, SandboxUnavailable
-from .gate import enforce
+from .gate import compile_env, enforce
 
 MAX_DEPTH = 32
 MAX_INT = 2**63
@@ -52,9 +55,11 @@ class SandboxWorker:
         self._token = secrets.token_hex(16)
         self._channel: Channel | None = self.backend.spawn(self.limits)
         self.info: dict[str, Any] = {}
+        code, _ = compile_env(source)  # cached: enforce() has just compiled it
         init = {
             "token": self._token,
-            "source": source,
+            "code": base64.b64encode(marshal.dumps(code)).decode("ascii"),
+            "python": list(sys.version_info[:2]),
             "limits": self.limits.rlimits(),
             "seccomp": bool((worker_options or {}).get("seccomp", True)),
         }

@@ -1,44 +1,36 @@
-"""The language layer: env code compiled by RestrictedPython and run with guards.
+"""The language layer's run time: the guards that compiled env code calls.
 
-What it is for: the second of three layers (static gate, language layer, OS
-jail). ``compile_env`` compiles env.py with RestrictedPython (the kept library
-named by the design card), so that every attribute read goes through
-``guarded_getattr``, every attribute or item write through ``guarded_write``,
-every class through ``EnvMeta``; ``env_globals`` builds the namespace with
-those guards, restricted builtins and module proxies. The host uses
-``compile_env`` for the gate's findings (with line numbers, before anything
-runs); the worker compiles again inside the jail and runs the result.
-
-What RestrictedPython refuses at compile time: names and attributes starting
-with ``_`` (dunders included), its list of frame/code/traceback/generator
-attributes (``gi_frame``, ``f_back``, ``tb_frame``...), ``match`` statements (an
-unknown node, refused whole: class patterns read attributes by keyword),
-method definitions with dunder names other than ``__init__`` and comparisons,
-``exec``/``eval`` statements, ``async``, ``metaclass=``. This module relaxes one
-rule, as the env contract needs: *single*-underscore names (``self._order``,
-``def _tool``) compile, and the runtime guard lets them through only on
-objects of classes that env code defined itself, for attributes found in
-those classes or in the instance's own dict. Augmented assignment to an
-attribute or item of a plain name (``self.steps += 1``) is also accepted.
+What it is for: the second of the layers (static gate, language layer,
+worker, OS jail). The host compiles env.py with RestrictedPython
+(``gate.compile_env``, the kept library named by the design card), which
+turns every attribute read into ``_getattr_(obj, name)``, every attribute or
+item write into ``_write_(obj)...``, every class statement into one with
+``metaclass=__metaclass__``, and refuses at compile time what it refuses (see
+gate.py). The worker runs that code, inside the jail, in the namespace
+``env_globals`` builds here: these guards, restricted builtins and module
+proxies.
 
 The guards refuse at run time, whatever way the name was spelled: dunders;
-private names of objects env code did not define; every attribute whose
-prefix is a frame, code, traceback, generator or coroutine internal (``gi_``,
-``f_``, ``tb_``, ``co_``, ``cr_``, ``ag_``, ``func_``, ``im_``); ``mro``; ``str.format``
-and ``format_map`` fields that walk attributes or items. Module proxies hand
-out only public attributes, wrap every function they hand out (and what those
-return) so that no ``__func__``/``__globals__``/``__self__`` is reachable, and
-check the attribute names given to ``functools.update_wrapper``/``wraps``.
+private names of objects env code did not define (single-underscore names
+pass only on instances and classes that env code defined, for attributes found
+in those classes or the instance's own dict); every attribute whose prefix is
+a frame, code, traceback, generator or coroutine internal (``gi_``, ``f_``,
+``tb_``, ``co_``, ``cr_``, ``ag_``, ``func_``, ``im_``: a superset of
+RestrictedPython's list); ``mro``; ``str.format`` fields that walk attributes or
+items; ``format_map``; three-argument ``type()``; changes to classes, modules
+and functions env code did not define. Module proxies hand out only public
+attributes, wrap every function they hand out (and functions those return) so
+that no ``__func__``/``__globals__``/``__self__`` is reachable, and check the
+attribute names given to ``functools.update_wrapper``/``wraps``.
 
-Must not: import anything beyond the standard library and RestrictedPython
-(it runs inside the jail), or hand env code any object of the worker.
+Must not: import anything beyond the standard library (it runs inside the
+jail, where only the standard library is), or hand env code any object of
+the worker.
 """
 
 from __future__ import annotations
 
-import ast
 import builtins
-import copy
 import functools
 import operator
 import re
@@ -46,15 +38,11 @@ import string
 import types
 import weakref
 
-from RestrictedPython import compile_restricted_exec
-from RestrictedPython.Guards import guarded_iter_unpack_sequence, guarded_unpack_sequence
-from RestrictedPython.transformer import INSPECT_ATTRIBUTES, IOPERATOR_TO_STR, RestrictingNodeTransformer, copy_locations
-
 LAYER = "the language layer (RestrictedPython guards)"
 INTROSPECTION_PREFIXES = ("gi_", "ag_", "cr_", "f_", "tb_", "co_", "func_", "im_")
-INTROSPECTION_NAMES = frozenset({"mro"}) | INSPECT_ATTRIBUTES
-_PRIVATE = re.compile(r"_[A-Za-z0-9](\w*[A-Za-z0-9])?")
-_RESERVED = frozenset({"_print"})  # RestrictedPython's own helper name
+INTROSPECTION_NAMES = frozenset({"mro"})
+PRIVATE_NAME = re.compile(r"_[A-Za-z0-9](\w*[A-Za-z0-9])?")
+RESERVED_NAMES = frozenset({"_print"})  # RestrictedPython's own helper name
 ALLOWED_MODULES = (
     "random", "math", "json", "re", "datetime", "dataclasses", "collections", "itertools",
     "functools", "string", "typing", "enum", "copy", "collections.abc",
@@ -90,54 +78,6 @@ class Refused(AttributeError):
         super().__init__(f"{what}: refused by {LAYER}")
 
 
-# --- compile time -----------------------------------------------------------------------
-class EnvTransformer(RestrictingNodeTransformer):
-    """RestrictedPython's policy, with single-underscore names and simple augmented
-    assignments allowed (the runtime guards decide about private attributes)."""
-
-    def check_name(self, node, name, allow_magic_methods=False):
-        if name and _PRIVATE.fullmatch(name) and name not in _RESERVED:
-            return
-        super().check_name(node, name, allow_magic_methods=allow_magic_methods)
-
-    def visit_Attribute(self, node):
-        attr = node.attr
-        if not (_PRIVATE.fullmatch(attr) and attr not in _RESERVED):
-            return super().visit_Attribute(node)
-        node.attr = "p" + attr  # past the parent's leading-underscore refusal, restored below
-        new = super().visit_Attribute(node)
-        if isinstance(new, ast.Call):
-            name = ast.Constant(attr)
-            copy_locations(name, node)
-            new.args[1] = name
-        else:
-            new.attr = attr
-        return new
-
-    def visit_AugAssign(self, node):
-        target = node.target
-        simple_attr = isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
-        simple_item = (isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name)
-                       and isinstance(target.slice, (ast.Name, ast.Constant)))
-        if not (simple_attr or simple_item):
-            return super().visit_AugAssign(node)
-        load = copy.deepcopy(target)
-        load.ctx = ast.Load()
-        operation = ast.Constant(IOPERATOR_TO_STR[type(node.op)])
-        call = ast.Call(ast.Name("_inplacevar_", ast.Load()), [operation, self.visit(load), self.visit(node.value)], [])
-        assign = ast.Assign(targets=[self.visit(target)], value=call)
-        for child in ast.walk(assign):
-            if "lineno" in child._attributes and getattr(child, "lineno", None) is None:
-                copy_locations(child, node)
-        return assign
-
-
-def compile_env(source: str, filename: str = "env.py"):
-    """(code, errors): the env compiled under RestrictedPython, or its refusals."""
-    result = compile_restricted_exec(source, filename=filename, policy=EnvTransformer)
-    return result.code, list(result.errors)
-
-
 # --- run time: the guards ------------------------------------------------------------------
 ENV_CLASSES: weakref.WeakSet = weakref.WeakSet()
 
@@ -165,7 +105,7 @@ def refusal(obj, name) -> str | None:
         return f"dunder attribute '{name}'"
     if name.startswith(INTROSPECTION_PREFIXES) or name in INTROSPECTION_NAMES:
         return f"introspection attribute '{name}'"
-    if name.startswith("_") and not (_PRIVATE.fullmatch(name) and _env_owns(obj, name)):
+    if name.startswith("_") and not (PRIVATE_NAME.fullmatch(name) and _env_owns(obj, name)):
         return f"private attribute '{name}' of an object env code did not define"
     return None
 
@@ -224,6 +164,22 @@ def guarded_type(*args):
 
 def guarded_getitem(obj, key):
     return obj[key]
+
+
+def unpack_sequence(value, spec, getiter):
+    """``a, (b, c) = value``: each level listed through the iteration guard
+    (RestrictedPython's unpacking spec: ``min_len`` and the ``childs`` to recurse into)."""
+    items = list(getiter(value))
+    if len(items) >= spec["min_len"]:
+        for index, child in spec["childs"]:
+            items[index] = unpack_sequence(items[index], child, getiter)
+    return items
+
+
+def iter_unpack_sequence(iterable, spec, getiter):
+    """``for a, b in iterable``: each item unpacked as above."""
+    for value in getiter(iterable):
+        yield unpack_sequence(value, spec, getiter)
 
 
 def apply(function, *args, **kwargs):
@@ -395,8 +351,8 @@ def env_globals(modules: dict, print_sink) -> dict:
         "_write_": guarded_write,
         "_getitem_": guarded_getitem,
         "_getiter_": iter,
-        "_iter_unpack_sequence_": guarded_iter_unpack_sequence,
-        "_unpack_sequence_": guarded_unpack_sequence,
+        "_iter_unpack_sequence_": iter_unpack_sequence,
+        "_unpack_sequence_": unpack_sequence,
         "_apply_": apply,
         "_inplacevar_": inplacevar,
         "_print_": PrintCollector,

@@ -4,16 +4,16 @@ One tree serves both backends, so Docker and bubblewrap show env code the
 same world: this interpreter's binary, its standard library (without tests,
 GUI, package installers or site-packages), the shared libraries ``ldd``
 names, an ``/etc/passwd`` with an unprivileged ``sandbox`` user, the
-worker, its language layer (``language.py``) and the RestrictedPython package
-it compiles env code with (copied from this interpreter's installation: env
-code is compiled inside the jail, never in the host). ``/dev`` holds empty
+worker and its language layer's guards (``language.py``; env code arrives
+compiled by RestrictedPython on the host, so the jail needs no package beyond
+the standard library). ``/dev`` holds empty
 placeholders for the few device nodes bubblewrap binds over them (null, zero,
 urandom, random), so the jail needs no writable ``/dev``. No host file beyond
 those, no secrets, no network configuration. Paths keep their host values so
 the interpreter finds its prefix unchanged.
 
 The tree is cached under ``$TRACE_GYM_CACHE`` (default ``~/.cache/trace-gym``)
-by a hash of the interpreter, the worker and RestrictedPython, built in a
+by a hash of the interpreter, the worker and its guards, built in a
 temporary folder and renamed into place so concurrent builders cannot see half
 a tree. When the host runs as root the tree lives in ``/var/cache/trace-gym``
 (root-owned, world-readable) instead, because bubblewrap is then started as
@@ -62,17 +62,6 @@ def sandbox_cache() -> Path:
     return cache_root() / "sandbox"
 
 
-def restricted_python_dir() -> Path:
-    """The installed RestrictedPython package (the language layer's compiler)."""
-    try:
-        import RestrictedPython
-    except ImportError:  # a declared dependency: only a broken installation lacks it
-        from .errors import SandboxUnavailable
-
-        raise SandboxUnavailable("the sandbox needs RestrictedPython: pip install restrictedpython==9.0") from None
-    return Path(RestrictedPython.__file__).parent
-
-
 def interpreter() -> Path:
     """The real binary of the base interpreter (not a venv's shim or symlink)."""
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
@@ -86,8 +75,6 @@ def rootfs_key() -> str:
     digest = hashlib.sha256()
     for part in (BUILDER_VERSION, sys.version, str(interpreter()), WORKER_SOURCE.read_text(), LANGUAGE_SOURCE.read_text()):
         digest.update(part.encode() + b"\0")
-    for source in sorted(restricted_python_dir().glob("*.py")):
-        digest.update(source.name.encode() + b"\0" + source.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
 
 
@@ -147,9 +134,6 @@ def _build(root: Path) -> None:
         (root / "dev" / device).touch()
     _copy_file(WORKER_SOURCE, root, dest=WORKER_IN_ROOTFS)
     _copy_file(LANGUAGE_SOURCE, root, dest=f"{WORKER_DIR}/language.py")
-    library = restricted_python_dir()
-    for source in sorted(library.glob("*.py")):
-        _copy_file(source, root, dest=f"{WORKER_DIR}/RestrictedPython/{source.name}")
     for path in [root, *root.rglob("*")]:
         if path.is_symlink():
             continue

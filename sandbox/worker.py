@@ -2,10 +2,11 @@
 
 Runs inside the jail (Docker or bubblewrap) as ``python -I -S worker.py``.
 Order matters: read the init message, set rlimits, import the language layer
-(``language.py`` and RestrictedPython, beside this file) and the allowlisted
-modules, install the seccomp allowlist (no sockets, no exec, no fork from here
-on), then compile env.py with RestrictedPython and run it with the guards,
-restricted builtins and module proxies. The env code's prints go to a capped
+(``language.py``, beside this file) and the allowlisted modules, install the
+seccomp allowlist (no sockets, no exec, no fork from here on), then run env.py
+as the host compiled it with RestrictedPython (a marshalled code object: every
+attribute access in it calls the guards) with the guards, restricted builtins
+and module proxies. The env code's prints go to a capped
 buffer; protocol lines go to a private copy of stdout, each prefixed with a
 per-session token that only the sender's closure holds (env code cannot reach
 frames, closures or globals of the worker: the language layer refuses every
@@ -13,12 +14,14 @@ way there), so a print cannot forge a reply. An exception of env code is
 answered as data (type, message, the env.py lines of its traceback).
 
 This file must not import anything outside the standard library and the
-language layer beside it.
+language layer beside it, and must never compile env source itself.
 """
 
+import base64
 import ctypes
 import io
 import json
+import marshal
 import os
 import resource
 import struct
@@ -40,7 +43,7 @@ def main():
 
     set_limits(init.get("limits", {}))
     sys.path.insert(0, WORKER_DIR)
-    import language  # RestrictedPython and the guards, imported before seccomp
+    import language  # the guards, imported before seccomp
 
     modules = {name: __import__(name, fromlist=["_"]) for name in language.ALLOWED_MODULES}
     seccomp_status = install_seccomp() if init.get("seccomp", True) else "off"
@@ -48,9 +51,9 @@ def main():
     sys.stdout = printed
 
     try:
-        code, errors = language.compile_env(init.pop("source"), "env.py")
-        if errors:
-            raise SyntaxError("refused by the language layer (RestrictedPython): " + "; ".join(errors[:5]))
+        if init.get("python") != list(sys.version_info[:2]):
+            raise RuntimeError("the host compiled env.py for Python %s; this jail runs %s" % (init.get("python"), sys.version_info[:2]))
+        code = marshal.loads(base64.b64decode(init.pop("code")))  # RestrictedPython's output, from the host
         namespace = language.env_globals(modules, printed)
         exec(code, namespace)
         cls = namespace.get("Environment")

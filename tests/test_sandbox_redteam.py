@@ -389,3 +389,40 @@ def test_a_worker_without_seccomp_is_refused_unless_named(sandbox_backend):
         weaker = select_backend(f"{sandbox_backend.name}-no-seccomp")
     with SandboxWorker(source, backend=weaker, limits=FAST, worker_options={"seccomp": False}) as worker:
         assert worker.info["seccomp"] == "off"
+
+
+# --- Docker: what the engine applied is read back and checked ------------------------------------
+GOOD_CONTAINER = {
+    "Config": {"User": "65534:65534"},
+    "HostConfig": {
+        "ReadonlyRootfs": True, "Privileged": False, "NetworkMode": "none", "CapDrop": ["ALL"], "CapAdd": None,
+        "SecurityOpt": ["no-new-privileges"], "Tmpfs": {"/tmp": "size=16m,mode=1777,noexec,nosuid,nodev"},
+        "IpcMode": "none", "ReadonlyPaths": ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"],
+        "MaskedPaths": ["/proc/kcore", "/proc/keys"],
+    },
+}
+BAD_SETTINGS = {
+    "root user": ("Config", "User", "0:0", "user is 0:0"),
+    "writable root": ("HostConfig", "ReadonlyRootfs", False, "root filesystem is writable"),
+    "uncapped tmpfs": ("HostConfig", "Tmpfs", {"/tmp": "mode=1777"}, "not capped"),
+    "a second tmpfs": ("HostConfig", "Tmpfs", {"/tmp": "size=16m", "/run": "size=1g"}, "not capped"),
+    "shared IPC": ("HostConfig", "IpcMode", "private", "/dev/shm"),
+    "writable /proc/sys": ("HostConfig", "ReadonlyPaths", [], "/proc/sys is not read-only"),
+    "privileged": ("HostConfig", "Privileged", True, "privileged"),
+    "a network": ("HostConfig", "NetworkMode", "bridge", "network mode bridge"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_SETTINGS))
+def test_docker_settings_are_checked_not_assumed(name):
+    import copy
+
+    from trace_gym.sandbox import Limits
+    from trace_gym.sandbox.backends import check_container
+
+    check_container(GOOD_CONTAINER, Limits())
+    section, key, value, fragment = BAD_SETTINGS[name]
+    attrs = copy.deepcopy(GOOD_CONTAINER)
+    attrs[section][key] = value
+    with pytest.raises(SandboxUnavailable, match=fragment):
+        check_container(attrs, Limits())
