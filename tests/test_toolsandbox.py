@@ -236,6 +236,32 @@ def test_bad_calls_come_back_in_toolsandbox_words(env):
     assert terminated and step_info["reward_info"]["reward"] == 1.0
 
 
+def test_the_host_words_misnamed_calls_exactly_as_live_toolsandbox(env):
+    """Synthesized envs for this target get misnamed calls answered by the host (manifest [call_errors])."""
+    from trace_gym.registry import get_entry
+    from trace_gym.targets.toolsandbox import catalogue
+    from trace_gym.tools import call_error, load_frozen_tools
+
+    entry = get_entry("trace/toolsandbox-v0")
+    tools, style = load_frozen_tools(entry.tools_path), entry.call_error_style()
+    core, scenarios, checked = env.unwrapped, catalogue().scenarios, 0
+    for schema in tools + [{"type": "function", "function": {"name": "no_such_tool", "parameters": {}}}]:
+        name = schema["function"]["name"]
+        offering = next((t for t in core.task_ids if name in scenarios[t].starting_context.tool_allow_list), core.task_ids[0])
+        for arguments in ({"zzz": 1}, {}):
+            core.reset(options={"task_id": offering})
+            theirs, *_ = core.step(T(name, arguments))
+            ours = call_error(tools, name, arguments, style)
+            if ours is None:  # names right: ToolSandbox runs it
+                assert "unexpected keyword" not in theirs and "missing a required" not in theirs, theirs
+            elif name == "no_such_tool":
+                assert theirs.startswith(ours)  # ToolSandbox goes on to list the tools it offered
+            else:
+                assert ours == theirs
+            checked += 1
+    assert checked > 40
+
+
 def test_variants_are_selectable_by_split(env):
     core = gym.make("trace/toolsandbox-v0", split="tool_name_scrambled").unwrapped
     name = "cellular_off_3_distraction_tools_tool_name_scrambled"

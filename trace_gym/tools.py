@@ -143,6 +143,10 @@ class CallErrorStyle:
     unknown_tool: str = "Error: Tool '{name}' not found."
     unexpected_argument: str = "Error: {prefix}{name}() got an unexpected keyword argument '{argument}'"
     missing_arguments: str = "Error: {prefix}{name}() missing {count} required positional argument{plural}: {arguments}"
+    # ToolSandbox binds arguments with inspect.Signature.bind: a missing argument is
+    # reported before an unexpected one, and only the first missing one is named.
+    missing_first: bool = False
+    first_missing_only: bool = False
     tool_exception: str = "Error: {message}"
     """An exception raised inside a tool: τ²-bench answers ``Error: <str(exception)>``."""
 
@@ -158,11 +162,12 @@ def call_error(tools: Iterable[ToolSchema], name: str, arguments: dict[str, Any]
         return style.unknown_tool.format(name=name, prefix=style.prefix)
     params = tool_parameters(by_name[name])
     known = params.get("properties", {}) or {}
-    for argument in arguments:
-        if argument not in known:
-            return style.unexpected_argument.format(name=name, argument=argument, prefix=style.prefix)
+    unexpected = [a for a in arguments if a not in known]
     missing = [a for a in params.get("required", []) or [] if a not in arguments]
+    if unexpected and not (missing and style.missing_first):
+        return style.unexpected_argument.format(name=name, argument=unexpected[0], prefix=style.prefix)
     if missing:
+        missing = missing[:1] if style.first_missing_only else missing
         quoted = [f"'{a}'" for a in missing]
         listed = quoted[0] if len(quoted) == 1 else (" and ".join(quoted) if len(quoted) == 2 else ", ".join(quoted[:-1]) + ", and " + quoted[-1])
         return style.missing_arguments.format(name=name, prefix=style.prefix, count=len(missing),

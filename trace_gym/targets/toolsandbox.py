@@ -65,6 +65,8 @@ class ScenarioExclusionWarning(UserWarning):
 def import_tool_sandbox():
     """Import ToolSandbox, or say how to install it."""
     try:
+        import langchain_core  # noqa: F401  (first: on import it re-enables its deprecation warnings)
+
         with _quiet():
             import tool_sandbox.common.tool_conversion  # noqa: F401
             import tool_sandbox.roles.execution_environment  # noqa: F401
@@ -593,10 +595,7 @@ def constraint_kinds(milestone: Any) -> list[str]:
             if namespace != "SANDBOX":
                 kind = f"state:{namespace.lower()}"
             elif row.get("tool_trace"):
-                try:
-                    kind = "tool_call:" + json.loads(row["tool_trace"]).get("tool_name", "?")
-                except (TypeError, ValueError):
-                    kind = "tool_call:?"
+                kind = "tool_call:" + "|".join(traced_tool_names(row["tool_trace"]))
             elif str(row.get("sender")) == "AGENT" and str(row.get("recipient")) == "EXECUTION_ENVIRONMENT":
                 kind = f"tool_call:{row.get('content') or '?'}"  # the agent's call, by the tool it names
             elif str(row.get("sender")) == "AGENT" and str(row.get("recipient")) == "USER":
@@ -606,3 +605,17 @@ def constraint_kinds(milestone: Any) -> list[str]:
             if kind not in kinds:
                 kinds.append(kind)
     return kinds
+
+
+def traced_tool_names(tool_trace: str) -> list[str]:
+    """The tool(s) a milestone's expected trace names; a list of traces holds alternatives."""
+    try:
+        trace = json.loads(tool_trace)
+    except (TypeError, ValueError):
+        return ["?"]
+    names = []
+    for item in trace if isinstance(trace, list) else [trace]:
+        name = item.get("tool_name", "?") if isinstance(item, dict) else "?"
+        if name not in names:
+            names.append(name)
+    return names or ["?"]
