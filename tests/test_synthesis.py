@@ -124,8 +124,9 @@ def test_an_escaping_answer_is_stopped_and_the_report_names_the_layer(tmp_path, 
     assert outcome.status == "failed"
     layer = outcome.attempts[0].stopped_by
     expected = {"reads a host file": "static gate", "opens a socket": "static gate",
-                "walks to os through module attributes": "sandbox worker"}[escape]
+                "walks to os through module attributes": "sandbox "}[escape]  # the language layer or the worker's proxies
     assert layer.startswith(expected), (layer, outcome.attempts[0].evidence)
+    assert f"refused by {layer}" in outcome.message
     assert not (tmp_path / "registry" / "exact-lookup").exists()
     assert [p.name for p in (tmp_path / "registry").iterdir() if not p.name.startswith(".")] == []
 
@@ -143,6 +144,18 @@ def test_an_answer_that_never_validates_ends_at_the_limit_with_the_last_report(t
     assert "reward_range" in outcome.last_report and "FAILED" in outcome.last_report
     assert sorted(p.name for p in registry.iterdir() if p.name != ".synthesis") == before
     assert (registry / "keep.txt").read_text() == "untouched"
+
+    # the command line says the same: exit 1, the last report, which layer refused it
+    with OpenAIDouble(replay(fenced(BUGGY))) as double:
+        env = {"OPENAI_BASE_URL": double.base_url, "OPENAI_API_KEY": "test-key"}
+        cli = run_cli("synthesize", "--capabilities", str(capabilities_file(tmp_path)), "--target", TARGET,
+                      "--analyst", "openai:double", "--registry", str(registry), "--backend", "bwrap", "--seeds", "30",
+                      "--max-attempts", "2", "--cache", str(tmp_path / "cli-cache"), env=env)
+    assert cli.returncode == 1, cli.stderr[-2000:]
+    assert "FAILED" in cli.stdout and "refused by validation" in cli.stdout and "last report for exact_lookup" in cli.stdout
+    assert "FAIL  reward_range" in cli.stdout and "2 calls" in cli.stdout
+    assert "attempt 1" in cli.stderr and "attempt 2" in cli.stderr  # progress per attempt
+    assert sorted(p.name for p in registry.iterdir() if p.name != ".synthesis") == before
 
 
 @pytest.mark.slow

@@ -190,7 +190,10 @@ class Synthesizer:
                            f"{last.stopped_by}: {', '.join(last.failing_checks)}); nothing was registered",
                            attempts=attempts, last_report=last_report)
         code, report, calibration = best
-        self._write(capability, env_id, staging, folder, code, attempts, calibration)
+        try:
+            self._write(capability, env_id, staging, folder, code, attempts, calibration)
+        except SynthesisError as exc:
+            return Outcome(capability.name, "failed", f"{exc}; nothing was registered", attempts=attempts, last_report=last_report)
         in_band = "" if calibration is None else (" (calibration in band)" if calibration["in_band"] else
                                                   " (WARNING: calibration still out of band after "
                                                   f"{self.config.max_calibration_rounds} rounds; the closest variant was kept)")
@@ -343,6 +346,7 @@ def _calibration_figures(calibration: dict[str, Any] | None) -> dict[str, Any]:
 
 # --- evidence and layers -------------------------------------------------------------
 _RUNTIME_MARKERS = {
+    "sandbox language layer (RestrictedPython guards)": ("refused by the language layer",),
     "sandbox worker (restricted builtins and module proxies)": ("not available in the sandbox", "not an allowed module",
                                                                "not allowed in the sandbox", "read-only in the sandbox"),
     "sandbox seccomp filter": ("seccomp",),
