@@ -27,6 +27,7 @@ from .channel import Channel, DockerChannel, PipeChannel
 from .errors import SandboxUnavailable
 
 SECCOMP_OPTIONAL = "-no-seccomp"
+RUNTIME_ENV = "TRACE_GYM_DOCKER_RUNTIME"
 from .rootfs import DEVICES, SANDBOX_UID, WORKER_IN_ROOTFS, ensure_rootfs, interpreter, rootfs_key, rootfs_tarball
 
 IMAGE_REPOSITORY = "trace-gym-sandbox"
@@ -144,11 +145,33 @@ class DockerBackend(Backend):
         self.runtime = gvisor_runtime(self.client)
 
     def describe(self) -> str:
-        return f"{self.name} (runtime {self.runtime or 'runc: no gVisor (runsc) in this engine'})"
+        return f"{self.name} (runtime {self.runtime or 'runc'})"
 
     def spawn(self, limits: Limits, python_args: tuple[str, ...] = WORKER_ARGS) -> Channel:
+        from docker.errors import DockerException
+
+        container = None
+        try:
+            container = self._create(limits, python_args)
+            check_container(container.attrs, limits)
+            sock = self.client.api.attach_socket(container.id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+            raw = getattr(sock, "_sock", sock)
+            container.start()
+        except (DockerException, SandboxUnavailable) as exc:
+            if container is not None:
+                try:
+                    container.remove(force=True)
+                except DockerException:
+                    pass
+            if isinstance(exc, SandboxUnavailable):
+                raise
+            hint = (f"; the engine's gVisor runtime failed: set {RUNTIME_ENV}=runc to use runc" if self.runtime else "")
+            raise SandboxUnavailable(f"the Docker engine could not start a sandbox container ({str(exc).splitlines()[0][:300]}){hint}") from None
+        return DockerChannel(container, raw, limits.max_message_bytes + 1024)
+
+    def _create(self, limits: Limits, python_args: tuple[str, ...]):
         extra = {"runtime": self.runtime} if self.runtime else {}
-        container = self.client.containers.create(
+        return self.client.containers.create(
             self.image,
             command=[self.python, *python_args],
             stdin_open=True,
@@ -169,17 +192,6 @@ class DockerBackend(Backend):
             ipc_mode="none",  # no /dev/shm: the capped /tmp is the only writable place
             **extra,
         )
-        try:
-            check_container(container.attrs, limits)
-        except SandboxUnavailable:
-            container.remove(force=True)
-            raise
-        sock = self.client.api.attach_socket(
-            container.id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
-        )
-        raw = getattr(sock, "_sock", sock)
-        container.start()
-        return DockerChannel(container, raw, limits.max_message_bytes + 1024)
 
 
 def check_container(attrs: dict, limits: Limits) -> None:
@@ -214,11 +226,17 @@ def check_container(attrs: dict, limits: Limits) -> None:
 
 
 def gvisor_runtime(client) -> str | None:
-    """'runsc' when the engine has gVisor's runtime (Debian package ``runsc``), else None."""
+    """'runsc' when the engine has gVisor's runtime (Debian package ``runsc``), else None;
+    ``$TRACE_GYM_DOCKER_RUNTIME`` (runsc or runc) overrides the choice."""
+    chosen = os.environ.get(RUNTIME_ENV, "auto")
+    if chosen == "runc":
+        return None
     try:
         runtimes = client.info().get("Runtimes") or {}
     except Exception:  # an engine that cannot say: plain runc
         return None
+    if chosen == "runsc" and "runsc" not in runtimes:
+        raise SandboxUnavailable(f"{RUNTIME_ENV}=runsc, but the Docker engine has no runsc runtime (dockerd --add-runtime runsc=/usr/bin/runsc)")
     return "runsc" if "runsc" in runtimes else None
 
 

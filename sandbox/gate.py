@@ -36,7 +36,6 @@ import functools
 import re
 from dataclasses import dataclass
 
-from RestrictedPython import compile_restricted_exec
 from RestrictedPython.transformer import IOPERATOR_TO_STR, RestrictingNodeTransformer, copy_locations
 
 from trace_gym.errors import TraceGymError
@@ -101,11 +100,16 @@ class EnvTransformer(RestrictingNodeTransformer):
             new.attr = attr
         return new
 
+    def visit_AnnAssign(self, node):
+        """``x: int = 0`` (dataclass fields): checked and transformed like an assignment."""
+        if node.simple and isinstance(node.target, ast.Name):
+            self.check_name(node, node.target.id)
+        return self.node_contents_visit(node)
+
     def visit_AugAssign(self, node):
         target = node.target
-        simple_attr = isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
-        simple_item = (isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name)
-                       and isinstance(target.slice, (ast.Name, ast.Constant)))
+        simple_attr = isinstance(target, ast.Attribute) and _plain(target.value)
+        simple_item = isinstance(target, ast.Subscript) and _plain(target.value) and _plain(target.slice)
         if not (simple_attr or simple_item):
             return super().visit_AugAssign(node)
         load = copy.deepcopy(target)
@@ -119,12 +123,27 @@ class EnvTransformer(RestrictingNodeTransformer):
         return assign
 
 
+def _plain(node) -> bool:
+    """A name, a constant or a dotted name: evaluating it twice changes nothing."""
+    return isinstance(node, (ast.Name, ast.Constant)) or (isinstance(node, ast.Attribute) and _plain(node.value))
+
+
 @functools.lru_cache(maxsize=64)
 def compile_env(source: str):
-    """(code, errors): env.py compiled by RestrictedPython (as ``env.py``, the name the
-    worker's tracebacks look for), or its refusals; cached, as the same env starts many workers."""
-    result = compile_restricted_exec(source, filename="env.py", policy=EnvTransformer)
-    return result.code, tuple(result.errors)
+    """(code, errors): env.py transformed by RestrictedPython's policy and compiled
+    (as ``env.py``, the name the worker's tracebacks look for), or its refusals;
+    cached, as the same env starts many workers. Compiled with ``dont_inherit``:
+    no ``__future__`` flag of trace-gym's or RestrictedPython's modules leaks in
+    (postponed annotations would break dataclasses in the worker)."""
+    try:
+        tree = ast.parse(source, filename="env.py")
+    except SyntaxError as exc:
+        return None, (f"Line {exc.lineno or 1}: SyntaxError: {exc.msg}",)
+    errors: list[str] = []
+    EnvTransformer(errors=errors, warnings=[], used_names={}).visit(tree)
+    if errors:
+        return None, tuple(errors)
+    return compile(tree, "env.py", "exec", dont_inherit=True), ()
 
 
 def check_source(source: str, filename: str = "env.py") -> list[Finding]:

@@ -305,8 +305,8 @@ def wrap(value, name: str):
         if sub in ALLOWED_MODULES:
             return ModuleProxy(value, sub)
         raise Refused(f"{name} is not an allowed module")
-    if isinstance(value, _CALLABLES) and getattr(value, "__module__", None) != "env":
-        return FunctionProxy(value, name)
+    if isinstance(value, _CALLABLES) and getattr(value, "__module__", None) != "env" and not hasattr(value, "__mro_entries__"):
+        return FunctionProxy(value, name)  # (typing.NamedTuple and TypedDict are functions used as bases: kept)
     return value
 
 
