@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 from trace_gym.errors import TraceGymError
 from trace_gym.hashing import code_hash
-from trace_gym.registry import VALIDATION_REPORT, EnvEntry, discover
+from trace_gym.registry import EnvEntry, discover
 from trace_gym.validation import ValidationConfig, ValidationReport, validate
 
 from .prompt import TEMPLATE_VERSION, Capability, TargetContext, generation_prompt, render, template_hash
