@@ -244,12 +244,18 @@ def test_the_host_words_misnamed_calls_exactly_as_live_toolsandbox(env):
 
     entry = get_entry("trace/toolsandbox-v0")
     tools, style = load_frozen_tools(entry.tools_path), entry.call_error_style()
-    core, scenarios, checked = env.unwrapped, catalogue().scenarios, 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        core = gym.make("trace/toolsandbox-v0", split="all").unwrapped
+    scenarios, checked = catalogue().scenarios, 0
+    unscrambled = [t for t in core.task_ids if not scenarios[t].starting_context.tool_augmentation_list]
     for schema in tools + [{"type": "function", "function": {"name": "no_such_tool", "parameters": {}}}]:
         name = schema["function"]["name"]
-        offering = next((t for t in core.task_ids if name in scenarios[t].starting_context.tool_allow_list), core.task_ids[0])
+        offering = next((t for t in unscrambled if name in scenarios[t].starting_context.tool_allow_list), None)
+        if offering is None and name != "no_such_tool":
+            continue  # offered only beside live-web tools (get_current_location): never played
         for arguments in ({"zzz": 1}, {}):
-            core.reset(options={"task_id": offering})
+            core.reset(options={"task_id": offering or unscrambled[0]})
             theirs, *_ = core.step(T(name, arguments))
             ours = call_error(tools, name, arguments, style)
             if ours is None:  # names right: ToolSandbox runs it

@@ -120,6 +120,18 @@ def test_frozen_tool_schemas_equal_the_live_package():
 
 
 @pytest.mark.slow
+def test_frozen_result_shapes_equal_the_live_package():
+    from trace_gym.freeze import live_result_shapes
+    from trace_gym.result_shapes import load_result_shapes
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        live = live_result_shapes(ENV_ID)
+    assert load_result_shapes(get_entry(ENV_ID).path) == json.loads(json.dumps(live))
+    assert live["tools"]["set_wifi_status"] == {"format": "text", "schema": {"type": "null"}}
+
+
+@pytest.mark.slow
 def test_rollout_random_on_the_default_split_then_identify_with_milestones(tmp_path):
     """The default split offline through the CLI; the milestone analyst on its trajectories
     (with correct episodes beside them, since a random agent solves nothing to contrast with)."""

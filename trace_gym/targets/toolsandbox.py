@@ -527,6 +527,27 @@ class ToolSandboxEnv(TextEnv):
             with _quiet():
                 self._roles[recipient].respond()
 
+    def result_shapes(self) -> dict[str, Any]:
+        """What each agent tool returns (frozen as ``results.json``): the JSON Schema
+        of the type the tool function is annotated to return, in the ``text``
+        format, because ToolSandbox answers with Python's ``repr`` of the value
+        (``None``, ``True``, ``[{'person_id': ...}]``), not JSON; so results are
+        checked only for being text. Errors are the exception line its console
+        prints (``TypeError: ...``, ``ValueError: ...``): no common prefix."""
+        import inspect
+
+        from pydantic import TypeAdapter
+
+        tools = {t["function"]["name"] for t in self._catalogue.all_agent_tools}
+        shapes = {}
+        for name, tool in catalogue_tools().items():
+            if name not in tools:
+                continue
+            returns = inspect.signature(tool).return_annotation
+            returns = type(None) if returns in (None, inspect.Signature.empty) else returns
+            shapes[name] = {"format": "text", "schema": TypeAdapter(returns).json_schema(mode="serialization")}
+        return {"error_prefix": "", "tools": shapes}
+
     @property
     def execution_context(self) -> Any:
         """The episode's ToolSandbox ``ExecutionContext`` (what its evaluator reads)."""
@@ -619,3 +640,10 @@ def traced_tool_names(tool_trace: str) -> list[str]:
         if name not in names:
             names.append(name)
     return names or ["?"]
+
+
+def catalogue_tools() -> dict[str, Any]:
+    """Every tool function ToolSandbox registers, by name."""
+    from tool_sandbox.common.tool_discovery import ToolBackend, get_all_tools
+
+    return get_all_tools(ToolBackend.DEFAULT)
