@@ -155,6 +155,45 @@ def test_frozen_tool_schemas_equal_the_live_package(domain):
     assert canonical_tools(frozen) == canonical_tools(live_tools(env_id))
 
 
+@pytest.mark.parametrize("domain", ["retail", "airline", "telecom", "mock"])
+def test_frozen_result_shapes_equal_the_live_package(domain):
+    from trace_gym.freeze import live_result_shapes
+    from trace_gym.result_shapes import load_result_shapes
+    from trace_gym.tools import canonical_json
+
+    env_id = f"trace/tau2-{domain}-v0"
+    frozen = load_result_shapes(get_entry(env_id).path)
+    assert frozen is not None and set(frozen["tools"]) == {t["function"]["name"] for t in load_frozen_tools(get_entry(env_id).tools_path)}
+    assert canonical_json(frozen) == canonical_json(live_result_shapes(env_id))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("domain, tasks", [("retail", None), ("airline", None), ("telecom", 40), ("mock", None)])
+def test_every_answer_tau2_gives_to_its_gold_actions_has_the_frozen_shape(domain, tasks):
+    """The fidelity check must accept the target itself: tau2's tools, run on tau2's
+    own DB along every task's gold actions, answer only in the frozen shapes."""
+    from tau2.data_model.message import ToolCall
+    from tau2.registry import registry
+
+    from trace_gym.result_shapes import load_result_shapes, result_problems
+
+    shapes = load_result_shapes(get_entry(f"trace/tau2-{domain}-v0").path)
+    answered, problems = 0, []
+    for task in registry.get_tasks_loader(domain)(None)[:tasks]:
+        env = registry.get_env_constructor(domain)(solo_mode=False)
+        init = task.initial_state
+        if init is not None:
+            env.set_state(initialization_data=init.initialization_data, initialization_actions=init.initialization_actions,
+                          message_history=init.message_history or [])
+        for action in (task.evaluation_criteria.actions if task.evaluation_criteria else None) or []:
+            call = ToolCall(id="gold", name=action.name, arguments=action.arguments, requestor=action.requestor)
+            response = env.get_response(call)
+            if action.requestor == "assistant":
+                answered += 1
+                problems += [(task.id, action.name, p) for p in result_problems(shapes, action.name, response.content)]
+    assert answered > 0 and not problems, problems[:3]
+
+
 def test_telecom_oracle_with_scripted_user_side_actions():
     env = gym.make("trace/tau2-telecom-v0", split="test")
     rewards = []

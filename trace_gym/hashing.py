@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-HASHED_FILES = ("env.py", "manifest.toml", "tools.json")
+HASHED_FILES = ("env.py", "manifest.toml", "tools.json", "results.json")  # results.json: a target's frozen result shapes
 
 
 def code_hash(folder: Path) -> str:

@@ -61,7 +61,8 @@ class EnvEntry:
         return CallErrorStyle(**self.manifest.get("call_errors", {}))
 
     def validation_status(self) -> str:
-        """trusted (targets), unvalidated, passed, failed, or stale (code changed since)."""
+        """trusted (targets), unvalidated, passed, failed, or stale (the env's code,
+        or its target's frozen interface, changed since)."""
         if self.kind == "target":
             return "trusted"
         report_path = self.path / VALIDATION_REPORT
@@ -74,6 +75,12 @@ class EnvEntry:
         from .hashing import code_hash  # local: keeps import trace_gym small
 
         if report.get("code_hash") != code_hash(self.path):
+            return "stale"
+        try:
+            target_hash = code_hash(get_entry(self.target).path)
+        except UnknownEnvError:
+            return "stale"  # its target is gone: nothing it was judged against is left
+        if report.get("target_hash") != target_hash:
             return "stale"
         return "passed" if report.get("passed") else "failed"
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .errors import TraceGymError
 from .registry import get_entry
+from .result_shapes import example_result, load_result_shapes
 from .tools import load_frozen_tools, tool_name, tool_parameters
 
 NAME = re.compile(r"^[a-z][a-z0-9-]{1,48}[a-z0-9]$")
@@ -24,7 +25,10 @@ import json
 import random
 
 TOOLS = ["{tool}"]
-STATES = ["active", "pending", "closed", "on hold", "archived"]
+STATES = {states}
+# What the target's {tool} returns, every field it writes (from its frozen results.json):
+# the validator's interface_fidelity check rejects results of any other shape.
+RECORD = {record}
 
 
 class Environment:
@@ -50,7 +54,7 @@ class Environment:
             if action.get("arguments", {{}}).get("{param}") != self.key:
                 return {{"observation": "Error: not found", "done": False}}
             self.looked_up = True
-            return {{"observation": json.dumps({{"{param}": self.key, "state": self.state}}), "done": False}}
+            return {{"observation": {observation}, "done": False}}
         self.answer = str(action.get("content", ""))
         return {{"observation": "Thank you!", "done": True}}
 
@@ -128,6 +132,7 @@ def new_env(name: str, target: str, dest: str | Path, capability: str = "", desc
     if folder.exists():
         raise TraceGymError(f"{folder} already exists; pick another name or remove it")
     tool, param = pick_tool(load_frozen_tools(entry.tools_path))
+    record, observation, states = _result_code(entry.path, tool, param)
     values = {
         "name": name,
         "target": entry.id,
@@ -138,12 +143,38 @@ def new_env(name: str, target: str, dest: str | Path, capability: str = "", desc
         "capability_description": _toml_text(description or "Describe the capability in one sentence."),
         "description": _toml_text(f"Trains {capability or name} for {entry.id}."),
         "folder": str(folder),
+        "record": record,
+        "states": states,
+        "observation": observation,
     }
     folder.mkdir(parents=True)
     (folder / "env.py").write_text(ENV_TEMPLATE.format(**values), encoding="utf-8")
     (folder / "manifest.toml").write_text(MANIFEST_TEMPLATE.format(**values), encoding="utf-8")
     (folder / "README.md").write_text(README_TEMPLATE.format(**values), encoding="utf-8")
     return folder
+
+
+DEFAULT_STATES = ["active", "pending", "closed", "on hold", "archived"]
+
+
+def _result_code(target_folder: Path, tool: str, param: str) -> tuple[str, str, str]:
+    """The scaffold's RECORD literal, the expression of its tool result and its
+    STATES: the target's frozen result shape with the looked-up key and the state
+    filled in. The state goes to a field with a fixed set of values (which then
+    are the STATES), else to the first plain string field; a text result is the state."""
+    shapes = load_result_shapes(target_folder)
+    if shapes is None or shapes["tools"].get(tool, {}).get("format") == "text":
+        return "None", "self.state", repr(DEFAULT_STATES)
+    record = example_result(shapes, tool)
+    properties = shapes["tools"][tool]["schema"].get("properties") or {}
+    strings = [(name, sub) for name, sub in properties.items() if sub.get("type") == "string" and name != param and "const" not in sub]
+    if not isinstance(record, dict) or not strings:
+        return repr(record), "json.dumps(RECORD)", repr(DEFAULT_STATES)
+    name, sub = next(((n, s) for n, s in strings if s.get("enum")), strings[0])
+    states = list(sub["enum"]) if sub.get("enum") else DEFAULT_STATES
+    fills = {param: "self.key"} if param in record else {}
+    fills[name] = "self.state"
+    return repr(record), "json.dumps(dict(RECORD, " + ", ".join(f"{k}={v}" for k, v in fills.items()) + "))", repr(states)
 
 
 def _toml_text(text: str) -> str:

@@ -37,7 +37,10 @@ class Environment:
                                   "country": "USA", "state": old_state, "zip": self.zip},
                       "items": [{"name": "Backpack", "product_id": "2524789262", "item_id": "%010d" % rng.randrange(10**10), "price": price, "options": {}}],
                       "status": self.status, "fulfillments": [],
-                      "payment_history": [{"transaction_type": "payment", "amount": price, "payment_method_id": "paypal_%07d" % rng.randrange(10**7)}]}
+                      "payment_history": [{"transaction_type": "payment", "amount": price, "payment_method_id": "paypal_%07d" % rng.randrange(10**7)}],
+                      # every field tau2's Order has, as tau2 writes it (None as null)
+                      "cancel_reason": None, "exchange_items": None, "exchange_new_items": None, "exchange_payment_method_id": None, "exchange_price_difference": None,
+                      "return_items": None, "return_payment_method_id": None}
         self.found_user = False
         self.read_order = False
         self.confirmed = False

@@ -48,7 +48,10 @@ class Environment:
                 history.append({"transaction_type": "refund", "amount": total, "payment_method_id": card})
             self.orders[order_id] = {"order_id": order_id, "user_id": self.user_id, "address": self._address(rng), "items": items,
                                      "status": status, "fulfillments": [], "payment_history": history,
-                                     "cancel_reason": "no longer needed" if status == "cancelled" else None}
+                                     "cancel_reason": "no longer needed" if status == "cancelled" else None,
+                                     # the other fields tau2's Order has, as tau2 writes them (None as null)
+                                     "exchange_items": None, "exchange_new_items": None, "exchange_payment_method_id": None, "exchange_price_difference": None,
+                                     "return_items": None, "return_payment_method_id": None}
         self.kind = rng.choice(["delivered_total", "priciest_item", "count_product"])
         if self.kind == "delivered_total" and not any(o["status"] == "delivered" for o in self.orders.values()):
             next(iter(self.orders.values()))["status"] = "delivered"

@@ -57,6 +57,8 @@ class Environment:
                       "address": {"address1": "%d Oak Avenue" % rng.randrange(1, 999), "address2": "", "city": "Denver", "country": "USA", "state": "CO", "zip": "%05d" % rng.randrange(10000, 99999)},
                       "items": items, "status": "delivered", "fulfillments": [{"tracking_id": ["%012d" % rng.randrange(10**12)], "item_ids": [i["item_id"] for i in items]}],
                       "payment_history": [{"transaction_type": "payment", "amount": total, "payment_method_id": original}],
+                      # every field tau2's Order has, as tau2 writes it (None as null)
+                      "cancel_reason": None, "exchange_items": None, "exchange_new_items": None, "exchange_payment_method_id": None, "exchange_price_difference": None,
                       "return_items": None, "return_payment_method_id": None}
         self.return_calls = []
         self.found_user = False

@@ -61,7 +61,9 @@ class Environment:
             "address": {"address1": "%d Main Street" % rng.randrange(1, 999), "address2": "", "city": "Austin", "country": "USA", "state": "TX", "zip": self.zip},
             "items": [{"name": rng.choice(ITEMS), "product_id": "%010d" % rng.randrange(10**10), "item_id": "%010d" % rng.randrange(10**10), "price": price, "options": {}}],
             "status": status, "fulfillments": [], "payment_history": [{"transaction_type": "payment", "amount": price, "payment_method_id": self.card}],
-            "cancel_reason": None,
+            # every field tau2's Order has, as tau2 writes it (None as null)
+            "cancel_reason": None, "exchange_items": None, "exchange_new_items": None, "exchange_payment_method_id": None, "exchange_price_difference": None,
+            "return_items": None, "return_payment_method_id": None,
         }
         return order_id
 

@@ -251,6 +251,31 @@ class Tau2Env(TextEnv):
         )
         return score_from_reward_info(reward_info, termination_reason)
 
+    def result_shapes(self) -> dict[str, Any]:
+        """What each agent tool returns, from tau2 itself: the JSON Schema of the
+        type the tool function is annotated to return, and how tau2's
+        ``Environment.to_json_str`` sends it (a ``str`` as is; anything else as a
+        JSON document), plus the prefix of its error answers (``get_response``
+        writes ``Error: <exception>``). Frozen as ``results.json``."""
+        import inspect
+
+        from pydantic import TypeAdapter
+        from tau2.data_model.message import ToolCall as Tau2ToolCall
+
+        probe = self._env_constructor(solo_mode=False)
+        shapes = {}
+        for name, function in probe.tools.tools.items():
+            returns = inspect.signature(function).return_annotation
+            if returns is inspect.Signature.empty:
+                raise TargetUnavailableError(f"tau2 {self.domain} tool {name} has no return annotation to freeze")
+            schema = TypeAdapter(returns).json_schema(mode="serialization")
+            free = schema.get("type") == "object" and "properties" not in schema and schema.get("additionalProperties", True) is True
+            # str: sent as is. A free-form dict names no fields, and tau2's tools annotated so
+            # do not always return one (telecom's enable_roaming returns a str): either form.
+            shapes[name] = {"format": "text" if returns is str else "free" if free else "json", "schema": schema}
+        failed = probe.get_response(Tau2ToolCall(id="probe", name="no_such_tool", arguments={}))
+        return {"error_prefix": failed.content.split(":", 1)[0] + ": ", "tools": shapes}
+
     def oracle_actions(self) -> list[str] | None:
         """The task's gold actions as action texts; see ``tau2_user`` for the user side."""
         if self._task is None:
