@@ -1,0 +1,74 @@
+"""Wall time per GRPO iteration (G=4 seeds x K=4 rollouts, one optimizer step)
+on CPU with the embedded SmolLM2-135M on a reference env, through the same
+`trace_gym.training.train` that `trace-gym train` runs.
+
+Goal: <= 60 s per iteration, so the paper's 40 iterations take under 40
+minutes on CPU. The first iteration includes warm-up (sandbox workers
+started, first prefill); the figure to compare is the mean over the later
+ones, printed separately, split into episode play (rollout) and the TRL
+update (reference and policy forward passes, backward, optimizer, checkpoint).
+Timings depend on the machine's load: take them on an idle machine.
+
+Usage: python benchmarks/grpo_iteration.py [--env trace/tool-precision-v0]
+       [--iterations 3] [--max-new-tokens 64] [--threads N] [--device cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+GOAL_S = 60.0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--env", default="trace/tool-precision-v0", help="reference env id")
+    parser.add_argument("--iterations", type=int, default=3, help="iterations to time (the first is warm-up)")
+    parser.add_argument("--groups", type=int, default=4)
+    parser.add_argument("--rollouts-per-group", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens per model turn")
+    parser.add_argument("--max-steps", type=int, default=None, help="agent actions per episode (default: the env's)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    args = parser.parse_args()
+
+    from trace_gym.training import GRPOTrainingConfig, train
+
+    with tempfile.TemporaryDirectory(prefix="grpo-bench-") as folder:
+        config = GRPOTrainingConfig(
+            env_ids=[args.env], out=os.path.join(folder, "run"), iterations=args.iterations, groups=args.groups,
+            rollouts_per_group=args.rollouts_per_group, max_new_tokens=args.max_new_tokens, max_steps=args.max_steps,
+            torch_threads=args.threads, device=args.device,
+        )
+        t0 = time.perf_counter()
+        result = train(config, progress=False)
+        total = time.perf_counter() - t0
+        rows = [json.loads(line) for line in result.log.read_text().splitlines()]
+    import torch
+
+    print(f"GRPO iteration on {args.env}, embedded SmolLM2-135M, {args.device}, G{args.groups} x K{args.rollouts_per_group}, "
+          f"max_new_tokens {args.max_new_tokens}, torch threads {torch.get_num_threads()}, {os.cpu_count()} CPUs")
+    print(f"{'iter':>4} {'wall s':>8} {'rollout s':>10} {'update s':>9} {'tokens':>7} {'reward':>7}")
+    for r in rows:
+        update = r["wall_s"] - r["rollout_s"]
+        reward = "n/a" if r["mean_reward"] is None else f"{r['mean_reward']:.3f}"
+        print(f"{r['iteration']:>4} {r['wall_s']:>8.1f} {r['rollout_s']:>10.1f} {update:>9.1f} {r['tokens_sampled']:>7} {reward:>7}")
+    steady = [r["wall_s"] for r in rows[1:]] or [r["wall_s"] for r in rows]
+    per_iteration = statistics.fmean(steady)
+    print(f"wall time per GRPO iteration (G{args.groups}xK{args.rollouts_per_group}, "
+          f"{'after warm-up' if len(rows) > 1 else 'one iteration, warm-up included'}): {per_iteration:.1f} s "
+          f"(goal <= {GOAL_S:.0f} s: {'met' if per_iteration <= GOAL_S else 'NOT met'}); "
+          f"40 iterations at this rate: {per_iteration * 40 / 60:.0f} min (an estimate); whole run incl. model load {total:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,199 @@
+"""GRPO training runs on CPU with the embedded model, kept tiny (G=2 or 1, K=2,
+a few tokens per turn): the LoRA changes and reloads, the training batch gives
+no loss weight to hint or environment tokens, kill -9 then --resume, and the
+env pool's replace-and-retry around dead sandbox workers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import FIXTURE_ENVS
+
+os.environ.setdefault("TRACE_GYM_REGISTRY_PATH", str(FIXTURE_ENVS))
+
+pytest.importorskip("trl")
+
+TWO_REPLIES = "trace/test-two-replies-v0"
+HINT = "EXPERT GUIDANCE"  # what the fixture env adds to its system prompt with hint=True
+pytestmark = pytest.mark.slow
+
+
+def tiny_config(out: Path, **change):
+    from trace_gym.training import GRPOTrainingConfig
+
+    # lr well above the paper's 1e-5 so that two steps visibly move a 135M model
+    settings = dict(env_ids=[TWO_REPLIES], out=str(out), groups=2, rollouts_per_group=2, iterations=2, hint_share=0.5,
+                    max_new_tokens=12, learning_rate=1e-3, torch_threads=1)
+    return GRPOTrainingConfig(**{**settings, **change})
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """Two iterations on the two-replies env, with TRL's scored batches captured."""
+    from trace_gym.training import build_trainer, run_trainer
+
+    config = tiny_config(tmp_path_factory.mktemp("grpo") / "run")
+    trainer, parts = build_trainer(config, progress=False)
+    captured = []
+    original = trainer._generate_and_score_completions
+
+    def spy(inputs):
+        out = original(inputs)
+        captured.append((out, list(parts["rollout"].last_outcomes), parts["rollout"].last_batch))
+        return out
+
+    trainer._generate_and_score_completions = spy
+    result = run_trainer(config, trainer, parts)
+    return config, result, captured, trainer.processing_class
+
+
+def test_two_iterations_log_rewards_and_change_the_lora(trained):
+    from safetensors.torch import load_file
+
+    config, result, _, _ = trained
+    rows = [json.loads(line) for line in result.log.read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [1, 2]
+    assert [r["rollouts"] for r in rows] == [4, 8]
+    for r in rows:
+        assert 0.0 <= r["mean_reward"] <= 1.0 and r["kl"] is not None and r["loss"] is not None
+        assert set(r["reward_components"]) == {"length", "mentions_order"} and r["hinted"] == 2
+    assert result.reward_curve is not None and result.reward_curve.exists()
+    weights = load_file(str(result.adapter / "adapter_model.safetensors"))
+    lora_b = [v for k, v in weights.items() if "lora_B" in k]
+    assert lora_b and any(float(v.abs().max()) > 0 for v in lora_b)  # peft starts every lora_B at zero
+    assert weights[next(k for k in weights if "lora_A" in k)].shape[0] == config.lora_rank
+
+
+def test_training_batch_gives_no_loss_weight_to_hint_or_environment_tokens(trained):
+    _, _, captured, tokenizer = trained
+    assert len(captured) == 2
+    for out, outcomes, batch in captured:
+        weights = out["completion_mask"] * out["tool_mask"]  # TRL's loss mask
+        for row, outcome in enumerate(outcomes):
+            turns = outcome.played.tokens.turns
+            sampled = [t for turn in turns for t in turn.completion_ids]
+            completion = out["completion_ids"][row]
+            weighted = completion[weights[row].bool()].tolist()
+            assert weighted == sampled  # exactly the tokens the model sampled, in order
+            unweighted = tokenizer.decode(completion[(1 - weights[row]).bool() & out["completion_mask"][row].bool()])
+            if len(turns) > 1:  # the user's answer sits between the turns, without weight
+                assert "Can you tell me more?" in unweighted
+                assert "Can you tell me more?" not in tokenizer.decode(weighted)
+            prompt = tokenizer.decode(out["prompt_ids"][row][out["prompt_mask"][row].bool()])
+            assert HINT not in prompt and HINT not in tokenizer.decode(weighted)
+            own_prompt = tokenizer.decode(turns[0].prompt_ids)
+            if batch["hinted"][row]:
+                assert HINT in own_prompt  # played with the hint, updated without it
+                mate = next(r for r in range(len(outcomes)) if r // 2 == row // 2 and not batch["hinted"][r])
+                assert batch["prompt_ids"][row] == batch["prompt_ids"][mate]
+            else:
+                assert HINT not in own_prompt
+
+
+def test_saved_adapter_reloads_through_local_hf_and_changes_generations(trained):
+    from trace_gym.llm import GenerationRequest, make_backend
+
+    _, result, _, _ = trained
+    backend = make_backend("smollm2-135m-instruct", adapters={"trained": str(result.adapter)})
+    prompts = [[{"role": "system", "content": "You are a retail support agent."},
+                {"role": "user", "content": f"Hi! Where is my order #W{n}?"}] for n in (1234567, 7654321)]
+    requests = [GenerationRequest(messages=m, max_new_tokens=24, adapter=a) for m in prompts for a in (None, "trained")]
+    base_a, tuned_a, base_b, tuned_b = backend.complete(requests)
+    assert base_a.tokens.completion_ids != tuned_a.tokens.completion_ids or base_b.tokens.completion_ids != tuned_b.tokens.completion_ids
+
+
+def test_kill_9_during_iteration_2_then_resume(tmp_path):
+    out = tmp_path / "run"
+    exe = str(Path(sys.executable).parent / "trace-gym")
+    args = [exe, "train", "--env", TWO_REPLIES, "--out", str(out), "--iterations", "2", "--groups", "1",
+            "--rollouts-per-group", "2", "--max-new-tokens", "8", "--lr", "1e-3", "--threads", "1", "--hint-share", "0"]
+    env = {**os.environ, "TRACE_GYM_REGISTRY_PATH": str(FIXTURE_ENVS)}
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    state = out / "checkpoints" / "checkpoint-1" / "trainer_state.json"
+    deadline = time.monotonic() + 900
+    try:
+        while not state.exists():
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "iteration 1 did not finish in 15 minutes"
+            time.sleep(0.5)
+        time.sleep(2)  # iteration 2 is under way (an iteration takes far longer)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert not (out / "checkpoints" / "checkpoint-2").exists() and not (out / "adapter").exists()
+    assert [json.loads(line)["iteration"] for line in (out / "train_log.jsonl").read_text().splitlines()] == [1]
+    resumed = subprocess.run([*args, "--resume", "--json"], env=env, capture_output=True, text=True, timeout=900)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    result = json.loads(resumed.stdout.strip().splitlines()[-1])
+    assert result["resumed_from"] == 1 and result["iterations"] == 2 and result["rollouts"] == 4
+    rows = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [1, 2]
+    assert rows[1]["elapsed_s"] >= rows[0]["elapsed_s"]
+    assert (out / "adapter" / "adapter_model.safetensors").exists()
+
+
+def test_pool_replaces_a_dead_worker_retries_once_then_counts_the_episode_failed():
+    from trace_gym.agents import make_agent
+    from trace_gym.llm import make_backend
+    from trace_gym.registry import make
+    from trace_gym.rollout import Episode
+    from trace_gym.training.pool import EnvPool
+
+    backend = make_backend("smollm2-135m-instruct")
+    pool = EnvPool(lambda env_id: make(env_id), recycle_after=2)
+    episodes = [Episode(None, 0, 11, env_seed=5), Episode(None, 1, 12, env_seed=5), Episode(None, 2, 13, env_seed=5)]
+    agents = [make_agent("llm", model=backend, temperature=1.0, max_new_tokens=6) for _ in episodes]
+    attempts = {0: 0, 1: 0}
+
+    def configure(env, i):
+        core = env.unwrapped
+        if i == 0:  # dies mid-episode on the first attempt only
+            attempts[0] += 1
+            if attempts[0] == 1:
+                step = core._step
+
+                def dying_step(action):
+                    core.worker._channel.kill()
+                    return step(action)
+
+                core._step = dying_step
+        elif i == 1:  # dead before every reset
+            attempts[1] += 1
+            core.worker._channel.kill()
+
+    try:
+        outcomes = pool.play(TWO_REPLIES, episodes, agents, configure)
+        assert [o.attempts for o in outcomes] == [2, 2, 1]
+        assert not outcomes[0].failed and outcomes[0].played.trajectory.reward_info
+        assert outcomes[1].failed and "reset" in outcomes[1].failure and "Sandbox" in outcomes[1].failure
+        assert not outcomes[2].failed
+        assert pool.stats.retried == 2 and pool.stats.failed == 1 and pool.stats.replaced >= 3
+        kept = pool.envs[TWO_REPLIES][0]  # the fresh instance that replayed episode 0: one episode so far
+        outcomes = pool.play(TWO_REPLIES, episodes[2:], agents[2:])  # the next iteration reuses the pool
+        assert not outcomes[0].failed and pool.envs[TWO_REPLIES][0] is kept and pool.stats.recycled == 0
+        pool.play(TWO_REPLIES, episodes[2:], agents[2:])  # two episodes played: recycled first
+        assert pool.envs[TWO_REPLIES][0] is not kept and pool.stats.recycled == 1
+    finally:
+        pool.close()
+
+
+def test_grpo_on_the_target_baseline_runs_one_iteration(tmp_path):
+    """The GRPO-on-target baseline: the same trainer on a τ² target's tasks (in-process,
+    scripted user); targets take no hint, so every rollout is hint-free."""
+    pytest.importorskip("tau2")
+    from trace_gym.training import train
+
+    config = tiny_config(tmp_path / "run", env_ids=["trace/tau2-mock-v0"], groups=1, iterations=1, max_new_tokens=8,
+                         max_steps=2, hint_share=0.5)
+    result = train(config, progress=False)
+    [row] = [json.loads(line) for line in result.log.read_text().splitlines()]
+    assert row["rollouts"] == 2 and row["hinted"] == 0 and row["failed_episodes"] == 0
+    assert row["mean_reward"] is not None and (result.adapter / "adapter_model.safetensors").exists()
