@@ -7,25 +7,12 @@ import shutil
 
 import pytest
 
-from conftest import FIXTURE_ENVS
+from test_validation import ORDER_LOOKUP, QUICK, variant
 from trace_gym.registry import get_entry
 from trace_gym.result_shapes import example_result, load_result_shapes, result_problems
 from trace_gym.validation import ValidationConfig, validate
 
-ORDER_LOOKUP = FIXTURE_ENVS / "order-lookup"
-QUICK = ValidationConfig(seeds=40, floor_seeds=12, determinism_seeds=3)
 TWO_MINUTES = 120.0
-
-
-def variant(tmp_path, replace: dict[str, str]):
-    folder = tmp_path / "hostile"
-    shutil.copytree(ORDER_LOOKUP, folder)
-    source = (folder / "env.py").read_text()
-    for old, new in replace.items():
-        assert old in source, old
-        source = source.replace(old, new)
-    (folder / "env.py").write_text(source)
-    return folder
 
 
 @pytest.mark.slow
@@ -54,13 +41,15 @@ def test_an_absurd_max_steps_that_never_ends_fails_termination_under_the_validat
     assert "without the env ending them" in termination.evidence
 
 
-def test_the_time_budget_fails_the_running_check_and_skips_the_rest(tmp_path):
-    report = validate(ORDER_LOOKUP, backend="bwrap", write=False,
-                      config=ValidationConfig(seeds=40, floor_seeds=12, determinism_seeds=3, time_budget_s=3.0))
-    assert not report.passed and report.wall_s < 3.0 + 15.0
-    ran_out = [c for c in report.checks if c.passed is False and "time budget (3s) ran out" in c.evidence]
-    assert len(ran_out) == 1, report.table()
-    after = report.checks[report.checks.index(ran_out[0]) + 1:]
+def test_the_time_budget_fails_the_running_check_and_skips_the_rest():
+    """A spent budget (here: none at all) fails the check that meets it and skips the rest."""
+    report = validate(ORDER_LOOKUP, backend="bwrap", write=False, config=ValidationConfig(seeds=40, time_budget_s=0.0))
+    assert not report.passed
+    names = [c.name for c in report.checks]
+    fidelity = report.checks[names.index("interface_fidelity")]
+    assert fidelity.passed is False and "time budget (0s) ran out" in fidelity.evidence, report.table()
+    assert all(c.passed is True for c in report.checks[:names.index("interface_fidelity")])  # no sandbox needed
+    after = report.checks[names.index("interface_fidelity") + 1:]
     assert after and all(c.passed is None and "time budget ran out" in c.evidence for c in after)
 
 
