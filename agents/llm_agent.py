@@ -1,26 +1,32 @@
 """LLMAgent: a model behind any backend (local Hugging Face, the embedded
 SmolLM2, an OpenAI-compatible server) as a trace-gym agent.
 
-It keeps the conversation in OpenAI chat format, turns each observation into a
-tool message (after its own tool calls) or a user message, and sends the
-model's text to the env as it is: the env parses it with the same parser the
-agent uses to understand its own turn. After ``max_malformed`` unparsable
-outputs in a row the episode is given up with ``AgentGaveUp`` (recorded in
-the trajectory, not a crash of the run).
+One conversation, not two: the model is conditioned on the env's own
+transcript (``TextEnv.conversation()``: the agent's text kept on tool-call
+turns, one tool message per call), never on a copy the agent rebuilds from
+observation strings. The model's text goes to the env as it is; the env parses
+it with the same parser the agent uses to count malformed turns. After
+``max_malformed`` unparsable outputs in a row the episode is given up with
+``AgentGaveUp`` (recorded in the trajectory, not a crash of the run).
+
+With a token-level backend (``LocalHF``) the agent keeps the episode as tokens
+(``self.tokens``, a ``TokenEpisode``): each turn's prompt is the previous
+prompt + the sampled completion + the new environment messages rendered on
+their own, never a re-tokenization of decoded text.
 
 For batched rollouts the turn is split in two: ``request()`` gives the
-conversation to generate from, ``receive(completion)`` takes the answer.
+``GenerationRequest`` (with this episode's own seed, temperature and
+adapter), ``receive(completion)`` takes the answer.
 """
 
 from __future__ import annotations
 
-import re
+import uuid
+import zlib
 from typing import Any
 
 from trace_gym.actions import parse_action
 from trace_gym.errors import TraceGymError
-
-_RESPONSE_BLOCK = re.compile(r'<tool_response name="[^"]*" id="([^"]*)">\n(.*?)\n</tool_response>', re.DOTALL)
 
 
 class AgentGaveUp(TraceGymError):
@@ -44,90 +50,97 @@ class LLMAgent:
         self.max_new_tokens = max_new_tokens
         self.seed = seed
         self.max_malformed = max_malformed
-        self.messages: list[dict[str, Any]] = []
         self.tools: list[dict[str, Any]] = []
-        self._pending_calls: list[str] = []
+        self.tokens: Any = None  # the episode's TokenEpisode, with a token-level backend
+        self.session: str | None = None
+        self._env: Any = None
+        self._seen = 0  # transcript messages already in the token sequence
+        self._prefix_len = 0
         self._malformed = 0
-        self._calls = 0
         self._usage = {"prompt_tokens": 0, "completion_tokens": 0}
         self._turn = 0
         self._episode_seed = 0
+        self._episode_sample = 0
+
+    @property
+    def token_level(self) -> bool:
+        return bool(getattr(self.backend, "token_level", False))
 
     def reset(self, observation: str, info: dict[str, Any], env: Any = None) -> None:
+        from trace_gym.llm import TokenEpisode
+
+        if env is None or not hasattr(env.unwrapped, "conversation"):
+            raise TraceGymError("LLMAgent is conditioned on the env's own transcript: pass a trace-gym env to reset()")
+        self.end_episode()
+        self._env = env.unwrapped
         self.tools = list(info.get("tools") or [])
-        self.messages = [{"role": "system", "content": info.get("system_prompt", "")}, {"role": "user", "content": observation}]
-        self._pending_calls = []
+        self.tokens = TokenEpisode() if self.token_level else None
+        self.session = uuid.uuid4().hex
+        self._seen = 0
+        self._prefix_len = 0
         self._malformed = 0
         self._usage = {"prompt_tokens": 0, "completion_tokens": 0}
         self._turn = 0
         self._episode_seed = int(info.get("episode_seed") or 0)
+        self._episode_sample = int(info.get("episode_sample") or 0)
+
+    def end_episode(self) -> None:
+        """Let the backend forget this episode's cache."""
+        if self.session is not None and hasattr(self.backend, "release"):
+            self.backend.release(self.session)
+        self.session = None
 
     def act(self, observation: str) -> str:
-        self.observe(observation)
-        [completion] = self.backend.generate([self.messages], **self.generation_kwargs())
+        [completion] = self.backend.complete([self.request()])
         return self.receive(completion)
 
     # --- the two halves of a turn, for batched rollouts ------------------------------
-    def observe(self, observation: str) -> None:
-        """Add what the env said since the last action (nothing right after reset)."""
-        if self._turn == 0:
-            return
-        if self._pending_calls:
-            self.messages += tool_messages(self._pending_calls, observation)
-            self._pending_calls = []
-        else:
-            self.messages.append({"role": "user", "content": observation})
+    def request(self) -> Any:
+        from trace_gym.llm import GenerationRequest
 
-    def request(self) -> list[dict[str, Any]]:
-        return self.messages
+        messages = self._env.conversation()
+        request = GenerationRequest(
+            messages=messages, tools=self.tools, max_new_tokens=self.max_new_tokens, temperature=self.temperature,
+            seed=self._sampling_seed(), adapter=self.adapter, session=self.session,
+        )
+        if self.token_level:
+            request.prompt_ids, request.prefix_len = self._prompt_ids(), self._prefix_len
+        return request
 
-    def generation_kwargs(self) -> dict[str, Any]:
-        return {"tools": self.tools, "max_new_tokens": self.max_new_tokens, "temperature": self.temperature,
-                "seed": self.seed + self._episode_seed * 1000 + self._turn, "adapter": self.adapter}
+    def _sampling_seed(self) -> int:
+        """Per run seed, episode (env seed and sample) and turn: samples of one task differ."""
+        return zlib.crc32(f"{self.seed}|{self._episode_seed}|{self._episode_sample}|{self._turn}".encode()) & 0x7FFFFFFF
+
+    def _prompt_ids(self) -> list[int]:
+        from trace_gym.env import agent_conversation
+
+        transcript = self._env.messages
+        if not self.tokens.turns:
+            ids, self._prefix_len = self.backend.encode_conversation(agent_conversation(transcript), self.tools)
+            return ids
+        fresh = transcript[self._seen:]
+        if not fresh or fresh[0].role != "assistant":
+            raise TraceGymError("the env's transcript did not record the agent's last turn where expected")
+        last = self.tokens.turns[-1]
+        continuation = self.backend.encode_continuation(
+            fresh[0].to_openai(), agent_conversation(fresh[1:]), last.completion_ids)
+        return [*last.prompt_ids, *last.completion_ids, *continuation]
 
     def receive(self, completion: Any) -> str:
         self._turn += 1
         for key in self._usage:
             self._usage[key] += getattr(completion, key, None) or 0
+        if self.tokens is not None and completion.tokens is not None:
+            self.tokens.turns.append(completion.tokens)
+        self._seen = len(self._env.messages)  # the env records this action next, as one assistant message
         text = completion.text
-        parsed = parse_action(text)
-        if parsed.kind == "malformed":
+        if parse_action(text).kind == "malformed":
             self._malformed += 1
             if self._malformed >= self.max_malformed:
                 raise AgentGaveUp(f"the model's output did not parse as an action {self._malformed} times in a row (last: {text[:120]!r})")
-            self.messages.append({"role": "assistant", "content": text})
-            return text
-        self._malformed = 0
-        if parsed.kind == "tool_calls":
-            ids = [c.get("id") for c in completion.tool_calls] if len(completion.tool_calls) == len(parsed.tool_calls) else []
-            calls = []
-            for i, call in enumerate(parsed.tool_calls):
-                self._calls += 1
-                call_id = ids[i] if i < len(ids) and ids[i] else f"call_{self._calls}"
-                calls.append({"id": call_id, "type": "function",
-                              "function": {"name": call.name, "arguments": _json(call.arguments)}})
-            self.messages.append({"role": "assistant", "content": parsed.thought or None, "tool_calls": calls})
-            self._pending_calls = [c["id"] for c in calls]
         else:
-            self.messages.append({"role": "assistant", "content": parsed.content})
+            self._malformed = 0
         return text
 
     def usage(self) -> dict[str, int | None]:
         return dict(self._usage)
-
-
-def tool_messages(call_ids: list[str], observation: str) -> list[dict[str, Any]]:
-    """One tool message per call: the env renders several results as tagged blocks."""
-    if len(call_ids) == 1:
-        return [{"role": "tool", "tool_call_id": call_ids[0], "content": observation}]
-    blocks = _RESPONSE_BLOCK.findall(observation)
-    if len(blocks) == len(call_ids):
-        return [{"role": "tool", "tool_call_id": cid, "content": content} for cid, (_, content) in zip(call_ids, blocks)]
-    return [{"role": "tool", "tool_call_id": cid, "content": observation if i == 0 else "(see the previous result)"}
-            for i, cid in enumerate(call_ids)]
-
-
-def _json(value: Any) -> str:
-    import json
-
-    return json.dumps(value, ensure_ascii=False)

@@ -1,45 +1,101 @@
-"""LocalHF generation throughput on the embedded model: batch 1 against batch 8.
+"""LocalHF on the real workload: τ²-retail's first prompt (system policy + 15
+tool schemas, ~5k tokens) and a 4-turn episode, with the embedded model.
 
-Eight short customer-service prompts, 64 new tokens each (greedy, no early
-stop so every row generates the same count), timed as 8 single generations
-and as one batch of 8. Target (issue #5): batching >= 3x the tokens/s.
-Usage: python benchmarks/local_hf_throughput.py [NEW_TOKENS]
+1. Time per turn with the KV cache off and on, in one run, on the same greedy
+   episode (cached and uncached generation give the same tokens, so the turns
+   are the same work): time to first token and whole turn, and their ratios
+   over the turns after the first. Targets (issue #11): >= 10x less time to
+   first token, whole turn >= 3x faster.
+2. Decode tokens/s at batch 1 and batch 8 on that prompt (every row
+   generates exactly NEW_TOKENS: no early stop), decode time only.
+
+Usage: python benchmarks/local_hf_throughput.py [NEW_TOKENS] [TURNS]
 """
 
 from __future__ import annotations
 
+import statistics
 import sys
 import time
 
-from trace_gym.llm import EMBEDDED_DEFAULT, make_backend
+import gymnasium as gym
 
-PROMPTS = [
-    "Where is my order #W2378156?", "I want to return my headphones.", "Can you change my shipping address?",
-    "Cancel order #W1234567, I ordered it by mistake.", "What is your refund policy?", "My keyboard arrived broken.",
-    "How do I update my payment method?", "Exchange my thermostat for a Google Home one.",
-]
+import trace_gym  # noqa: F401
+from trace_gym.agents import LLMAgent
+from trace_gym.llm import EMBEDDED_DEFAULT, GenerationRequest, make_backend
+from trace_gym.rollout import Episode, _start
+
+ENV = "trace/tau2-retail-v0"
 
 
-def main(new_tokens: int = 64) -> None:
+def play_timed(backend, env, task: str, turns: int, new_tokens: int) -> list[dict]:
+    """One greedy episode; each turn's time to first token, whole time and ids."""
+    agent = LLMAgent(backend, max_new_tokens=new_tokens)
+    run = _start(env, agent, Episode(task, 0, 0))
+    timings = []
+    for _ in range(turns):
+        t0 = time.perf_counter()
+        [completion] = backend.complete([agent.request()])
+        stats = dict(backend.last_stats, turn_s=time.perf_counter() - t0, ids=completion.tokens.completion_ids,
+                     prompt=len(completion.tokens.prompt_ids))
+        timings.append(stats)
+        _, _, terminated, truncated, _ = env.step(agent.receive(completion))
+        if terminated or truncated:
+            break
+    agent.end_episode()
+    return timings
+
+
+def main(new_tokens: int = 32, turns: int = 4) -> None:
     backend = make_backend(EMBEDDED_DEFAULT)
-    eos = backend.tokenizer.eos_token_id
-    backend.model.generation_config.eos_token_id = None  # every row generates exactly new_tokens
-    conversations = [[{"role": "system", "content": "You are a retail support agent."}, {"role": "user", "content": p}] for p in PROMPTS]
-    backend.generate(conversations[:1], max_new_tokens=4)  # warm-up
-    t0 = time.perf_counter()
-    single = [backend.generate([c], max_new_tokens=new_tokens)[0] for c in conversations]
-    t1 = time.perf_counter()
-    batched = backend.generate(conversations, max_new_tokens=new_tokens)
-    t2 = time.perf_counter()
-    backend.model.generation_config.eos_token_id = eos
-    tokens_single = sum(c.completion_tokens for c in single)
-    tokens_batched = sum(c.completion_tokens for c in batched)
-    rate1, rate8 = tokens_single / (t1 - t0), tokens_batched / (t2 - t1)
-    print(f"device: {backend.device}, model: {EMBEDDED_DEFAULT}, {new_tokens} new tokens per prompt")
-    print(f"batch 1: {tokens_single} tokens in {t1 - t0:.1f} s = {rate1:.1f} tokens/s")
-    print(f"batch 8: {tokens_batched} tokens in {t2 - t1:.1f} s = {rate8:.1f} tokens/s")
-    print(f"speed-up from batching: {rate8 / rate1:.2f}x")
+    env = gym.make(ENV, split="test", max_steps=turns + 1)
+    task = env.unwrapped.task_ids[1]
+    print(f"device: {backend.device}, model: {EMBEDDED_DEFAULT}, {ENV} task {task}, up to {turns} turns, "
+          f"{new_tokens} new tokens at most per turn (greedy)")
+
+    backend.kv_cache = False
+    off = play_timed(backend, env, task, turns, new_tokens)
+    backend.kv_cache = True
+    backend.clear_cache()
+    on = play_timed(backend, env, task, turns, new_tokens)
+    same = [t["ids"] for t in off] == [t["ids"] for t in on]
+    print(f"\n{'turn':>4} {'prompt':>7} {'prefill off':>11} {'prefill on':>10} {'TTFT off s':>10} {'TTFT on s':>9} "
+          f"{'turn off s':>10} {'turn on s':>9}")
+    for k, (a, b) in enumerate(zip(off, on), 1):
+        print(f"{k:>4} {b['prompt']:>7} {a['prefill_tokens']:>11} {b['prefill_tokens']:>10} {a['ttft_s']:>10.2f} "
+              f"{b['ttft_s']:>9.2f} {a['turn_s']:>10.2f} {b['turn_s']:>9.2f}")
+    later = list(zip(off, on))[1:]
+    if later:
+        ttft = statistics.mean(a["ttft_s"] for a, _ in later) / statistics.mean(b["ttft_s"] for _, b in later)
+        whole = statistics.mean(a["turn_s"] for a, _ in later) / statistics.mean(b["turn_s"] for _, b in later)
+        print(f"turns after the first, cache off / on: time to first token {ttft:.1f}x (target >= 10x), "
+              f"whole turn {whole:.1f}x (target >= 3x); same tokens: {same}")
+    else:
+        print("the episode ended after one turn: no later turn to compare")
+    # Decode throughput on the real first prompt.
+    agent = LLMAgent(backend)
+    _start(env, agent, Episode(task, 0, 0))
+    prompt = agent.request()
+    eos = set(backend.stop_ids)
+    backend.stop_ids = set()  # every row decodes exactly new_tokens
+    try:
+        rates = {}
+        for size in (1, 8):
+            requests = [GenerationRequest(prompt.messages, prompt_ids=prompt.prompt_ids, prefix_len=prompt.prefix_len,
+                                          max_new_tokens=new_tokens, temperature=1.0, seed=s) for s in range(size)]
+            backend.complete(requests)
+            stats = backend.last_stats
+            decode_s = stats["total_s"] - stats["ttft_s"]
+            tokens = stats["decode_tokens"] - size  # the first token of each row comes with the prefill
+            rates[size] = tokens / decode_s
+            print(f"decode at batch {size}: {tokens} tokens in {decode_s:.1f} s = {rates[size]:.1f} tokens/s "
+                  f"(prompt {len(prompt.prompt_ids)} tokens)")
+        print(f"batch 8 / batch 1 decode throughput: {rates[8] / rates[1]:.2f}x")
+    finally:
+        backend.stop_ids = eos
+    agent.end_episode()
+    env.close()
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 64)
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 32, int(sys.argv[2]) if len(sys.argv) > 2 else 4)

@@ -13,7 +13,9 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
-Answer = Callable[[dict[str, Any]], dict[str, Any]]  # request body -> {"content": ...} or {"tool_calls": [...]}
+# request body -> {"content": ...} or {"tool_calls": [...]}, optionally with "top_logprobs":
+# [{"token", "logprob"}, ...] (returned when the request asks for logprobs)
+Answer = Callable[[dict[str, Any]], dict[str, Any]]
 
 
 class OpenAIDouble:
@@ -44,9 +46,13 @@ class OpenAIDouble:
                         for c in reply["tool_calls"]
                     ]
                 prompt = sum(len(str(m.get("content") or "")) // 4 for m in body.get("messages", []))
+                choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": "tool_calls" if reply.get("tool_calls") else "stop"}
+                if body.get("logprobs") and reply.get("top_logprobs"):  # the answer's first token and its alternatives
+                    top = [{"token": t["token"], "logprob": t["logprob"], "bytes": None} for t in reply["top_logprobs"]]
+                    choice["logprobs"] = {"content": [{**top[0], "top_logprobs": top[: body.get("top_logprobs") or 0]}]}
                 self._send(200, {
                     "id": f"chatcmpl-{uuid.uuid4().hex[:8]}", "object": "chat.completion", "created": 0, "model": body["model"],
-                    "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if reply.get("tool_calls") else "stop"}],
+                    "choices": [choice],
                     "usage": {"prompt_tokens": prompt, "completion_tokens": 7, "total_tokens": prompt + 7},
                 })
 
@@ -81,8 +87,9 @@ def gold_answer(scripts: dict[str, list[str]]) -> Answer:
 
     def answer(body: dict[str, Any]) -> dict[str, Any]:
         messages = body["messages"]
-        first_user = next(m["content"] for m in messages if m["role"] == "user")
-        turn = sum(1 for m in messages if m["role"] == "assistant")
+        start = next(i for i, m in enumerate(messages) if m["role"] == "user")
+        first_user = messages[start]["content"]
+        turn = sum(1 for m in messages[start:] if m["role"] == "assistant")  # not the env's greeting before it
         script = scripts[first_user]
         action = parse_action(script[min(turn, len(script) - 1)])
         if action.is_tool_call:

@@ -1,4 +1,16 @@
-"""What every backend returns, and its one error type."""
+"""What every backend takes and returns, and its one error type.
+
+- ``GenerationRequest``: one row of a batched generation, with its own
+  sampling settings (seed, temperature, adapter), so a batch of episodes never
+  borrows one episode's settings for all.
+- ``Completion``: one model turn as text (what the env hears), plus, from a
+  local model, the exact tokens (``TokenTurn``).
+- ``TokenEpisode``: a whole multi-turn episode at the token level, the shape a
+  GRPO trainer consumes (one id sequence, a mask that is 1 exactly on sampled
+  tokens, the sampled tokens' logprobs).
+
+Nothing here runs a model.
+"""
 
 from __future__ import annotations
 
@@ -14,15 +26,118 @@ class LLMError(TraceGymError):
 
 
 @dataclass
+class GenerationRequest:
+    """One conversation to continue, with its own settings.
+
+    ``prompt_ids``, when given (token-level backends), are the exact ids to
+    condition on; ``messages`` are then kept for reference only.
+    ``session`` names the episode the request belongs to, so a backend that
+    caches keys and values can extend that episode's cache turn by turn;
+    ``prefix_len`` says how many leading ``prompt_ids`` are the shareable
+    system prompt + tool schemas.
+    """
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    seed: int | None = None
+    adapter: str | None = None
+    prompt_ids: list[int] | None = None
+    prefix_len: int = 0
+    session: str | None = None
+
+
+@dataclass
+class TokenTurn:
+    """One agent turn at the token level.
+
+    ``prompt_ids`` are exactly the ids the model was conditioned on;
+    ``completion_ids`` exactly what it sampled (a closing end-of-turn token
+    included when it sampled one); ``logprobs[i]`` is the log-probability of
+    ``completion_ids[i]`` under the distribution it was sampled from (the
+    logits divided by the temperature; plain logits for greedy decoding).
+    """
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+
+
+@dataclass
+class TokenEpisode:
+    """A multi-turn episode as one token sequence.
+
+    Turn ``k+1``'s prompt is turn ``k``'s prompt + completion + the ids of
+    what the environment said in between (rendered with the chat template on
+    its own, never by re-tokenizing decoded text), so the whole episode is
+    the last prompt + the last completion, and ``mask`` is 1 exactly on the
+    positions the model sampled (0 on the system prompt, tool schemas, tool
+    results, user turns and template tokens).
+    """
+
+    turns: list[TokenTurn] = field(default_factory=list)
+
+    @property
+    def ids(self) -> list[int]:
+        if not self.turns:
+            return []
+        last = self.turns[-1]
+        return [*last.prompt_ids, *last.completion_ids]
+
+    def _spans(self) -> list[tuple[int, int]]:
+        return [(len(t.prompt_ids), len(t.prompt_ids) + len(t.completion_ids)) for t in self.turns]
+
+    @property
+    def mask(self) -> list[int]:
+        mask = [0] * len(self.ids)
+        for start, end in self._spans():
+            mask[start:end] = [1] * (end - start)
+        return mask
+
+    @property
+    def logprobs(self) -> list[float]:
+        """One value per position of ``ids``: the sampled token's logprob, 0.0 elsewhere."""
+        out = [0.0] * len(self.ids)
+        for (start, end), turn in zip(self._spans(), self.turns):
+            out[start:end] = turn.logprobs
+        return out
+
+    def check(self) -> None:
+        """Raise ``LLMError`` unless every turn extends the previous one token for token."""
+        for k in range(1, len(self.turns)):
+            before = [*self.turns[k - 1].prompt_ids, *self.turns[k - 1].completion_ids]
+            if self.turns[k].prompt_ids[: len(before)] != before:
+                raise LLMError(f"turn {k}'s prompt does not extend turn {k - 1}'s prompt + completion")
+
+    def for_grpo(self) -> dict[str, list]:
+        """The episode as TRL's ``GRPOTrainer`` ``rollout_func`` fields: the
+        first prompt, everything after it as the "completion", the logprobs over
+        that completion (0.0 on environment tokens) and ``env_mask`` (1 on sampled
+        tokens, 0 on environment, user and template tokens)."""
+        if not self.turns:
+            return {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": []}
+        start = len(self.turns[0].prompt_ids)
+        return {
+            "prompt_ids": list(self.turns[0].prompt_ids),
+            "completion_ids": self.ids[start:],
+            "logprobs": self.logprobs[start:],
+            "env_mask": self.mask[start:],
+        }
+
+
+@dataclass
 class Completion:
     """One model turn. ``text`` is what the agent sends to the env: the model's
-    text, or its native tool calls written as ``<tool_call>`` blocks."""
+    text, or its native tool calls written as ``<tool_call>`` blocks. ``tokens``
+    holds the exact ids and logprobs when the backend is token-level."""
 
     text: str
     tool_calls: list[dict[str, Any]] = field(default_factory=list)  # [{"id", "name", "arguments"}]
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     finish_reason: str | None = None
+    tokens: TokenTurn | None = None
 
     @classmethod
     def from_tool_calls(cls, content: str | None, calls: list[dict[str, Any]], **usage: Any) -> "Completion":
@@ -37,8 +152,20 @@ class Completion:
         return cls(text=((content or "").strip() + "\n" + blocks).strip() if calls else (content or ""), tool_calls=calls, **usage)
 
 
+def requests_for(conversations: list[list[dict[str, Any]]], *, tools: list[dict[str, Any]] | None = None,
+                 max_new_tokens: int = 256, temperature: float = 0.0, seed: int | None = None,
+                 adapter: str | None = None) -> list[GenerationRequest]:
+    """Conversations that share one set of settings, as requests (``generate``'s path)."""
+    return [GenerationRequest(messages=c, tools=tools, max_new_tokens=max_new_tokens, temperature=temperature,
+                              seed=seed, adapter=adapter) for c in conversations]
+
+
 class LLMBackend(Protocol):
     name: str
+    token_level: bool  # True: completions carry ``tokens`` and requests may carry ``prompt_ids``
+
+    def complete(self, requests: list[GenerationRequest]) -> list[Completion]:
+        """One completion per request, each under its own settings."""
 
     def generate(
         self,
@@ -50,4 +177,8 @@ class LLMBackend(Protocol):
         seed: int | None = None,
         adapter: str | None = None,
     ) -> list[Completion]:
-        """One completion per conversation (OpenAI chat messages)."""
+        """One completion per conversation (OpenAI chat messages), shared settings."""
+
+    def score(self, conversation: list[dict[str, Any]], labels: list[str], *, tools: list[dict[str, Any]] | None = None,
+              adapter: str | None = None) -> dict[str, float]:
+        """The log-probability of each label as the model's next reply to ``conversation``."""

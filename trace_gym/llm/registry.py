@@ -12,10 +12,11 @@ EMBEDDED_DEFAULT = EMBEDDED_NAME
 
 def make_backend(spec: str, **kwargs: Any) -> LLMBackend:
     if spec == EMBEDDED_NAME:
-        from .embedded import ensure_embedded_model
+        from .embedded import TOOL_CHAT_TEMPLATE, ensure_embedded_model
         from .local_hf import LocalHF
 
-        return LocalHF(str(ensure_embedded_model()), name=EMBEDDED_NAME, **kwargs)
+        # The template is set here too, so a model cached by an older version gets the current one.
+        return LocalHF(str(ensure_embedded_model()), name=EMBEDDED_NAME, chat_template=TOOL_CHAT_TEMPLATE, **kwargs)
     if spec.startswith("openai:"):
         from .openai_compat import OpenAICompatible
 
