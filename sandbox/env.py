@@ -172,7 +172,7 @@ def parse_reward(result: Any) -> Score:
 
 def action_text(action: Any) -> str:
     """An action dict (the env contract's form) as the text an agent would write."""
-    if isinstance(action, dict) and action.get("type") == "tool_call":
+    if isinstance(action, dict) and action.get("type") == "tool_call" and isinstance(action.get("arguments") or {}, dict):
         return format_tool_call(str(action.get("name")), dict(action.get("arguments") or {}))
     if isinstance(action, dict) and action.get("type") == "message":
         return str(action.get("content", ""))

@@ -9,13 +9,12 @@ guards), the module proxies, the host's reply check, or the jail.
 import json
 import os
 import shutil
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-from conftest import FIXTURE_ENVS, REPO
+from conftest import FIXTURE_ENVS
+from test_sandbox_hostile import env_source as hostile_env_source
 from trace_gym.errors import TraceGymError
 from trace_gym.sandbox import (
     Limits,
@@ -31,20 +30,7 @@ D = "_" * 2  # dunders are spelled at run time below, as an attacker would
 
 
 def env_source(step_body: str, top: str = "") -> str:
-    body = "\n".join("        " + line for line in textwrap.dedent(step_body).strip().splitlines())
-    return (
-        "import json\nimport random\nimport functools\n" + top + "\n"
-        "TOOLS = ['get_order_details']\n\n"
-        "class Environment:\n"
-        "    def reset(self, seed, hint=False):\n"
-        "        return {'system_prompt': 's', 'user_message': 'u'}\n\n"
-        "    def step(self, action):\n"
-        "        out = 'nothing'\n"
-        f"{body}\n"
-        "        return {'observation': str(out), 'done': False}\n\n"
-        "    def reward(self):\n"
-        "        return {'reward': 0.0, 'components': {}, 'reason': ''}\n"
-    )
+    return hostile_env_source(textwrap.dedent(step_body), top="import functools\n" + top)
 
 
 def step_once(backend, source: str) -> str:
@@ -426,3 +412,19 @@ def test_docker_settings_are_checked_not_assumed(name):
     attrs[section][key] = value
     with pytest.raises(SandboxUnavailable, match=fragment):
         check_container(attrs, Limits())
+
+
+def test_wrong_result_types_are_contract_errors(sandbox_backend):
+    from trace_gym.errors import EnvContractError
+    from trace_gym.sandbox.env import SandboxedEnv
+
+    replies = {"reset": ok("['a', 'list']"), "oracle": ok("[{'type': 'tool_call', 'name': 'x', 'arguments': [1, 2]}]"),
+               "step": ok("{'observation': 5, 'done': 'yes'}")}
+    env = SandboxedEnv(FIXTURE_ENVS / "order-lookup", backend=HostileWorkerBackend(sandbox_backend, replies))
+    with pytest.raises(EnvContractError, match="reset"):
+        env.reset(seed=0)
+    with pytest.raises(EnvContractError, match="oracle action"):
+        env.oracle_actions()
+    with pytest.raises(EnvContractError, match="step"):
+        env._step({"type": "message", "content": "x"})
+    env.close()

@@ -4,27 +4,14 @@ live tau2), its traceback kept as evidence; ``robustness`` rejects only what the
 target would not survive."""
 
 import json
-import shutil
 
 import pytest
 
-from conftest import FIXTURE_ENVS
+from test_validation import variant
 from trace_gym.errors import TraceGymError
 from trace_gym.sandbox.env import SandboxedEnv
 
-ORDER_LOOKUP = FIXTURE_ENVS / "order-lookup"
 LOOKUP = 'if action["arguments"].get("order_id") != self.order_id:'
-
-
-def variant(tmp_path, replace: dict[str, str]):
-    folder = tmp_path / "variant"
-    shutil.copytree(ORDER_LOOKUP, folder)
-    source = (folder / "env.py").read_text()
-    for old, new in replace.items():
-        assert old in source, old
-        source = source.replace(old, new)
-    (folder / "env.py").write_text(source)
-    return folder
 
 
 def call(name: str, arguments: dict) -> str:
