@@ -83,6 +83,8 @@ ENV_CLASSES: weakref.WeakSet = weakref.WeakSet()
 
 
 def _env_owns(obj, name: str) -> bool:
+    if isinstance(obj, super):  # super()._helper() in an env class: judged on the instance
+        obj = obj.__self__
     cls = obj if isinstance(obj, type) else type(obj)
     mro = type.__getattribute__(cls, "__mro__")
     if not any(c in ENV_CLASSES for c in mro):
@@ -119,7 +121,23 @@ def guarded_getattr(obj, name, *default):
     value = getattr(obj, name, *default)
     if isinstance(value, types.ModuleType):
         raise Refused(f"module reached through '{name}'")
+    if _is_str_format(value):  # reached another way (super(str, s).format...): the same rule
+        owner = getattr(value, "__self__", None)
+        if value.__name__ == "format" and isinstance(owner, str):
+            return functools.partial(safe_format, owner)
+        return _refuse_call(f"str.{value.__name__}")
     return value
+
+
+_STR_FORMATTERS = (str.format, str.format_map)
+
+
+def _is_str_format(value) -> bool:
+    """str.format or format_map, bound or not, whatever object handed it out."""
+    if isinstance(value, types.MethodDescriptorType):
+        return value in _STR_FORMATTERS
+    return (isinstance(value, types.BuiltinMethodType) and isinstance(getattr(value, "__self__", None), str)
+            and value.__name__ in ("format", "format_map"))
 
 
 def _refuse_call(what: str):

@@ -40,6 +40,8 @@ REFUSED_AT_RUN_TIME = {
     "str.format attribute walk": "x = '{0.real}'.format(1)",
     "str.format item walk": "x = '{0[a]}'.format({'a': 1})",
     "format_map": "x = '{a}'.format_map({'a': 1})",
+    "str.format reached through super": "class S(str):\n    pass\ng = (i for i in [1])\nx = super(S, S('{0.gi' + '_frame}')).format(g)",
+    "str.format_map reached through super": "class S(str):\n    pass\nx = super(S, S('{a}')).format_map({'a': 1})",
     "three-argument type": "T = type('T', (), {})",
     "changing a stdlib class": "import random\nrandom.Random.seed = 1",
     "changing a module": "import json\njson.dumps = 1",
@@ -63,9 +65,10 @@ def test_guards_refuse_at_run_time(name):
 def test_private_names_work_on_env_code_own_objects():
     ns = run(
         "class A:\n    _kind = 'k'\n    def __init__(self):\n        self._n = 1\n    def _inc(self):\n        self._n += 1\n"
-        "        return self._n\na = A()\nout = (a._inc(), a._kind, A._kind)\n"
+        "        return self._n\nclass B(A):\n    def _inc(self):\n        return super()._inc() * 10\n"
+        "a = A()\nout = (a._inc(), a._kind, A._kind, B()._inc())\n"
     )
-    assert ns["out"] == (2, "k", "k")
+    assert ns["out"] == (2, "k", "k", 20)
 
 
 def test_hasattr_and_format_stay_usable_but_guarded():
