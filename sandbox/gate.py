@@ -137,13 +137,15 @@ def compile_env(source: str):
     (postponed annotations would break dataclasses in the worker)."""
     try:
         tree = ast.parse(source, filename="env.py")
+        errors: list[str] = []
+        EnvTransformer(errors=errors, warnings=[], used_names={}).visit(tree)
+        if errors:
+            return None, tuple(errors)
+        return compile(tree, "env.py", "exec", dont_inherit=True), ()
     except SyntaxError as exc:
         return None, (f"Line {exc.lineno or 1}: SyntaxError: {exc.msg}",)
-    errors: list[str] = []
-    EnvTransformer(errors=errors, warnings=[], used_names={}).visit(tree)
-    if errors:
-        return None, tuple(errors)
-    return compile(tree, "env.py", "exec", dont_inherit=True), ()
+    except (RecursionError, MemoryError, ValueError) as exc:  # hostile nesting must not crash the host
+        return None, (f"Line 1: the source nests too deeply to be compiled ({type(exc).__name__})",)
 
 
 def check_source(source: str, filename: str = "env.py") -> list[Finding]:
@@ -154,6 +156,8 @@ def check_source(source: str, filename: str = "env.py") -> list[Finding]:
         tree = ast.parse(source, filename=filename)
     except SyntaxError as exc:
         return [Finding(exc.lineno or 1, f"syntax error: {exc.msg}")]
+    except (RecursionError, MemoryError, ValueError) as exc:  # hostile nesting must not crash the host
+        return [Finding(1, f"the source nests too deeply to be checked ({type(exc).__name__})")]
     findings: list[Finding] = []
     for node in ast.walk(tree):
         findings.extend(_check_node(node))

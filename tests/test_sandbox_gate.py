@@ -35,6 +35,9 @@ REFUSED = {
     "async": ("async def f():\n    pass", "RestrictedPython: AsyncFunctionDef statements are not allowed"),
     "syntax error": ("def (:", "syntax error"),
     "too large": ("x = 1\n" * 60000, "larger than"),
+    "deep unary nesting": ("x = " + "-" * 100000 + "1", "nests too deeply"),
+    "deep attribute chain": ("x = a" + ".b" * 100000, "nests too deeply"),
+    "deep operator chain": ("x = " + "+".join(["1"] * 100000), "nests too deeply"),
 }
 
 
