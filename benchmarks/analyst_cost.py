@@ -3,9 +3,15 @@ capability) pair against one call per trajectory for all capabilities.
 
 Labels 100 planted-deficit trajectories of τ²-retail with the six gold
 capabilities through a local OpenAI-compatible server whose answers replay the
-gold analyst, counting requests and the prompt tokens our prompts cost (the
-server counts 4 characters a token, as a tokenizer-free estimate).
-Usage: python benchmarks/analyst_cost.py
+gold analyst, counting requests and tokens. Tokens are counted with a real
+tokenizer, the embedded SmolLM2's (offline, from the model cache): each
+request's messages through its chat template, and each answer's text. Another
+analyst model's tokenizer gives somewhat different counts; where transformers
+is not installed the script says so and prints a characters / 4 estimate.
+The answers are the gold labels with a stub evidence quote, so completion
+tokens are a lower bound (a real analyst quotes longer evidence); prompt
+tokens, which dominate, are exactly what our prompts cost.
+Usage: python benchmarks/analyst_cost.py [N]   (N trajectories, default 100; figures are per 100)
 """
 
 from __future__ import annotations
@@ -24,30 +30,55 @@ from trace_gym.rollout import rollout  # noqa: E402
 from trace_gym.store import read_trajectories  # noqa: E402
 
 
-def main() -> None:
+def token_counter():
+    """(count prompt tokens of a message list, count tokens of a text, label), from the embedded model's tokenizer."""
+    try:
+        from transformers import AutoTokenizer
+
+        from trace_gym.llm.embedded import ensure_embedded_model
+    except ImportError:
+        chars = lambda text: len(text) // 4  # noqa: E731
+        return (lambda messages: sum(chars(m["content"] or "") for m in messages)), chars, "ESTIMATE (characters / 4; no tokenizer)"
+    tokenizer = AutoTokenizer.from_pretrained(str(ensure_embedded_model()), local_files_only=True)
+    prompt = lambda messages: len(tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True))  # noqa: E731
+    return prompt, (lambda text: len(tokenizer.encode(text, add_special_tokens=False))), "counted with the SmolLM2-135M tokenizer"
+
+
+def main(count: int = 100) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "planted.jsonl"
-        rollout("trace/tau2-retail-v0", "planted", out, split="base", limit=100, progress=False)
+        rollout("trace/tau2-retail-v0", "planted", out, split="base", limit=count, progress=False)
         trajectories = read_trajectories(out)
     gold = {(l.episode_id, l.capability): l.label for t in trajectories for l in GoldActionAnalyst().label(t)}
 
+    count_prompt, count_text, how = token_counter()
+    counted = {"prompt": 0, "completion": 0}
+
     def answer(body):
-        prompt = body["messages"][-1]["content"]
+        prompt = body["messages"][0]["content"]
         episode = prompt.split("episode ", 1)[1].split(",", 1)[0]
         if prompt.startswith("Label every capability"):
-            return {"content": json.dumps({"labels": [{"capability": c, "label": gold[(episode, c)]} for c in GOLD_CAPABILITIES]})}
-        name = prompt.split('Capability "', 1)[1].split('"', 1)[0]
-        return {"content": json.dumps({"label": gold[(episode, name)]})}
+            labels = [{"capability": c, "label": gold[(episode, c)], "evidence": {"quote": "..."}} for c in GOLD_CAPABILITIES]
+            reply = json.dumps({"labels": labels})
+        else:
+            name = prompt.split('Capability "', 1)[1].split('"', 1)[0]
+            reply = json.dumps({"label": gold[(episode, name)], "evidence": {"quote": "..."}})
+        counted["prompt"] += count_prompt(body["messages"])
+        counted["completion"] += count_text(reply)
+        return {"content": reply}
 
-    print(f"{len(trajectories)} trajectories x {len(GOLD_CAPABILITIES)} capabilities")
+    print(f"{len(trajectories)} trajectories x {len(GOLD_CAPABILITIES)} capabilities; tokens {how}")
     for per_trajectory in (False, True):
+        counted.update(prompt=0, completion=0)
         with OpenAIDouble(answer) as server:
             analyst = make_analyst("openai:double", base_url=server.base_url, api_key="test-key", per_trajectory=per_trajectory)
             analyst.label_all(trajectories, GOLD_CAPABILITIES)
         mode = "one call per trajectory" if per_trajectory else "one call per pair     "
         scale = 100 / len(trajectories)
-        print(f"{mode}: {analyst.calls * scale:6.0f} calls, {analyst.tokens * scale:9,.0f} tokens per 100 trajectories")
+        total = counted["prompt"] + counted["completion"]
+        print(f"{mode}: {analyst.calls * scale:6.0f} calls, {total * scale:9,.0f} tokens per 100 trajectories "
+              f"({counted['prompt'] * scale:,.0f} prompt + {counted['completion'] * scale:,.0f} completion)")
 
 
 if __name__ == "__main__":
-    main()
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 100)

@@ -144,8 +144,8 @@ def test_embedded_model_from_a_clean_cache_runs_tau2_offline(tmp_path, monkeypat
                 assert (kind == "tool_calls") == bool(message.tool_calls) and (kind == "malformed") == message.error
 
 
-@pytest.mark.slow
-def test_local_model_loads_and_switches_lora_adapters(tmp_path):
+def save_visible_lora(folder) -> str:
+    """A real peft LoRA for the embedded model, scaled to change its outputs; returns the base model's path."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
@@ -160,7 +160,13 @@ def test_local_model_loads_and_switches_lora_adapters(tmp_path):
         for name, param in lora.named_parameters():
             if "lora_B" in name:
                 param.mul_(50.0)  # a visibly different policy
-    lora.save_pretrained(tmp_path / "adapter")
+    lora.save_pretrained(folder)
+    return path
+
+
+@pytest.mark.slow
+def test_local_model_loads_and_switches_lora_adapters(tmp_path):
+    path = save_visible_lora(tmp_path / "adapter")
     backend = make_backend("hf:" + path, adapters={"skill": str(tmp_path / "adapter")})
     prompt = [[{"role": "user", "content": "Name a colour."}]]
     plain = backend.generate(prompt, max_new_tokens=12)[0].text
