@@ -324,3 +324,17 @@ def test_multi_turn_scenarios_play_with_toolsandbox_llm_user_through_any_endpoin
         first = server.requests[0]
         assert first["model"] == "double" and first["messages"][0]["role"] == "system"
         assert any(t["function"]["name"] == "end_conversation" for t in first.get("tools", []))
+
+
+def test_an_unreachable_user_endpoint_is_a_user_simulator_error(env):
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        core = gym.make("trace/toolsandbox-v0", user="llm", user_model="m", user_base_url=f"http://127.0.0.1:{port}/v1").unwrapped
+    core.reset(options={"task_id": "cellular_off"})
+    with pytest.raises(UserSimulatorError, match="LLM user could not answer"):
+        core.step("Done.")
