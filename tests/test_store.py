@@ -130,3 +130,11 @@ def test_a_retried_given_up_episode_supersedes_the_old_record(tmp_path):
     got = {t.episode_id: t for t in read_trajectories(path)}
     assert got[gave_up.episode_id].reward == 1.0 and got[gave_up.episode_id].error is None
     assert path.read_text().count(gave_up.episode_id) == 2  # the old record is kept, never lost
+
+
+def test_a_run_that_stores_nothing_leaves_nothing_to_resume(tmp_path):
+    path = tmp_path / "t.jsonl"
+    TrajectoryStore(path, settings={"seed": 1}).close()  # e.g. the env failed to start
+    with TrajectoryStore(path, settings={"seed": 2}) as store:  # no --resume needed, no mismatch
+        store.append(make(0))
+    assert json.loads(path.read_text().splitlines()[0])["settings"] == {"seed": 2}

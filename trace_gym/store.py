@@ -68,6 +68,7 @@ class TrajectoryStore:
         self._lock = threading.Lock()
         self._done: dict[str, Trajectory] = {}
         self.given_up: dict[str, Trajectory] = {}
+        self._header: str | None = None
         """Given-up episodes released for a retry (``retry_given_up``), by episode id."""
         settings = normalize_settings(settings) if settings is not None else None
         header_needed = settings is not None
@@ -92,8 +93,8 @@ class TrajectoryStore:
                     for key in self.given_up:
                         del self._done[key]
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            if header_needed:
-                self._write_line(json.dumps({"record": RUN_RECORD, "settings": settings}, sort_keys=True))
+            # Written with the first episode: a run that fails before any episode leaves no file to resume.
+            self._header = json.dumps({"record": RUN_RECORD, "settings": settings}, sort_keys=True) if header_needed else None
         except PermissionError as exc:
             raise TrajectoryStoreError(f"cannot write trajectories to {self.path}: permission denied") from exc
         except OSError as exc:
@@ -111,6 +112,9 @@ class TrajectoryStore:
         with self._lock:
             if trajectory.episode_id in self._done:
                 raise TrajectoryStoreError(f"episode {trajectory.episode_id} is already stored in {self.path}")
+            if self._header is not None:
+                self._write_line(self._header)
+                self._header = None
             self._write_line(trajectory.model_dump_json())
             self._done[trajectory.episode_id] = trajectory
             self.given_up.pop(trajectory.episode_id, None)
