@@ -31,7 +31,12 @@ RUNTIME_ENV = "TRACE_GYM_DOCKER_RUNTIME"
 from .rootfs import DEVICES, SANDBOX_UID, WORKER_IN_ROOTFS, ensure_rootfs, interpreter, rootfs_key, rootfs_tarball
 
 IMAGE_REPOSITORY = "trace-gym-sandbox"
-WORKER_ARGS = ("-I", "-S", "-B", WORKER_IN_ROOTFS)
+# -s -P rather than -I: the jail's environment is cleared and holds only WORKER_ENV, which
+# must be honoured (-I would ignore PYTHONHASHSEED); no user site, no script folder on sys.path.
+WORKER_ARGS = ("-s", "-P", "-S", "-B", WORKER_IN_ROOTFS)
+# One string-hash seed for every worker: an env that iterates a set of strings must replay
+# identically in two workers (the determinism check, and GRPO's K rollouts of one seed).
+WORKER_ENV = {"PYTHONHASHSEED": "0"}
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,7 @@ class BwrapBackend(Backend):
             "--unshare-all",  # user, ipc, pid, net, uts, cgroup namespaces: no network at all
             "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
             "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv",
+            *[arg for key, value in WORKER_ENV.items() for arg in ("--setenv", key, value)],
             "--chdir", "/tmp",
             str(interpreter()), *python_args,
         ]
@@ -187,7 +193,7 @@ class DockerBackend(Backend):
             cap_drop=["ALL"],
             user=f"{SANDBOX_UID}:{SANDBOX_UID}",
             working_dir="/tmp",
-            environment={},
+            environment=dict(WORKER_ENV),
             labels={"trace-gym": "sandbox"},
             ipc_mode="none",  # no /dev/shm: the capped /tmp is the only writable place
             **extra,
@@ -258,7 +264,7 @@ class SubprocessBackend(Backend):
         # The worker and its language layer as the jail has them (RestrictedPython beside them).
         worker = str(ensure_rootfs()) + WORKER_IN_ROOTFS
         args = tuple(worker if a == WORKER_IN_ROOTFS else a for a in python_args)
-        return PipeChannel([str(interpreter()), *args], limits.max_message_bytes + 1024, env={})
+        return PipeChannel([str(interpreter()), *args], limits.max_message_bytes + 1024, env=dict(WORKER_ENV))
 
 
 def docker_client():

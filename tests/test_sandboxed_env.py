@@ -126,3 +126,33 @@ def test_misnamed_calls_are_answered_by_the_host_in_the_targets_words(sandbox_ba
     _, _, terminated, _, info = env.step("I don't know.")
     assert terminated and info["reward_info"]["components"]["used_tool"] == 0.0  # none of them reached env code
     env.close()
+
+
+SET_ORDER_ENV = '''"""Transfer rationale: none; a probe of the string-hash seed."""
+TOOLS = ["get_order_details"]
+
+
+class Environment:
+    def reset(self, seed, hint=False):
+        names = {"alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet"}
+        return {"system_prompt": ",".join(names), "user_message": "hi"}
+
+    def step(self, action):
+        return {"observation": "ok", "done": True}
+
+    def reward(self):
+        return {"reward": 0.0, "components": {}, "reason": ""}
+'''
+
+
+def test_every_worker_iterates_a_set_of_strings_in_the_same_order(sandbox_backend):
+    """Two fresh workers replay one seed identically even when env code iterates a set of
+    strings: the jail fixes the string-hash seed (a random one per worker made such envs
+    fail `determinism` by chance, and would give GRPO's K rollouts of a seed different tasks)."""
+    from trace_gym.sandbox import SandboxWorker
+
+    orders = set()
+    for _ in range(3):
+        with SandboxWorker(SET_ORDER_ENV, backend=sandbox_backend) as worker:
+            orders.add(worker.call("reset", seed=0, hint=False)["system_prompt"])
+    assert len(orders) == 1, orders
