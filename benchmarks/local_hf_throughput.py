@@ -48,7 +48,7 @@ def play_timed(backend, env, task: str, turns: int, new_tokens: int) -> list[dic
 
 def main(new_tokens: int = 32, turns: int = 4) -> None:
     backend = make_backend(EMBEDDED_DEFAULT)
-    env = gym.make(ENV, split="test", max_steps=turns + 1)
+    env = gym.make(ENV, split="test", max_steps=2 * turns + 2)  # tau2 counts every message, the greeting too
     task = env.unwrapped.task_ids[1]
     print(f"device: {backend.device}, model: {EMBEDDED_DEFAULT}, {ENV} task {task}, up to {turns} turns, "
           f"{new_tokens} new tokens at most per turn (greedy)")
