@@ -141,11 +141,8 @@ class EnvPool:
         todo = list(range(len(episodes)))
         for attempt in (1, 2):
             envs = self.take(env_id, len(episodes))
-            for i in todo:
-                if envs[i].failure is not None:  # failed last time: never reuse a broken instance
-                    envs[i] = self._replace(env_id, i)
-                    self.stats.replaced += 1
-                if configure is not None:
+            if configure is not None:
+                for i in todo:
                     configure(envs[i], i)
             batch_envs = [envs[i] for i in todo]
             # play_batched fills its slots in order, so episode todo[k] runs in batch_envs[k].
@@ -158,7 +155,7 @@ class EnvPool:
             todo = [i for i in todo if outcomes[i].failed]
             if not todo:
                 break
-            for i in todo:
+            for i in todo:  # never reuse an instance that failed: its worker may be dead or hung
                 self._replace(env_id, i)
                 self.stats.replaced += 1
             if attempt == 1:

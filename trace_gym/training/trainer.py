@@ -188,6 +188,7 @@ class _IterationLog:
             "grad_norm": logs.get("grad_norm"),
             "rollouts": iteration * self.config.rollouts_per_iteration,
             "episodes_played": self.episodes_played,
+            "pool": {k: v for k, v in vars(self.rollout.pool.stats).items() if k != "failures"},
             "wall_s": round(wall, 3),
             "elapsed_s": round(self.elapsed, 3),
             **{k: v for k, v in summary.items() if k not in ("mean_reward", "constant_reward_groups", "episodes_played")},
