@@ -54,6 +54,9 @@ class _KV:
     def __post_init__(self) -> None:
         self.nbytes = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self.layers)
 
+    def segments(self, layer: int) -> list[tuple[Any, Any]]:
+        return [*(self.base.segments(layer) if self.base is not None else []), self.layers[layer]]
+
     def full(self, layer: int) -> tuple[Any, Any]:
         import torch
 
@@ -443,22 +446,21 @@ class LocalHF:
         lengths = [len(ids) for ids in prompts]
         longest = max(lengths)
         steps = max(budget) - 1
-        decoded = 0
         if not all(finished):
             cache = StaticCache(config=self.model.config, max_cache_len=longest + steps)
-            full = [[entry.full(layer) for layer in range(len(entry.layers))] for entry, _ in rows]
-            n_layers = len(full[0])
+            n_layers = len(rows[0][0].layers)
             for layer_index, layer in enumerate(cache.layers):
                 if layer_index >= n_layers:
                     break
-                k0, v0 = full[0][layer_index]
-                dummy_k = k0.new_zeros((len(rows), k0.shape[1], 1, k0.shape[3]))
-                dummy_v = v0.new_zeros((len(rows), v0.shape[1], 1, v0.shape[3]))
-                layer.lazy_initialization(dummy_k, dummy_v)
-                for i, per_layer in enumerate(full):
-                    k, v = per_layer[layer_index]
-                    layer.keys[i, :, longest - lengths[i]:longest] = k[0]
-                    layer.values[i, :, longest - lengths[i]:longest] = v[0]
+                k0, v0 = rows[0][0].layers[layer_index]
+                layer.lazy_initialization(k0.new_zeros((len(rows), k0.shape[1], 1, k0.shape[3])),
+                                          v0.new_zeros((len(rows), v0.shape[1], 1, v0.shape[3])))
+                for i, (entry, _) in enumerate(rows):
+                    at = longest - lengths[i]  # left padding, masked out
+                    for k, v in entry.segments(layer_index):  # the shared prefix, then the episode's own tokens
+                        layer.keys[i, :, at:at + k.shape[2]] = k[0]
+                        layer.values[i, :, at:at + k.shape[2]] = v[0]
+                        at += k.shape[2]
                 layer.cumulative_length.fill_(longest)
             mask = torch.zeros(len(rows), longest + steps, dtype=torch.long, device=self.device)
             for i, n in enumerate(lengths):
@@ -471,7 +473,6 @@ class LocalHF:
                 output = self._forward(adapters, input_ids=torch.tensor([[t] for t in tokens], device=self.device),
                                        attention_mask=mask, position_ids=positions,
                                        past_key_values=cache, logits_to_keep=1)
-                decoded += sum(1 for f in finished if not f)
                 tokens = sample(output.logits[:, -1])
             decoded_layers = [(layer.keys, layer.values) for layer in cache.layers[:n_layers]]
         else:
