@@ -181,3 +181,19 @@ def test_a_corrupted_write_that_end_early_drops_is_not_a_fired_deficit():
     for seed in range(20):
         out, fired = apply_deficits([read, write, second, "Done."], ["corrupt_ids", "end_early"], [], random.Random(seed))
         assert fired == ["corrupt_ids", "end_early"] and second not in out and write not in out  # the made write is corrupted
+
+
+@pytest.mark.slow
+def test_planted_airline_mix_through_the_cli_selects_the_harmful_deficits_only(tmp_path):
+    from conftest import run_cli
+
+    out = tmp_path / "airline.jsonl"
+    rolled = run_cli("rollout", "--env", "trace/tau2-airline-v0", "--agent", "planted", "--split", "base", "--seed", "13",
+                     "--deficits", "end_early=0.5,skip_reads=0.6,corrupt_ids=0.2", "--out", str(out), "--no-progress")
+    assert rolled.returncode == 0, rolled.stderr
+    found = run_cli("identify", "--trajectories", str(out), "--analyst", "gold", "--out", str(tmp_path / "id"))
+    assert found.returncode == 0, found.stderr
+    written = json.loads((tmp_path / "id" / "capabilities.json").read_text())
+    assert sorted(c["name"] for c in written["selected"]) == ["complete_actions", "precise_arguments"]
+    control = next(c for c in written["candidates"] if c["name"] == "read_before_write")
+    assert not control["selected"] and control["runs_passed"] < 8
