@@ -1,7 +1,6 @@
 """Capability identification: statistics by hand, planted deficits, the LLM path over HTTP."""
 
 import json
-import math
 
 import pytest
 
