@@ -2,10 +2,13 @@
 the oracle (the ceiling) and a random agent (the floor).
 
 Run with `make quickstart`. The first run converts the embedded SmolLM2-135M
-to safetensors (~30 s, once). The model runs on the CPU, where one turn over
-tau2's ~5k-token prompt takes ~20 s, so it plays 2 short episodes; the oracle
-and the random agent play the whole test split (40 tasks). Trajectories land
-in runs/quickstart/; rerunning resumes instead of replaying.
+to safetensors (~30 s, once). The model runs on the CPU and plays full
+episodes (no step cap beyond tau2's own) of the first test tasks, in one
+lock-step batch: tau2's ~5k-token system prompt + tool schemas is computed once
+and shared, and each episode's keys and values are extended turn by turn, so a
+turn costs its new tokens, not the whole prompt again. The oracle and the
+random agent play the whole test split (40 tasks). Trajectories land in
+runs/quickstart/; rerunning resumes instead of replaying.
 """
 
 from pathlib import Path
@@ -15,8 +18,9 @@ from trace_gym.rollout import rollout
 
 ENV = "trace/tau2-retail-v0"
 OUT = Path("runs/quickstart")
+MODEL_EPISODES = 4  # full episodes with the embedded model
 RUNS = [
-    ("llm", "smollm2-135m-instruct (embedded)", dict(limit=2, batch=2, env_kwargs={"max_steps": 3}, agent_kwargs={"max_new_tokens": 48})),
+    ("llm", "smollm2-135m-instruct (embedded)", dict(limit=MODEL_EPISODES, batch=MODEL_EPISODES, agent_kwargs={"max_new_tokens": 48})),
     ("oracle", "oracle (gold actions)", {}),
     ("random", "random (schema-valid calls)", {}),
 ]
