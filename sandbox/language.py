@@ -17,9 +17,12 @@ in those classes or the instance's own dict); every attribute whose prefix is
 a frame, code, traceback, generator or coroutine internal (``gi_``, ``f_``,
 ``tb_``, ``co_``, ``cr_``, ``ag_``, ``func_``, ``im_``: a superset of
 RestrictedPython's list); ``mro``; ``str.format`` fields that walk attributes or
-items; ``format_map``; three-argument ``type()``; changes to classes, modules
-and functions env code did not define. Module proxies hand out only public
-attributes, wrap every function they hand out (and functions those return) so
+items; ``format_map``; three-argument ``type()`` and ``type()`` of a class (a
+metaclass); changes to classes, modules and functions env code did not define,
+and to attributes of their instances; metaclass bases. Stdlib code that reads or
+sets attributes by names taken from data gets those names checked where they
+enter (dataclass fields, Enum's functional API; ``copy.dispatch_table`` denied).
+Module proxies hand out only public attributes, wrap every function they hand out (and functions those return) so
 that no ``__func__``/``__globals__``/``__self__`` is reachable, and check the
 attribute names given to ``functools.update_wrapper``/``wraps``.
 
@@ -31,6 +34,7 @@ the worker.
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import functools
 import operator
 import re
@@ -50,9 +54,10 @@ ALLOWED_MODULES = (
 # Attributes that evaluate code or walk attributes by names given at run time.
 DENIED_MODULE_ATTRS = {
     "string": {"Formatter"},
-    "typing": {"get_type_hints", "ForwardRef"},
+    "typing": {"get_type_hints", "ForwardRef", "EXCLUDED_ATTRIBUTES"},  # (a list the protocol checks read names from)
     "functools": {"singledispatch", "singledispatchmethod"},  # evaluate annotation strings
     "dataclasses": {"make_dataclass"},  # a class namespace from a dict: dunder methods by the back door
+    "copy": {"dispatch_table"},  # copyreg's reductors: a reductor's state is set with setattr, names unchecked
 }
 # Dunders that a class namespace may hold: Python's own and the methods RestrictedPython lets env code define.
 CLASS_DUNDERS = frozenset(
@@ -83,20 +88,31 @@ ENV_CLASSES: weakref.WeakSet = weakref.WeakSet()
 
 
 def _env_owns(obj, name: str) -> bool:
+    """``obj.<name>`` resolves to env code's own: the instance's dict, or the first
+    class that defines it in the lookup order is an env class (for ``super()``,
+    the order after its class: ``super(E, e)._x`` must not reach a stdlib base's
+    ``_x`` because ``E`` defines one too)."""
+    after = None
     if isinstance(obj, super):  # super()._helper() in an env class: judged on the instance
+        after = obj.__thisclass__
         obj = obj.__self__
     cls = obj if isinstance(obj, type) else type(obj)
     mro = type.__getattribute__(cls, "__mro__")
     if not any(c in ENV_CLASSES for c in mro):
         return False
-    if not isinstance(obj, type):
+    if after is not None:
+        mro = mro[mro.index(after) + 1:] if after in mro else ()
+    elif not isinstance(obj, type):
         try:
             own = object.__getattribute__(obj, "__dict__")
         except AttributeError:
             own = None
         if isinstance(own, dict) and name in own:
             return True
-    return any(c in ENV_CLASSES and name in type.__getattribute__(c, "__dict__") for c in mro)
+    for c in mro:
+        if name in type.__getattribute__(c, "__dict__"):
+            return c in ENV_CLASSES
+    return False
 
 
 def refusal(obj, name) -> str | None:
@@ -161,11 +177,43 @@ def safe_format(template: str, *args, **kwargs) -> str:
 
 
 def guarded_write(obj):
+    """RestrictedPython's ``_write_``: the target of every attribute *and* item write.
+    Classes, modules and functions env code did not define are refused; so are the
+    attributes of instances of such classes (a dataclass ``Field``'s name, a
+    stdlib object's private state: a name chosen at run time that stdlib code then
+    reads with ``getattr``), while their items stay writable (``counts[k] += 1``)."""
     if isinstance(obj, type) and obj not in ENV_CLASSES:
         raise Refused(f"changing class '{obj.__name__}', which env code did not define")
     if isinstance(obj, (types.ModuleType, ModuleProxy, FunctionProxy, types.FunctionType, types.BuiltinFunctionType, types.MethodType)):
         raise Refused("changing a module or a function")
-    return obj
+    if isinstance(obj, type) or type(obj) in (dict, list) or _env_instance(obj):
+        return obj
+    return ItemsOnly(obj)
+
+
+def _env_instance(obj) -> bool:
+    return any(c in ENV_CLASSES for c in type.__getattribute__(type(obj), "__mro__"))
+
+
+class ItemsOnly:
+    """The write target for an object env code did not define: items only."""
+
+    __slots__ = ("_target",)
+
+    def __init__(self, target):
+        object.__setattr__(self, "_target", target)
+
+    def __setitem__(self, key, value):
+        object.__getattribute__(self, "_target")[key] = value
+
+    def __delitem__(self, key):
+        del object.__getattribute__(self, "_target")[key]
+
+    def __setattr__(self, name, value):
+        raise Refused(f"changing attribute '{name}' of a {type(object.__getattribute__(self, '_target')).__name__}, which env code did not define")
+
+    def __delattr__(self, name):
+        self.__setattr__(name, None)
 
 
 def guarded_hasattr(obj, name) -> bool:
@@ -177,7 +225,16 @@ def guarded_hasattr(obj, name) -> bool:
 def guarded_type(*args):
     if len(args) != 1:
         raise Refused("type() with three arguments (a class from a dict)")
-    return type(args[0])
+    kind = type(args[0])
+    if _is_metaclass(kind):  # type(int)("X", (), {...}) would be type() with three arguments
+        raise Refused("type() of a class (its metaclass builds classes from a dict)")
+    if kind in (ModuleProxy, FunctionProxy):  # the worker's own classes
+        raise Refused("type() of a module or function proxy")
+    return kind
+
+
+def _is_metaclass(value) -> bool:
+    return isinstance(value, type) and issubclass(value, type)
 
 
 def guarded_getitem(obj, key):
@@ -234,6 +291,8 @@ class EnvMeta:
         return self._winner(bases).__prepare__(name, bases, **kwargs)
 
     def __call__(self, name, bases, namespace, **kwargs):
+        if any(_is_metaclass(base) for base in bases):
+            raise Refused(f"class {name} deriving from a metaclass (it would build classes from a dict)")
         extra = [k for k in namespace if isinstance(k, str) and k.startswith("__") and k.endswith("__") and k not in CLASS_DUNDERS]
         if extra:
             raise Refused(f"class {name} defining {', '.join(sorted(extra))}")
@@ -302,6 +361,8 @@ class ModuleProxy:
         value = getattr(object.__getattribute__(self, "_module"), attr)
         if name == "functools" and attr in ("update_wrapper", "wraps"):
             return FunctionProxy(_checked_wrapper(value), f"functools.{attr}")
+        if name == "dataclasses" and attr in DATACLASS_READERS:
+            return FunctionProxy(_checked_dataclasses(value), f"dataclasses.{attr}")
         return wrap(value, f"{name}.{attr}")
 
     def __setattr__(self, attr, value):
@@ -323,6 +384,8 @@ def wrap(value, name: str):
         if sub in ALLOWED_MODULES:
             return ModuleProxy(value, sub)
         raise Refused(f"{name} is not an allowed module")
+    if _is_metaclass(value):  # enum.EnumType, collections.abc.ABCMeta, typing.get_origin(typing.Type[int])
+        raise Refused(f"{name} is a metaclass (it builds classes from a dict)")
     if isinstance(value, _CALLABLES) and getattr(value, "__module__", None) != "env" and not hasattr(value, "__mro_entries__"):
         return FunctionProxy(value, name)  # (typing.NamedTuple and TypedDict are functions used as bases: kept)
     return value
@@ -344,6 +407,89 @@ def _checked_wrapper(real):
         return real(*args, **kwargs)
 
     return checked
+
+
+DATACLASS_READERS = ("dataclass", "fields", "asdict", "astuple", "replace")
+
+
+def _check_field_names(names, where: str) -> None:
+    for name in names:
+        if not isinstance(name, str) or name.startswith("__") or name.endswith("__") \
+                or name.startswith(INTROSPECTION_PREFIXES) or name in INTROSPECTION_NAMES:
+            raise Refused(f"dataclasses.{where} of a field named {name!r} (a name it would read with getattr)")
+
+
+def _dataclass_field_names(obj) -> list:
+    fields = getattr(obj, "__dataclass_fields__", None)
+    if not isinstance(fields, dict):
+        return []
+    return list(fields) + [getattr(f, "name", None) for f in fields.values()]
+
+
+def _checked_dataclasses(real):
+    """dataclasses functions that read or set attributes by field names: every field
+    name (annotations before ``dataclass`` runs, fields after; the fields of the
+    object given to ``fields``/``asdict``/``astuple``/``replace``) is checked like an
+    attribute name, so a field cannot be a runtime-built dunder."""
+    where = real.__name__
+
+    def decorate(cls, make):
+        if isinstance(cls, type):
+            annotations = type.__getattribute__(cls, "__dict__").get("__annotations__", {})
+            _check_field_names(list(annotations) if isinstance(annotations, dict) else [None], where)
+        made = make(cls)
+        _check_field_names(_dataclass_field_names(made), where)
+        return made
+
+    def checked(*args, **kwargs):
+        if real is dataclasses.dataclass:
+            if args:
+                return decorate(args[0], lambda cls: real(cls, *args[1:], **kwargs))
+            return lambda cls: decorate(cls, lambda c: real(c, **kwargs))
+        if args:
+            _check_field_names(_dataclass_field_names(args[0]), where)
+        return real(*args, **kwargs)
+
+    return checked
+
+
+def guard_stdlib(modules: dict) -> None:
+    """Changes to the worker's own copy of the standard library, made before env code
+    runs (the worker calls this in the jail; the host's modules are never changed).
+
+    Enum's functional API (``enum.Enum("E", names)``) builds a class from a dict
+    that no class statement, hence no EnvMeta, sees: a member named ``__reduce_ex__``
+    or ``__annotations__`` would be a class attribute, so a copy's reductor state
+    would be set with an unguarded setattr and ``typing`` would read annotations
+    env code chose. Member names starting with ``_`` are refused there."""
+    enum_type = modules["enum"].EnumType
+    original = enum_type.__dict__["_create_"]
+    if getattr(original, "checked_by_language_layer", False):
+        return
+
+    def _create_(cls, class_name, names, **kwargs):
+        return original(cls, class_name, _checked_member_names(names), **kwargs)
+
+    _create_.checked_by_language_layer = True
+    enum_type._create_ = _create_
+
+
+def _checked_member_names(names):
+    """Enum's ``names`` (a string, names, pairs or a mapping), read once into plain data and checked."""
+    if names is None:
+        return None
+    if isinstance(names, str):
+        names = names.replace(",", " ").split()
+    items = list(names)
+    if items and all(isinstance(item, str) for item in items):
+        plain = items if isinstance(names, (list, tuple)) else [(key, names[key]) for key in items]
+    else:
+        plain = [tuple(item) for item in items]
+    for entry in plain:
+        name = entry if isinstance(entry, str) else (entry[0] if len(entry) == 2 else None)
+        if not isinstance(name, str) or name.startswith("_"):
+            raise Refused(f"enum member name {name!r} (names starting with '_' set the class's own attributes)")
+    return plain
 
 
 # --- the namespace ------------------------------------------------------------------------------
