@@ -24,7 +24,10 @@ AGENTS = {
     "planted": PlantedDeficitAgent,
 }
 # Built lazily: importing them loads model code.
-LAZY_AGENTS = {"llm": ("trace_gym.agents.llm_agent", "LLMAgent")}
+LAZY_AGENTS = {
+    "llm": ("trace_gym.agents.llm_agent", "LLMAgent"),
+    "routed": ("trace_gym.routing", "RoutedAgent"),  # built by the pipeline's evaluate stage, with its router
+}
 
 def __getattr__(name: str) -> Any:
     if name in ("LLMAgent", "AgentGaveUp"):

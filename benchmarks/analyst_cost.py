@@ -40,8 +40,9 @@ def token_counter():
         chars = lambda text: len(text) // 4  # noqa: E731
         return (lambda messages: sum(chars(m["content"] or "") for m in messages)), chars, "ESTIMATE (characters / 4; no tokenizer)"
     tokenizer = AutoTokenizer.from_pretrained(str(ensure_embedded_model()), local_files_only=True)
-    prompt = lambda messages: len(tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True))  # noqa: E731
-    return prompt, (lambda text: len(tokenizer.encode(text, add_special_tokens=False))), "counted with the SmolLM2-135M tokenizer"
+    text = lambda value: len(tokenizer.encode(value, add_special_tokens=False))  # noqa: E731
+    prompt = lambda messages: text(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))  # noqa: E731
+    return prompt, text, "counted with the SmolLM2-135M tokenizer"
 
 
 def main(count: int = 100) -> None:

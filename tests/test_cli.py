@@ -71,18 +71,20 @@ def test_kill_9_mid_run_then_resume_gives_every_episode_exactly_once(tmp_path):
     proc = subprocess.Popen([exe, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     deadline = time.time() + 240
     while time.time() < deadline:
-        if out.exists() and out.read_bytes().count(b"\n") >= 5:
+        if out.exists() and out.read_bytes().count(b"\n") >= 6:  # the run header + 5 episodes
             break
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    finished_before = out.read_bytes().count(b"\n")
+    finished_before = out.read_bytes().count(b"\n") - 1  # less the run header
     assert 5 <= finished_before < 24, "the kill must land half-way"
 
     result = run_cli(*args, "--resume", "--json")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     assert summary["resumed"] == finished_before and summary["episodes"] == 24
-    ids = [json.loads(line)["episode_id"] for line in out.read_text().splitlines()]
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["record"] for r in records if "record" in r] == ["run"]  # one header: the resumed run is the same run
+    ids = [r["episode_id"] for r in records if "episode_id" in r]
     assert len(ids) == 24 and Counter(ids).most_common(1)[0][1] == 1
     assert {t.reward for t in read_trajectories(out)} == {1.0}

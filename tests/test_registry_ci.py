@@ -83,7 +83,7 @@ def test_no_change_validates_nothing_and_says_so(env_repo):
     (["--changed-since", "no-such-ref"], "unknown git ref 'no-such-ref'"),
     ([], "exactly one of them"),
     (["--all", "--changed-since", "HEAD"], "exactly one of them"),
-    (["--changed-since", "HEAD", "--jobs", "0"], "--jobs must be at least 1"),
+    (["--changed-since", "HEAD", "--jobs", "0"], "--jobs: must be at least 1, got 0"),
 ])
 def test_bad_ci_input_is_one_line(env_repo, args, message):
     (env_repo / "env_registry" / "beta-lookup" / "README.md").write_text("changed\n")
@@ -125,7 +125,8 @@ def test_the_ci_script_validates_exactly_the_changed_env_and_fails_a_broken_one(
 def test_every_registry_env_passes_validation_through_the_ci_script(tmp_path):
     """Env validation CI on every change: .ci/run (make test) runs the workflow's script over the whole registry."""
     result = subprocess.run([str(CI_SCRIPT), "--all"], capture_output=True, text=True, timeout=1800,
-                            env={**os.environ, "PYTHON": PYTHON, "TRACE_GYM_REPORTS": str(tmp_path)}, cwd=REPO)
+                            env={**os.environ, "PYTHON": PYTHON, "TRACE_GYM_REPORTS": str(tmp_path),
+                                 "TRACE_GYM_VALIDATE_FLAGS": "--no-write"}, cwd=REPO)  # the committed reports stay
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert result.returncode == 0, result.stdout + result.stderr
     from trace_gym.registry import discover

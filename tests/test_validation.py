@@ -49,8 +49,26 @@ FLAWED = {
     ),
     "same scenario for every seed": ({"rng = random.Random(seed)": "rng = random.Random(7)"}, "seed_diversity"),
     "no transfer rationale": ({'"""Transfer rationale: the agent': '"""The agent'}, "contract_shape"),
-    "crashes on a bad argument": (
-        {'if action["arguments"].get("order_id") != self.order_id:': 'if action["arguments"]["order_id"].upper() != self.order_id:'},
+    "result field renamed (orderId where tau2 writes order_id)": (
+        {"json.dumps(dict(ORDER, order_id=self.order_id, status=self.status))":
+         'json.dumps({("orderId" if k == "order_id" else k): v for k, v in dict(ORDER, order_id=self.order_id, status=self.status).items()})'},
+        "interface_fidelity",
+    ),
+    "prose where tau2 returns JSON": (
+        {"json.dumps(dict(ORDER, order_id=self.order_id, status=self.status))": '"Order %s is %s." % (self.order_id, self.status)'},
+        "interface_fidelity",
+    ),
+    "an error not in tau2's style": ({'"Error: Order not found"': '"Sorry, no such order"'}, "interface_fidelity"),
+    "hint states the count the answer gives": (
+        {"self.status = rng.choice(STATUSES)\n": "self.status = rng.choice(STATUSES)\n        self.count = rng.randint(1, 9)\n",
+         'prompt += " Hint: look the order up before you answer."': 'prompt += " Hint: look the order up; it has %d items." % self.count',
+         '"content": "Your order is %s." % self.status}': '"content": "Your order is %s, with %d items." % (self.status, self.count)}'},
+        "hints",
+    ),
+    "reward crashes after a bad argument": (
+        {"self.used_tool = False": 'self.used_tool = False\n        self.last_id = ""',
+         "self.used_tool = True  #": 'self.last_id = action["arguments"].get("order_id")\n            self.used_tool = True  #',
+         "said = self.answer": "self.last_id.upper()\n        said = self.answer"},
         "robustness",
     ),
 }
@@ -104,14 +122,6 @@ def test_calibration_with_a_policy(tmp_path):
     calibration = report.checks[-1]
     assert calibration.name == "calibration" and calibration.passed is False
     assert "constant groups 1.00 <= 0.5" in calibration.evidence and "pass@3 1.00" in calibration.evidence
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("env_id", sorted(e.id for e in discover().values() if e.kind == "synthesized"))
-def test_every_registry_env_passes_validation(env_id):
-    """Env validation CI: every environment in env_registry/ on every change."""
-    report = validate(env_id, backend="auto", write=False)
-    assert report.passed, report.table()
 
 
 def test_scaffold_passes_validation_out_of_the_box(tmp_path):

@@ -23,15 +23,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except TraceGymError as exc:
-        print(f"trace-gym: error: {exc}", file=sys.stderr)
+        from .validation import printable  # env code's text can reach an error: no control characters
+
+        print(f"trace-gym: error: {printable(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("trace-gym: interrupted; finished episodes are saved, rerun with --resume to continue", file=sys.stderr)
         return 130
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage mistake is one line too (subcommand parsers inherit the class)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        print(f"trace-gym: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def count(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (episodes, workers, runs...)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid count: {text!r} (a whole number, at least 1)") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="trace-gym",
         description="TRACE: capability-targeted training environments for tool-using agents.",
     )
@@ -49,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     new.add_argument("--capability", default="", help="the capability's short name")
     new.add_argument("--description", default="", help="the capability in one sentence")
     new.set_defaults(func=cmd_envs_new)
-    freeze = envs_sub.add_parser("freeze-tools", help="re-freeze a target's tool schemas into env_registry/<target>/tools.json")
+    freeze = envs_sub.add_parser("freeze-tools", help="re-freeze a target's tool schemas and result shapes into env_registry/<target>/tools.json and results.json")
     freeze.add_argument("env_id")
     freeze.set_defaults(func=cmd_envs_freeze)
     catalog = envs_sub.add_parser("catalog", help="write the registry catalogue (CATALOG.md and catalog.json)")
@@ -65,20 +86,22 @@ def build_parser() -> argparse.ArgumentParser:
     roll.add_argument("--temperature", type=float, default=None, help="for --agent llm: sampling temperature (default 0: greedy)")
     roll.add_argument("--deficits", default=None, help="for --agent planted: name=probability,... e.g. corrupt_ids=0.3,end_early=0.3")
     roll.add_argument("--executor", choices=["local", "ray"], default="local", help="run episodes here or on a Ray cluster")
-    roll.add_argument("--workers", type=int, default=1, help="parallel episodes: threads (local, API models) or Ray tasks")
-    roll.add_argument("--batch", type=int, default=1, help="for local models: episodes generated together in one batch")
+    roll.add_argument("--workers", type=count, default=1, help="parallel episodes: threads (local, API models) or Ray tasks")
+    roll.add_argument("--batch", type=count, default=1, help="for local models: episodes generated together in one batch")
     roll.add_argument("--out", required=True, help="trajectory file (JSONL), appended as episodes finish")
-    roll.add_argument("--split", default=None, help="task split of the target (train, test, base); default: the env's")
-    roll.add_argument("--tasks", type=int, default=None, metavar="N", help="only the first N tasks of the split")
+    roll.add_argument("--split", default=None, help="task split of the target (train, test, base), or a seed split a synthesized env's manifest names; default: the target's")
+    roll.add_argument("--seeds", type=count, default=None, metavar="N", help="synthesized envs (no tasks): play env seeds 0..N-1")
+    roll.add_argument("--tasks", type=count, default=None, metavar="N", help="only the first N tasks of the split")
     roll.add_argument("--task-ids", default=None, help="comma-separated task ids instead of a split")
-    roll.add_argument("--samples", type=int, default=1, metavar="K", help="episodes per task (for pass^k)")
+    roll.add_argument("--samples", type=count, default=1, metavar="K", help="episodes per task (for pass^k)")
     roll.add_argument("--seed", type=int, default=0, help="run seed; each episode's seed derives from it")
-    roll.add_argument("--resume", action="store_true", help="continue a run: skip episodes already in --out")
+    roll.add_argument("--resume", action="store_true", help="continue a run: skip episodes already in --out (refused if it was made with other settings)")
+    roll.add_argument("--retry-given-up", action="store_true", help="with --resume: also play again the episodes the agent gave up (the old records stay in the file)")
     roll.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     roll.add_argument("--user", choices=["scripted", "llm"], default=None, help="τ² user simulator (default scripted)")
     roll.add_argument("--user-model", default=None, help="model of the LLM user (or TRACE_GYM_USER_MODEL)")
     roll.add_argument("--user-base-url", default=None, help="OpenAI-compatible base URL of the LLM user (or OPENAI_BASE_URL)")
-    roll.add_argument("--max-steps", type=int, default=None, help="agent actions per episode before truncation")
+    roll.add_argument("--max-steps", type=int, default=None, help="step limit before truncation (τ² targets: tau2's orchestrator steps, every message counted; synthesized envs: agent actions)")
     roll.add_argument("--json", action="store_true", help="print the summary as JSON")
     roll.add_argument("--no-progress", action="store_true", help="no progress bar")
     roll.set_defaults(func=cmd_rollout)
@@ -93,20 +116,20 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("--all", action="store_true", help="validate every synthesized env of the registry folder")
     val.add_argument("--registry", default=None, metavar="DIR",
                      help="with --changed-since or --all: the registry folder (default: env_registry of the repository)")
-    val.add_argument("--jobs", type=int, default=2, help="envs validated in parallel worker processes (default 2)")
+    val.add_argument("--jobs", type=count, default=2, help="envs validated in parallel worker processes (default 2)")
     val.add_argument("--backend", default="auto", help="sandbox backend: auto, docker, bwrap (subprocess: trusted code only)")
-    val.add_argument("--seeds", type=int, default=None, help="seeds for the reset, diversity and solvable checks (default 100)")
+    val.add_argument("--seeds", type=count, default=None, help="seeds for the reset, diversity and solvable checks (default 100)")
     val.add_argument("--policy", default=None, help="an agent for the calibration check (K rollouts per seed)")
-    val.add_argument("--k", type=int, default=None, help="rollouts per seed for calibration (default 4)")
+    val.add_argument("--k", type=count, default=None, help="rollouts per seed for calibration (default 4)")
     val.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
     val.add_argument("--no-write", action="store_true", help="do not store validation.json beside the env")
     val.set_defaults(func=cmd_validate)
 
     ident = sub.add_parser("identify", help="find the capabilities the agent lacks (contrast failures with successes)")
     ident.add_argument("--trajectories", required=True, help="a trajectory file (JSONL) with successes and failures")
-    ident.add_argument("--analyst", default="gold", help="gold (tau2 gold actions, no LLM) or openai:<model>")
-    ident.add_argument("--runs", type=int, default=10, help="identification runs N (default 10)")
-    ident.add_argument("--k", type=int, default=None, help="runs a capability must pass, K of N (default 8 of 10, scaled)")
+    ident.add_argument("--analyst", default="gold", help="gold (tau2 gold actions, no LLM), milestone (ToolSandbox milestones, no LLM) or openai:<model>")
+    ident.add_argument("--runs", type=count, default=10, help="identification runs N (default 10)")
+    ident.add_argument("--k", type=count, default=None, help="runs a capability must pass, K of N (default 8 of 10, scaled)")
     ident.add_argument("--delta", type=float, default=0.20, help="smallest contrastive gap ER- - ER+ (default 0.20)")
     ident.add_argument("--rho", type=float, default=0.10, help="smallest coverage E-/|D-| (default 0.10)")
     ident.add_argument("--seed", type=int, default=0)
@@ -115,6 +138,60 @@ def build_parser() -> argparse.ArgumentParser:
     ident.add_argument("--cache", default=None, help="LLM analyst: answer cache folder (default OUT/.analyst_cache)")
     ident.add_argument("--out", required=True, help="output folder: capabilities.json, labels.jsonl, runs.json, report.md, plots")
     ident.set_defaults(func=cmd_identify)
+
+    synth = sub.add_parser("synthesize", help="write, validate and register one training env per capability",
+                           description="An analyst LLM writes env.py per capability; the sandbox validates it, the "
+                                       "validator's evidence drives repairs, a policy calibrates it, and it is registered "
+                                       "atomically with its provenance. --analyst registry (offline) only reports the "
+                                       "registry envs that serve each capability.")
+    synth.add_argument("--capabilities", required=True, help="capabilities.json from trace-gym identify (labels.jsonl beside it adds evidence)")
+    synth.add_argument("--target", required=True, help="the target env id, e.g. trace/tau2-retail-v0")
+    synth.add_argument("--analyst", default="registry", help="registry (offline: serve from the registry) or openai:<model>")
+    synth.add_argument("--only", action="append", default=None, metavar="NAME", help="synthesize only this capability (repeatable)")
+    synth.add_argument("--policy", default=None, help="an agent for calibration (e.g. oracle, or llm via the rollout agents); none: skipped")
+    synth.add_argument("--max-attempts", type=count, default=5, help="answers per variant, the first and its repairs (default 5)")
+    synth.add_argument("--max-calibration-rounds", type=int, default=2, help="harder/easier variants asked for (default 2)")
+    synth.add_argument("--trajectories", default=None, help="the trajectories identify read: failed examples, policy and real tool results for the prompt")
+    synth.add_argument("--registry", default=None, metavar="DIR", help="registry folder to write into (default: the installed env_registry)")
+    synth.add_argument("--resume", action="store_true", help="keep capabilities already registered with a matching code hash")
+    synth.add_argument("--cache", default=None, help="analyst answer cache folder (default ~/.cache/trace-gym/synthesis)")
+    synth.add_argument("--backend", default="auto", help="sandbox backend for validation: auto, docker, bwrap")
+    synth.add_argument("--seeds", type=count, default=None, help="validation seeds (default 100)")
+    synth.add_argument("--json", action="store_true", help="print the result as JSON")
+    synth.set_defaults(func=cmd_synthesize)
+
+    run = sub.add_parser("run", help="the whole TRACE loop from a TOML config (rollout, identify, synthesize, train, evaluate)",
+                         description="Run the stages a TOML config names into its run directory; see examples/*.toml.")
+    run.add_argument("config", help="the pipeline config (TOML), e.g. examples/quickstart.toml")
+    run.add_argument("--resume", action="store_true", help="continue the run: finished stages whose inputs did not change are kept")
+    run.add_argument("--from", dest="from_stage", default=None, metavar="STAGE", help="redo this stage and every later one")
+    run.add_argument("--check", action="store_true", help="check the config and exit (nothing runs)")
+    run.set_defaults(func=cmd_run)
+
+    train = sub.add_parser("train", help="train one LoRA adapter with GRPO (TRL + peft) on registry envs",
+                           description="GRPO on one env (a capability env, or a target: the GRPO-on-target baseline) or "
+                                       "on a mixture (--env A,B,C: the merged-adapter baseline). Defaults are the TRACE "
+                                       "paper's: rank 32, G=4, K=4, lr 1e-5, 40 iterations. Writes adapter/, "
+                                       "train_log.jsonl, reward_curve.png and checkpoints/ into --out.")
+    train.add_argument("--env", required=True, help="env id, or several ids separated by commas (one merged adapter)")
+    train.add_argument("--model", default=None, help="policy: the embedded smollm2-135m-instruct (default) or hf:<local folder>")
+    train.add_argument("--out", required=True, help="run folder")
+    train.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    train.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cpu (no bf16) or cuda (bf16)")
+    train.add_argument("--use-vllm", action="store_true", help="pass TRL's vLLM integration through (needs vllm installed)")
+    train.add_argument("--iterations", type=int, default=None, help="GRPO iterations (default 40)")
+    train.add_argument("--groups", type=int, default=None, help="G: seeds per iteration (default 4)")
+    train.add_argument("--rollouts-per-group", type=int, default=None, help="K: episodes per seed (default 4)")
+    train.add_argument("--lr", type=float, default=None, help="AdamW learning rate (default 1e-5)")
+    train.add_argument("--lora-rank", type=int, default=None, help="LoRA rank (default 32)")
+    train.add_argument("--hint-share", type=float, default=None, help="share of each group played with a hint (default 0.25)")
+    train.add_argument("--max-new-tokens", type=int, default=None, help="tokens per model turn (default 256)")
+    train.add_argument("--max-steps", type=int, default=None, help="agent actions per episode (default: the env's own limit)")
+    train.add_argument("--backend", default=None, help="sandbox backend of synthesized envs: auto, docker, bwrap")
+    train.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    train.add_argument("--seed", type=int, default=None)
+    train.add_argument("--json", action="store_true", help="print the result as JSON")
+    train.set_defaults(func=cmd_train)
 
     report = sub.add_parser("report", help="a table of pass rate and mean reward per trajectory file")
     report.add_argument("files", nargs="+")
@@ -180,8 +257,6 @@ def validate_registry_envs(args: argparse.Namespace, config: Any) -> int:
     from .registry_ci import changed_envs, registry_folders, repo_root, summary_json, summary_rows, validate_many
     from .validation import _resolve
 
-    if args.jobs < 1:
-        raise TraceGymError(f"--jobs must be at least 1, got {args.jobs}")
     selection = None
     if args.changed_since is not None:
         selection = changed_envs(args.changed_since, registry=args.registry)
@@ -242,7 +317,7 @@ def cmd_envs_catalog(args: argparse.Namespace) -> int:
 def cmd_envs_freeze(args: argparse.Namespace) -> int:
     from .freeze import freeze_tools
 
-    print(f"wrote {freeze_tools(args.env_id)}")
+    print("wrote " + ", ".join(str(path) for path in freeze_tools(args.env_id)))
     return 0
 
 
@@ -275,6 +350,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         samples=args.samples,
         seed=args.seed,
         resume=args.resume,
+        retry_given_up=args.retry_given_up,
+        seeds=args.seeds,
         overwrite=args.overwrite,
         env_kwargs=env_kwargs,
         progress=False if args.no_progress else None,
@@ -283,7 +360,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         print(json.dumps(summary.as_dict(), indent=2))
         return 0
     if summary.aborted:
-        print(f"trace-gym: warning: {summary.aborted} episodes were given up by the agent (e.g. {summary.abort_example})", file=sys.stderr)
+        print(f"trace-gym: warning: {summary.aborted} episodes were given up by the agent (e.g. {summary.abort_example}); "
+              "rerun with --resume --retry-given-up to play them again", file=sys.stderr)
     pass_k = ", ".join(f"pass^{k} {v:.3f}" for k, v in summary.pass_hat_k.items())
     print(
         f"{summary.agent} on {summary.env_id}: {summary.episodes} episodes"
@@ -320,6 +398,29 @@ def cmd_identify(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_synthesize(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .synthesis import SynthesisConfig, synthesize
+    from .validation import ValidationConfig
+
+    validation = ValidationConfig(**({"seeds": args.seeds} if args.seeds else {}))
+    config = SynthesisConfig(max_attempts=args.max_attempts, max_calibration_rounds=args.max_calibration_rounds,
+                             policy=args.policy, validation=validation, backend=args.backend, resume=args.resume)
+    cache = Path(args.cache) if args.cache else Path.home() / ".cache" / "trace-gym" / "synthesis"
+    result = synthesize(args.capabilities, args.target, analyst=args.analyst, registry_dir=args.registry, config=config,
+                        only=args.only, trajectories=args.trajectories, cache_dir=cache,
+                        progress=lambda message: print(f"  {message}", file=sys.stderr, flush=True))
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=2, default=str))
+    else:
+        print(result.summary())
+        for outcome in result.outcomes:
+            if outcome.status == "failed" and outcome.last_report:
+                print(f"\nlast report for {outcome.capability}:\n{outcome.last_report}")
+    return 0 if all(o.status in ("registered", "served", "kept") for o in result.outcomes) else 1
+
+
 def agent_options(args: argparse.Namespace) -> dict[str, Any]:
     """Agent keyword arguments from the rollout flags; flags that do not apply to the agent are an error."""
     options: dict[str, Any] = {}
@@ -336,6 +437,39 @@ def agent_options(args: argparse.Namespace) -> dict[str, Any]:
         except ValueError:
             raise TraceGymError(f"--deficits must look like corrupt_ids=0.3,end_early=0.2, got {args.deficits!r}") from None
     return options
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .pipeline import load_config, run_pipeline
+
+    config = load_config(args.config)  # every config mistake stops here, before any work
+    if args.check:
+        print(f"{args.config}: ok (target {config.run.target}, stages {', '.join(config.run.stages)}, run dir {config.run_dir})")
+        return 0
+    report = run_pipeline(config, resume=args.resume, from_stage=args.from_stage,
+                          say=lambda message: print(message, file=sys.stderr, flush=True))
+    print(f"report: {report}")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from .training import GRPOTrainingConfig, train
+
+    options = {"iterations": args.iterations, "groups": args.groups, "rollouts_per_group": args.rollouts_per_group,
+               "learning_rate": args.lr, "lora_rank": args.lora_rank, "hint_share": args.hint_share,
+               "max_new_tokens": args.max_new_tokens, "max_steps": args.max_steps, "sandbox_backend": args.backend,
+               "torch_threads": args.threads, "seed": args.seed, "model": args.model}
+    config = GRPOTrainingConfig(env_ids=[e.strip() for e in args.env.split(",") if e.strip()], out=args.out,
+                                device=args.device, use_vllm=args.use_vllm,
+                                **{k: v for k, v in options.items() if v is not None})
+    result = train(config, resume=args.resume)
+    if args.json:
+        print(json.dumps({k: str(v) if hasattr(v, "parts") else v for k, v in vars(result).items()}))
+    else:
+        reward = "n/a" if result.final_mean_reward is None else f"{result.final_mean_reward:.3f}"
+        print(f"adapter: {result.adapter}  iterations {result.iterations}, rollouts {result.rollouts}, "
+              f"last mean reward {reward}, log {result.log}")
+    return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:

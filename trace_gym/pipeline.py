@@ -84,6 +84,9 @@ class RolloutStage:
     """Messages per episode before truncation (None: the target's default)."""
     executor: Literal["local", "ray"] = "local"
     """``ray`` fans episodes out over a Ray cluster."""
+    trajectories: str | None = None
+    """An existing trajectory file (JSONL, e.g. your agent's logs) to identify from instead of
+    rolling the policy out; its episodes must be of ``[run] target``."""
 
 
 @dataclass
@@ -104,6 +107,8 @@ class SynthesizeStage:
     """``registry`` (offline: a registry env whose manifest names the capability) or ``openai:<model>``."""
     loop: SynthesisConfig = field(default_factory=SynthesisConfig)
     """Attempts, calibration rounds and policy, validation thresholds of the synthesis loop."""
+    only: list[str] = field(default_factory=list)
+    """Only these of the selected capabilities (empty: all of them)."""
 
 
 @dataclass
@@ -203,6 +208,8 @@ def check_config(config: PipelineConfig) -> None:
             raise ConfigError(f"[train] control: no registry env serves '{capability}' for {entry.id}")
     _check_analyst(config.identify.analyst, "[identify] analyst", ("gold", "milestone"))
     _check_analyst(config.synthesize.analyst, "[synthesize] analyst", ("registry",))
+    if config.rollout.trajectories and not Path(config.rollout.trajectories).is_file():
+        raise ConfigError(f"[rollout] trajectories: no file at {config.rollout.trajectories}")
     for name, value in (("[rollout] samples", config.rollout.samples), ("[evaluate] samples", config.evaluate.samples),
                         ("[policy] batch", config.policy.batch), ("[policy] workers", config.policy.workers)):
         if value < 1:
@@ -353,6 +360,8 @@ def _agent_kwargs(config: PipelineConfig, **extra: Any) -> dict[str, Any]:
 def stage_rollout(config: PipelineConfig, state: RunState, say: Callable[[str], None]) -> dict[str, Any]:
     from .rollout import rollout
 
+    if config.rollout.trajectories:
+        return _given_trajectories(config)
     # One file per distinct set of settings: changed settings start a new file, the same ones resume it.
     out = config.run_dir / "rollouts" / f"trajectories-{stage_inputs_hash(config, 'rollout', state)[:10]}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -365,6 +374,22 @@ def stage_rollout(config: PipelineConfig, state: RunState, say: Callable[[str], 
             "pass_rate": summary.successes / max(summary.episodes, 1), "mean_reward": summary.mean_reward,
             "wall_s": summary.wall_s,
             "summary": f"{summary.episodes} episodes, pass rate {summary.successes / max(summary.episodes, 1):.3f}"}
+
+
+def _given_trajectories(config: PipelineConfig) -> dict[str, Any]:
+    from .store import read_trajectories
+
+    path = Path(config.rollout.trajectories)
+    trajectories = read_trajectories(path)
+    other = sorted({t.env_id for t in trajectories} - {config.run.target})
+    if other:
+        raise PipelineError(f"[rollout] trajectories: {path} holds episodes of {', '.join(other)}, not only of {config.run.target}")
+    successes = sum(t.success for t in trajectories)
+    return {"trajectories": str(path), "sha256": content_hash(path), "episodes": len(trajectories), "successes": successes,
+            "pass_rate": successes / max(len(trajectories), 1),
+            "mean_reward": sum(t.reward for t in trajectories) / max(len(trajectories), 1), "wall_s": 0.0,
+            "given": True, "summary": f"{len(trajectories)} given episodes (not rolled out), pass rate "
+                                      f"{successes / max(len(trajectories), 1):.3f}"}
 
 
 def stage_identify(config: PipelineConfig, state: RunState, say: Callable[[str], None]) -> dict[str, Any]:
@@ -429,8 +454,13 @@ def stage_synthesize(config: PipelineConfig, state: RunState, say: Callable[[str
         summary, calls, tokens = "nothing to synthesize", 0, 0
     else:
         loop = dataclasses.replace(config.synthesize.loop, resume=True)  # a registered env with a matching hash is kept
+        unknown = sorted(set(config.synthesize.only) - set(identified["selected"]))
+        if unknown:
+            raise PipelineError(f"[synthesize] only: {', '.join(unknown)} not selected by identification "
+                                f"(selected: {', '.join(identified['selected'])})")
         result = synthesize(Path(identified["dir"]) / "capabilities.json", config.run.target,
                             analyst=config.synthesize.analyst, registry_dir=registry, config=loop,
+                            only=config.synthesize.only or None,
                             trajectories=state.stages["rollout"].outputs["trajectories"] if "rollout" in state.stages else None,
                             cache_dir=out / ".analyst_cache", progress=say)
         from .registry import read_manifest
@@ -543,6 +573,10 @@ def stage_evaluate(config: PipelineConfig, state: RunState, say: Callable[[str],
         elif method in ("grpo-target", "merged") and any(a["name"] == method for a in adapters):
             methods.append((method, "llm", {"adapter": method}, None))
         elif method == "summed" and len(by_kind["capability"]) > 1:
+            if not hasattr(backend, "add_summed_adapter"):
+                say("summed: adding adapters' weights needs a local policy (hf: or the embedded model); a server must "
+                    "serve the sum itself; left out of the table")
+                continue
             backend.add_summed_adapter("summed", [a["name"] for a in by_kind["capability"]])
             methods.append(("summed", "llm", {"adapter": "summed"}, None))
         elif method == "control" and by_kind["control"]:

@@ -38,8 +38,9 @@ def write_report(config: Any, state: Any) -> Path:
     stages = state.stages
     if "rollout" in stages:
         r = stages["rollout"].outputs
+        where = "given (not rolled out)" if r.get("given") else f"on the `{config.rollout.split}` split"
         out += ["## 1. The base policy on the target", "",
-                f"{r['episodes']} episodes on the `{config.rollout.split}` split: pass rate **{r['pass_rate']:.3f}** "
+                f"{r['episodes']} episodes {where}: pass rate **{r['pass_rate']:.3f}** "
                 f"({r['successes']} successes), mean reward {r['mean_reward']:.3f}, {r['wall_s']:.0f} s "
                 f"(`{_rel(r['trajectories'], run_dir)}`).", "",
                 "*Pass rate*: the share of episodes the target's own evaluator scored as solved. Identification "

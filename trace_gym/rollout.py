@@ -29,6 +29,13 @@ class Episode:
     task_id: str | None
     sample: int
     seed: int
+    env_seed: int | None = None
+    """Envs without tasks (synthesized envs): the seed ``reset`` gets, which picks
+    the scenario; ``seed`` then seeds the agent, so samples of one scenario differ."""
+
+    @property
+    def reset_seed(self) -> int:
+        return self.env_seed if self.env_seed is not None else self.seed
 
 
 @dataclass
@@ -64,6 +71,52 @@ def plan_episodes(task_ids: Iterable[str | None], samples: int, run_seed: int) -
     return [Episode(tid, k, episode_seed(run_seed, tid, k)) for tid in task_ids for k in range(samples)]
 
 
+def plan_seeded_episodes(env_seeds: Iterable[int], samples: int, run_seed: int) -> list[Episode]:
+    """Episodes of an env without tasks: one scenario per env seed, ``samples`` plays of each."""
+    if samples < 1:
+        raise TraceGymError(f"samples must be at least 1, got {samples}")
+    return [Episode(None, k, episode_seed(run_seed, f"seed-{s}", k), env_seed=s) for s in env_seeds for k in range(samples)]
+
+
+def seed_split(entry: Any, split: str | None, seeds: int | None) -> list[int]:
+    """The env seeds to roll a synthesized env out on: ``seeds`` N gives 0..N-1;
+    ``split`` names a range of its manifest's ``[splits]`` table (``test = [1000, 1100]``:
+    seeds 1000..1099, end excluded)."""
+    splits = entry.manifest.get("splits", {})
+    if seeds is not None and split is not None:
+        raise TraceGymError("give --seeds or --split, not both")
+    if seeds is not None:
+        if seeds < 1:
+            raise TraceGymError(f"--seeds must be at least 1, got {seeds}")
+        return list(range(seeds))
+    known = ", ".join(sorted(splits)) or "none"
+    if split is None:
+        raise TraceGymError(f"{entry.id} has no task list: pass --seeds N, or --split NAME of its manifest's [splits] (it names: {known})")
+    bounds = splits.get(split)
+    if bounds is None:
+        raise TraceGymError(f"{entry.id} has no split '{split}'; its manifest's [splits] names: {known}")
+    if not (isinstance(bounds, list) and len(bounds) == 2 and all(isinstance(b, int) and b >= 0 for b in bounds) and bounds[0] < bounds[1]):
+        raise TraceGymError(f"{entry.path}/manifest.toml: [splits] {split} must be [first_seed, end_seed], got {bounds!r}")
+    return list(range(bounds[0], bounds[1]))
+
+
+def run_settings(env_id: str, agent: str, agent_kwargs: dict[str, Any], env_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """What makes two rollouts the same run, recorded in the trajectory file's header.
+
+    The agent's options (model, adapter, temperature, deficits, run seed...)
+    and the env's (user simulator, step limit) count; which tasks are played
+    does not (a resumed run may add tasks), nor do endpoints and keys."""
+    def plain(value: Any) -> Any:
+        if value is None or isinstance(value, (str, int, float, bool, list, dict)):
+            return value
+        return getattr(value, "name", None) or type(value).__name__  # a backend object: its model name
+
+    def options(kwargs: dict[str, Any]) -> dict[str, Any]:
+        return {k: plain(v) for k, v in kwargs.items() if k != "split" and "key" not in k and "base_url" not in k}
+
+    return {"env_id": env_id, "agent": agent, "agent_options": options(agent_kwargs), "env_options": options(env_kwargs)}
+
+
 @dataclass
 class _Running:
     """One episode in flight: what becomes its trajectory when it ends."""
@@ -81,8 +134,8 @@ def _start(env: Any, agent: Any, episode: Episode) -> _Running:
     started = datetime.now(timezone.utc)
     t0 = time.perf_counter()
     options = {"task_id": episode.task_id} if episode.task_id is not None else None
-    observation, info = env.reset(seed=episode.seed, options=options)
-    info = {**info, "episode_seed": episode.seed}
+    observation, info = env.reset(seed=episode.reset_seed, options=options)
+    info = {**info, "episode_seed": episode.seed, "episode_sample": episode.sample}
     agent.reset(observation, info, env)
     return _Running(episode, started, t0, info, observation, env_s=time.perf_counter() - t0)
 
@@ -92,10 +145,10 @@ def _finish(env: Any, agent: Any, env_id: str, run: _Running, reward: float, ter
     core = env.unwrapped
     usage = agent.usage() if hasattr(agent, "usage") else {}
     return Trajectory(
-        episode_id=episode_id(env_id, run.info.get("task_id"), run.episode.sample, run.episode.seed),
+        episode_id=episode_id(env_id, run.episode.task_id, run.episode.sample, run.episode.reset_seed),
         env_id=env_id,
         task_id=run.info.get("task_id"),
-        seed=run.episode.seed,
+        seed=run.episode.reset_seed,
         sample=run.episode.sample,
         agent=agent.name,
         model=getattr(agent, "model", None),
@@ -141,14 +194,36 @@ def run_episode(env: Any, agent: Any, env_id: str, episode: Episode) -> Trajecto
     return _finish(env, agent, env_id, run, reward, terminated, truncated, step_info)
 
 
-def run_batched(envs: list[Any], agents: list[Any], env_id: str, episodes: list[Episode], backend: Any):
+@dataclass
+class PlayedEpisode:
+    """A finished episode: its trajectory (text) and, from a token-level model,
+    its tokens (what a trainer updates on)."""
+
+    trajectory: Trajectory
+    tokens: Any = None  # trace_gym.llm.TokenEpisode
+    episode: Episode | None = None
+
+
+def play_batched(envs: list[Any], agents: list[Any], env_id: str, episodes: list[Episode]):
     """Play episodes in lock-step, one batched generation per turn across all
-    episodes in flight (``LocalHF`` batches on CPU and GPU). Yields trajectories
-    as episodes end."""
+    episodes in flight, each request under its own agent's settings (seed,
+    temperature, adapter). ``agents`` share one backend (``LocalHF`` batches on
+    CPU and GPU). Yields ``PlayedEpisode``s as episodes end."""
     from collections import deque
 
+    if not agents:
+        return
+    backend = agents[0].backend
     queue = deque(episodes)
     slots: list[_Running | None] = [None] * len(envs)
+
+    def done(i: int, trajectory: Trajectory) -> PlayedEpisode:
+        played = PlayedEpisode(trajectory, getattr(agents[i], "tokens", None), slots[i].episode)
+        slots[i] = None
+        if hasattr(agents[i], "end_episode"):
+            agents[i].end_episode()
+        return played
+
     while queue or any(slots):
         for i, slot in enumerate(slots):
             if slot is None and queue:
@@ -156,11 +231,8 @@ def run_batched(envs: list[Any], agents: list[Any], env_id: str, episodes: list[
         active = [i for i, slot in enumerate(slots) if slot is not None]
         if not active:
             break
-        for i in active:
-            agents[i].observe(slots[i].observation)
         a0 = time.perf_counter()
-        kwargs = agents[active[0]].generation_kwargs()
-        completions = backend.generate([agents[i].request() for i in active], **kwargs)
+        completions = backend.complete([agents[i].request() for i in active])
         share = (time.perf_counter() - a0) / len(active)
         for i, completion in zip(active, completions):
             run = slots[i]
@@ -170,15 +242,82 @@ def run_batched(envs: list[Any], agents: list[Any], env_id: str, episodes: list[
             except TraceGymError as exc:
                 if type(exc).__name__ != "AgentGaveUp":
                     raise
-                slots[i] = None
-                yield _finish(envs[i], agents[i], env_id, run, 0.0, False, True, {}, error=str(exc))
+                yield done(i, _finish(envs[i], agents[i], env_id, run, 0.0, False, True, {}, error=str(exc)))
                 continue
             e0 = time.perf_counter()
             run.observation, reward, terminated, truncated, step_info = envs[i].step(action)
             run.env_s += time.perf_counter() - e0
             if terminated or truncated:
-                slots[i] = None
-                yield _finish(envs[i], agents[i], env_id, run, reward, terminated, truncated, step_info)
+                yield done(i, _finish(envs[i], agents[i], env_id, run, reward, terminated, truncated, step_info))
+
+
+def run_batched(envs: list[Any], agents: list[Any], env_id: str, episodes: list[Episode], backend: Any = None):
+    """``play_batched``'s trajectories (``backend`` is the agents' own; kept for callers that pass it)."""
+    for played in play_batched(envs, agents, env_id, episodes):
+        yield played.trajectory
+
+
+def play_episodes(
+    policy: Any,
+    env_id: str,
+    episodes: list[Episode] | list[int],
+    *,
+    tokenizer: Any = None,
+    batch: int = 8,
+    adapter: str | None = None,
+    temperature: float = 1.0,
+    max_new_tokens: int = 256,
+    env_kwargs: dict[str, Any] | None = None,
+) -> list[PlayedEpisode]:
+    """Play episodes of a registry env (a target in-process, a synthesized env in
+    its sandbox) with a local model, in lock-step batches, and return them with
+    their tokens: what GRPO's ``rollout_func`` needs
+    (``played.tokens.for_grpo()``).
+
+    ``policy`` is a model spec (``hf:<path>``, the embedded name), a ``LocalHF``,
+    or a transformers/peft model object in memory with its ``tokenizer`` (the
+    policy a trainer is updating: cached keys and values are cleared at the
+    start of each call, since the weights may have changed since the last).
+    ``episodes`` are planned episodes or plain env seeds (synthesized envs; a
+    seed given G times is played G times, with different sampling seeds).
+    """
+    from trace_gym.agents import make_agent
+    from trace_gym.llm import make_backend
+    from trace_gym.llm.local_hf import LocalHF
+
+    from .registry import make
+
+    if isinstance(policy, str):
+        backend = make_backend(policy)
+    elif isinstance(policy, LocalHF):
+        backend = policy
+    else:
+        if tokenizer is None:
+            raise TraceGymError("play_episodes with a model object needs its tokenizer")
+        backend = LocalHF.from_model(policy, tokenizer)
+    if not getattr(backend, "token_level", False):
+        raise TraceGymError(f"{backend.name} is not a local token-level model; play_episodes needs one")
+    if not isinstance(policy, (str, LocalHF)):
+        backend.clear_cache()
+    planned: list[Episode] = []
+    repeats: dict[int, int] = {}
+    for ep in episodes:  # a seed given G times is G samples of one scenario (a GRPO group)
+        if not isinstance(ep, Episode):
+            env_seed = int(ep)
+            repeats[env_seed] = repeats.get(env_seed, -1) + 1
+            ep = Episode(None, repeats[env_seed], episode_seed(0, f"seed-{env_seed}", repeats[env_seed]), env_seed=env_seed)
+        planned.append(ep)
+    size = max(1, min(batch, len(planned)))
+    envs = [make(env_id, **(env_kwargs or {})) for _ in range(size)]
+    try:
+        agents = [make_agent("llm", model=backend, adapter=adapter, temperature=temperature, max_new_tokens=max_new_tokens)
+                  for _ in range(size)]
+        order = {id(ep): k for k, ep in enumerate(planned)}
+        played = sorted(play_batched(envs, agents, env_id, planned), key=lambda p: order[id(p.episode)])
+    finally:
+        for env in envs:
+            env.close()
+    return played
 
 
 def rollout(
@@ -200,6 +339,8 @@ def rollout(
     batch: int = 1,
     progress: bool | None = None,
     on_episode: Callable[[Trajectory], None] | None = None,
+    seeds: int | None = None,
+    retry_given_up: bool = False,
 ) -> RolloutSummary:
     """Roll agent ``agent`` (a name for ``make_agent``) out over a target's tasks into ``out``.
 
@@ -209,34 +350,55 @@ def rollout(
     ``workers`` threads (API models), or ``batch`` at a time in lock-step with
     one batched generation per turn (local models); ``ray`` fans episodes out
     over a Ray cluster (``ray.init()`` must reach one, or a local one starts).
+    Envs without tasks (synthesized envs) are played by seed: ``seeds`` N
+    (0..N-1) or ``split``, a seed range its manifest names.
     Finished episodes are appended as they end; ``resume`` skips those already
-    in ``out``. ``progress=None`` shows a bar only on a terminal.
+    in ``out`` and refuses a file made with other settings (``run_settings``);
+    ``retry_given_up`` also plays again the episodes the agent gave up.
+    ``progress=None`` shows a bar only on a terminal.
     """
     from tqdm.auto import tqdm
 
-    from .registry import make
+    from .registry import get_entry, make
 
     if executor not in ("local", "ray"):
         raise TraceGymError(f"unknown executor '{executor}'; choose local or ray")
     agent_kwargs = {"seed": seed, **(agent_kwargs or {})}
     kwargs = dict(env_kwargs or {})
-    if split is not None:
+    entry = get_entry(env_id)
+    env_seeds = None
+    if entry.kind == "synthesized":
+        if task_ids is not None:
+            raise TraceGymError(f"{env_id} has no tasks: it is played by seed (--seeds N or --split NAME), not by task id")
+        env_seeds = seed_split(entry, split, seeds)
+        user_flags = [k for k in ("user", "user_model", "user_base_url") if k in kwargs]
+        if user_flags:
+            raise TraceGymError(f"{env_id} plays its own user: --{', --'.join(f.replace('_', '-') for f in user_flags)} only apply to τ² targets")
+    elif seeds is not None:
+        raise TraceGymError(f"{env_id} has tasks: choose them with --split, --tasks or --task-ids, not --seeds")
+    elif split is not None:
         kwargs["split"] = split
-    store = TrajectoryStore(out, resume=resume, overwrite=overwrite)
+    settings = run_settings(env_id, agent, agent_kwargs, kwargs)
+    agent_kwargs = _with_local_adapter(agent, agent_kwargs, executor)
+    store = TrajectoryStore(out, resume=resume or retry_given_up, overwrite=overwrite, settings=settings,
+                            retry_given_up=retry_given_up)
     env = None
     try:
         env = make(env_id, **kwargs)
-        if task_ids is None:
-            task_ids = list(getattr(env.unwrapped, "task_ids", None) or [])
-            if not task_ids:
-                raise TraceGymError(f"{env_id} has no task list; pass task ids or use seeds")
+        if env_seeds is not None:
+            plan = plan_seeded_episodes(env_seeds[:limit] if limit is not None else env_seeds, samples, seed)
         else:
-            for tid in task_ids:
-                env.unwrapped.get_task(tid)  # one clear error for an unknown id, before any work
-        if limit is not None:
-            task_ids = task_ids[:limit]
-        plan = plan_episodes(task_ids, samples, seed)
-        keys = [episode_id(env_id, ep.task_id, ep.sample, ep.seed) for ep in plan]
+            if task_ids is None:
+                task_ids = list(getattr(env.unwrapped, "task_ids", None) or [])
+                if not task_ids:
+                    raise TraceGymError(f"{env_id} has no task list")
+            else:
+                for tid in task_ids:
+                    env.unwrapped.get_task(tid)  # one clear error for an unknown id, before any work
+            if limit is not None:
+                task_ids = task_ids[:limit]
+            plan = plan_episodes(task_ids, samples, seed)
+        keys = [episode_id(env_id, ep.task_id, ep.sample, ep.reset_seed) for ep in plan]
         todo = [ep for ep, key in zip(plan, keys) if key not in store]
         resumed = len(plan) - len(todo)
         t0 = time.perf_counter()
@@ -287,7 +449,7 @@ def _run_local_batched(env, env_id, env_kwargs, agent, agent_kwargs, todo, batch
 
     from .registry import make
 
-    if agent != "llm":
+    if agent not in ("llm", "routed"):
         raise TraceGymError("--batch needs --agent llm (it batches model generation across episodes)")
     model = agent_kwargs.get("model") or EMBEDDED_DEFAULT
     backend = make_backend(model) if isinstance(model, str) else model
@@ -295,11 +457,35 @@ def _run_local_batched(env, env_id, env_kwargs, agent, agent_kwargs, todo, batch
     envs = [env] + [make(env_id, **env_kwargs) for _ in range(size - 1)]
     agents = [make_agent(agent, **{**agent_kwargs, "model": backend}) for _ in range(size)]
     try:
-        for trajectory in run_batched(envs, agents, env_id, todo, backend):
-            record(trajectory)
+        for played in play_batched(envs, agents, env_id, todo):
+            record(played.trajectory)
     finally:
         for extra in envs[1:]:
             extra.close()
+
+
+def _with_local_adapter(agent: str, agent_kwargs: dict[str, Any], executor: str) -> dict[str, Any]:
+    """``--adapter PATH`` with a local model: the model is made once, here, with
+    that adapter loaded under its path, so every agent of the run uses it. A
+    server's adapter (vLLM multi-LoRA) is a name the server knows: left alone."""
+    adapter, model = agent_kwargs.get("adapter"), agent_kwargs.get("model")
+    if agent != "llm" or not adapter or (isinstance(model, str) and model.startswith("openai:")):
+        return agent_kwargs
+    if model is not None and not isinstance(model, str) and adapter in getattr(model, "adapters", {}):
+        return agent_kwargs  # a backend object that already holds it
+    path = Path(adapter).expanduser()
+    if not (path / "adapter_config.json").is_file():
+        raise TraceGymError(f"no LoRA adapter at {adapter} (a folder with adapter_config.json, as peft saves it); "
+                            "a local model loads adapters from folders")
+    if executor == "ray":
+        raise TraceGymError("--adapter PATH with a local model needs --executor local (each Ray worker would load its own model)")
+    from trace_gym.llm import EMBEDDED_DEFAULT, make_backend
+
+    backend = make_backend(model or EMBEDDED_DEFAULT) if model is None or isinstance(model, str) else model
+    if not hasattr(backend, "load_adapter"):
+        raise TraceGymError(f"model {getattr(backend, 'name', backend)} cannot load LoRA adapters")
+    backend.load_adapter(adapter, str(path))
+    return {**agent_kwargs, "model": backend}
 
 
 def _run_threads(env_id, env_kwargs, agent, agent_kwargs, todo, workers, record) -> None:

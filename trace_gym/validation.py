@@ -9,6 +9,12 @@ reset_every_seed, seed_diversity, determinism, solvable, not_trivial,
 reward_range, termination, robustness, hints, step_time; and, when a policy is
 given, calibration. A failed static gate or contract stops the rest (they are
 reported as skipped).
+
+Validation ends in bounded time whatever the env does: every sandbox call is
+bounded by what is left of ``time_budget_s`` (past it the running check fails
+and the rest are skipped), a worker that hangs or dies during an episode stops
+the running check at once (its first decisive failure), and every episode is
+cut at the validator's own ``max_episode_steps``, whatever the env declares.
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ from typing import Any, Callable
 from .errors import EnvContractError, TraceGymError
 from .hashing import code_hash
 from .registry import VALIDATION_REPORT, get_entry, read_manifest
-from .tools import canonical_json, check_arguments, load_frozen_tools, select_tools, tool_name, tool_parameters
+from .result_shapes import load_result_shapes, result_problems
+from .tools import check_arguments, load_frozen_tools, select_tools, tool_name, tool_parameters
 
 
 @dataclass
@@ -69,6 +76,15 @@ class ValidationConfig:
     """Largest share of groups where every rollout scores 0."""
     max_all_success_groups: float = 0.2
     """Largest share of groups where every rollout succeeds."""
+    time_budget_s: float = 100.0
+    """Wall-clock budget of the whole validation (sandbox calls and worker starts
+    included); past it the running check fails and the rest are skipped."""
+    max_episode_steps: int = 100
+    """The validator's own step cap: every episode is cut here, and an env that
+    declares a larger ``max_steps`` fails ``termination``."""
+    fidelity_seeds: int = 10
+    """Seeds whose oracle episodes have every tool result checked against the
+    target's frozen result shapes in ``interface_fidelity``."""
 
 
 @dataclass
@@ -91,6 +107,9 @@ class ValidationReport:
     wall_s: float
     validated_at: str
     config: dict[str, Any]
+    target_hash: str = ""
+    """Hash of the target's frozen interface (tools.json, results.json, manifest)
+    the env was judged against: the report goes stale when it changes."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -121,6 +140,34 @@ class Episode:
     reward_info: dict[str, Any] = field(default_factory=dict)
 
 
+class _TimeBudgetExhausted(Exception):
+    """The validation's time budget ran out (not a TraceGymError, so that no check
+    swallows it: the loop in ``validate`` fails the running check and stops)."""
+
+
+class _CheckStopped(Exception):
+    """A check met a decisive failure (the worker hung or died in an episode): it
+    fails at once with this evidence instead of paying the same time-out per seed."""
+
+
+class _BudgetedWorker:
+    """A sandbox worker whose every call is bounded by what is left of the budget."""
+
+    def __init__(self, worker: Any, deadline: float):
+        self._worker = worker
+        self._deadline = deadline
+
+    def call(self, op: str, timeout: float | None = None, **payload: Any) -> Any:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            self._worker.close()
+            raise _TimeBudgetExhausted(f"before {op}()")
+        return self._worker.call(op, timeout=min(timeout or self._worker.limits.call_timeout_s, left), **payload)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._worker, name)
+
+
 class _Context:
     """What the checks share: the env folder, one sandboxed env, episodes seen."""
 
@@ -130,15 +177,28 @@ class _Context:
         self.config = config
         self.entry = read_manifest(path)
         self.source = (path / "env.py").read_text(encoding="utf-8")
-        self.target_tools = load_frozen_tools(get_entry(self.entry.target).tools_path)
+        target = get_entry(self.entry.target)
+        self.target_tools = load_frozen_tools(target.tools_path)
+        self.result_shapes = load_result_shapes(target.path)
+        self.target_hash = code_hash(target.path)
+        self.deadline = time.monotonic() + config.time_budget_s
         self.env = None
         self.episodes: list[Episode] = []
         self.step_times: list[float] = []
 
     def make_env(self):
+        """A fresh sandboxed env: its calls bounded by the budget, its episodes by
+        the validator's step cap (the env's declared ``max_steps`` is kept in
+        ``declared_max_steps`` for the termination check)."""
         from trace_gym.sandbox.env import SandboxedEnv
 
-        return SandboxedEnv(self.path, backend=self.backend)
+        if time.monotonic() >= self.deadline:
+            raise _TimeBudgetExhausted("before starting a worker")
+        env = SandboxedEnv(self.path, backend=self.backend)
+        env.worker = _BudgetedWorker(env.worker, self.deadline)
+        env.declared_max_steps = env.worker.info.get("max_steps")
+        env.max_steps = min(env.max_steps, self.config.max_episode_steps)
+        return env
 
     def play(self, env, agent_name: str, seed: int, *, record: bool = True) -> Episode:
         from trace_gym.agents import make_agent
@@ -159,9 +219,12 @@ class _Context:
                               observations=observations, reward_info=step_info.get("reward_info") or {})
         except TraceGymError as exc:
             episode = Episode(agent_name, seed, None, False, False, 0, error=str(exc))
-            if not env.unwrapped.worker.alive:  # a dead worker: replace it for the next episode
+            if not env.unwrapped.worker.alive:  # it hung or died: decisive; a fresh worker for the next check
+                if record:
+                    self.episodes.append(episode)
                 env.close()
                 self.env = self.make_env()
+                raise _CheckStopped(f"the worker hung or died in a {agent_name} episode (seed {seed}): {exc}") from None
         if record:
             self.episodes.append(episode)
         return episode
@@ -194,7 +257,8 @@ def validate(
         if check is check_calibration and not config.policy:
             continue
         if stop:
-            results.append(CheckResult(check.__name__.removeprefix("check_"), None, "skipped: an earlier check failed"))
+            reason = stop if isinstance(stop, str) else "skipped: an earlier check failed"
+            results.append(CheckResult(check.__name__.removeprefix("check_"), None, reason))
             continue
         if progress:
             progress(check.__name__.removeprefix("check_"))
@@ -203,6 +267,12 @@ def validate(
             result = check(ctx)
         except TraceGymError as exc:
             result = CheckResult(check.__name__.removeprefix("check_"), False, f"error: {exc}")
+        except _CheckStopped as exc:
+            result = CheckResult(check.__name__.removeprefix("check_"), False, f"stopped at the first decisive failure: {exc}")
+        except _TimeBudgetExhausted as exc:
+            result = CheckResult(check.__name__.removeprefix("check_"), False,
+                                 f"the validation's time budget ({config.time_budget_s:g}s) ran out during this check ({exc}): the env is too slow to judge")
+            stop = "skipped: the validation's time budget ran out"
         except Exception as exc:  # noqa: BLE001 - a reply no check foresaw still ends as a FAIL with evidence
             result = CheckResult(check.__name__.removeprefix("check_"), False,
                                  f"error: the env's answers broke this check ({type(exc).__name__}: {str(exc)[:300]})",
@@ -211,12 +281,12 @@ def validate(
         result.seconds = round(time.perf_counter() - t0, 3)
         results.append(result)
         if result.passed is False and check in (check_static_gate, check_contract_shape, check_interface_fidelity) and ctx.env is None:
-            stop = True
+            stop = stop or True
     if ctx.env is not None:
         ctx.env.close()
     report = ValidationReport(
         env_id=ctx.entry.id,
-        path=str(path),
+        path=_shown_path(path),
         code_hash=code_hash(path),
         backend=backend_obj.name,
         passed=all(r.passed is not False for r in results),
@@ -224,10 +294,20 @@ def validate(
         wall_s=round(time.perf_counter() - started, 2),
         validated_at=datetime.now(timezone.utc).isoformat(),
         config={k: v for k, v in asdict(config).items()},
+        target_hash=ctx.target_hash,
     )
     if write:
         (path / VALIDATION_REPORT).write_text(json.dumps(report.as_dict(), indent=2) + "\n", encoding="utf-8")
     return report
+
+
+def _shown_path(path: Path) -> str:
+    """The env folder as a report records it: relative to the working directory when inside it,
+    so that a committed report names no machine's absolute path."""
+    try:
+        return Path(path).resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return str(path)
 
 
 def _resolve(path_or_id: str | Path) -> Path:
@@ -276,6 +356,16 @@ def check_contract_shape(ctx: _Context) -> CheckResult:
 
 
 def check_interface_fidelity(ctx: _Context) -> CheckResult:
+    """Does the env answer as the target does? The agent sees only the target's
+    frozen schemas (``SandboxedEnv`` shows nothing else), so what is judged here is
+    what the env's tools *return*: every tool result, on a schema-valid probe of
+    each tool and along the oracle's episodes of ``fidelity_seeds`` seeds, must be
+    an error in the target's style or a result of the target's frozen shape
+    (``results.json``; for τ²: the JSON of tau2's own return models, field names
+    and types exact). The oracle's calls must fit the schemas."""
+    from trace_gym.actions import format_tool_call
+    from trace_gym.sandbox.env import action_text
+
     try:
         ctx.env = ctx.make_env()
     except EnvContractError as exc:
@@ -284,37 +374,60 @@ def check_interface_fidelity(ctx: _Context) -> CheckResult:
         return CheckResult("interface_fidelity", False, f"the env does not load in the sandbox: {exc}")
     env = ctx.env
     names = [tool_name(t) for t in env.tools]
-    expected = select_tools(ctx.target_tools, names)
-    if canonical_json(env.tools) != canonical_json(expected):
-        return CheckResult("interface_fidelity", False, "the schemas the agent sees differ from the target's frozen ones")
+    answers: list[tuple[str, str, str]] = []  # (where, tool, result text)
     crashes = []
+    hung = False  # a hang or a dead worker is decisive: the check stops there, no time-out per call
     for i, schema in enumerate(env.tools):
-        env.reset(seed=i)
         arguments = _valid_arguments(tool_parameters(schema), i)
         try:
-            result = env.worker.call("step", action={"type": "tool_call", "name": tool_name(schema), "arguments": arguments})
-            if not isinstance(result, dict) or not isinstance(result.get("observation"), str):
-                crashes.append(f"{tool_name(schema)}: answered {str(result)[:80]}")
+            env.reset(seed=i)
+            info = env.step(format_tool_call(tool_name(schema), arguments))[4]
+            answers += [(f"probe {r['name']}({json.dumps(arguments)[:60]})", r["name"], r["content"]) for r in info.get("tool_results", [])]
         except TraceGymError as exc:
-            crashes.append(f"{tool_name(schema)}({json.dumps(arguments)[:80]}): {exc}")
-            _revive(ctx)
-            env = ctx.env
+            hung, env = _note_crash(ctx, crashes, f"{tool_name(schema)}({json.dumps(arguments)[:80]})", exc), ctx.env
+            if hung:
+                break
     bad_oracle_calls = []
-    for seed in range(min(10, ctx.config.seeds)):
-        env.reset(seed=seed)
-        for action in env.worker.call("oracle") or []:
-            if isinstance(action, dict) and action.get("type") == "tool_call":
-                name = action.get("name")
-                if name not in names:
-                    bad_oracle_calls.append(f"seed {seed}: oracle calls '{name}', not in TOOLS")
-                    continue
-                problems = check_arguments(select_tools(ctx.target_tools, [name])[0], action.get("arguments") or {})
-                bad_oracle_calls += [f"seed {seed}: {name}: {p}" for p in problems]
-    if crashes or bad_oracle_calls:
-        evidence = "; ".join((crashes + bad_oracle_calls)[:4])
-        return CheckResult("interface_fidelity", False, evidence, {"crashes": crashes, "oracle_calls": bad_oracle_calls[:20]})
-    return CheckResult("interface_fidelity", True,
-                       f"TOOLS {names} ⊆ the target's; schemas byte-identical to {ctx.entry.target}; each answers schema-valid calls; oracle calls fit the schemas")
+    for seed in range(min(ctx.config.fidelity_seeds, ctx.config.seeds)) if not hung else ():
+        try:
+            env.reset(seed=seed)
+            actions = env.worker.call("oracle") or []
+            for action in actions if isinstance(actions, list) else []:
+                if isinstance(action, dict) and action.get("type") == "tool_call":
+                    name = action.get("name")
+                    if name not in names:
+                        bad_oracle_calls.append(f"seed {seed}: oracle calls '{name}', not in TOOLS")
+                        continue
+                    problems = check_arguments(select_tools(ctx.target_tools, [name])[0], action.get("arguments") or {})
+                    bad_oracle_calls += [f"seed {seed}: {name}: {p}" for p in problems]
+            for action in actions[: env.max_steps]:
+                _, _, terminated, truncated, info = env.step(action_text(action))
+                answers += [(f"seed {seed} oracle", r["name"], r["content"]) for r in info.get("tool_results", [])]
+                if terminated or truncated:
+                    break
+        except TraceGymError as exc:
+            hung, env = _note_crash(ctx, crashes, f"seed {seed}, oracle episode", exc), ctx.env
+            if hung:
+                break
+    misshapen: dict[tuple[str, str], str] = {}
+    if ctx.result_shapes is not None:
+        for where, tool, text in answers:
+            problems = result_problems(ctx.result_shapes, tool, text)
+            if problems:
+                misshapen.setdefault((tool, problems[0]), f"{where}: {tool} answered unlike {ctx.entry.target}: {problems[0]}")
+    wrong = list(misshapen.values())
+    if crashes or bad_oracle_calls or wrong:
+        evidence = "; ".join((wrong + crashes + bad_oracle_calls)[:4])
+        return CheckResult("interface_fidelity", False, evidence,
+                           {"results": wrong[:20], "crashes": crashes, "oracle_calls": bad_oracle_calls[:20]})
+    evidence = f"TOOLS {names} ⊆ the target's, shown with its frozen schemas; oracle calls fit them; "
+    if ctx.result_shapes is None:
+        evidence += (f"tool results NOT checked: {ctx.entry.target} has no frozen results.json "
+                     f"(trace-gym envs freeze-tools {ctx.entry.target})")
+    else:
+        evidence += (f"{len(answers)} tool results (a probe of each tool, the oracle's episodes of "
+                     f"{min(ctx.config.fidelity_seeds, ctx.config.seeds)} seeds) have {ctx.entry.target}'s result shapes or error style")
+    return CheckResult("interface_fidelity", True, evidence, {"results_checked": len(answers)})
 
 
 def check_reset_every_seed(ctx: _Context) -> CheckResult:
@@ -326,9 +439,10 @@ def check_reset_every_seed(ctx: _Context) -> CheckResult:
         except TraceGymError as exc:
             failures.append(f"seed {seed}: {exc}")
             _revive(ctx)
+            break  # the first failing seed decides: no time-out per seed
     ctx.openings = openings
     if failures:
-        return CheckResult("reset_every_seed", False, f"{len(failures)}/{ctx.config.seeds} seeds fail: {failures[0]}", {"failures": failures[:20]})
+        return CheckResult("reset_every_seed", False, f"{failures[0]} (stopped at the first failing seed)", {"failures": failures})
     return CheckResult("reset_every_seed", True, f"{ctx.config.seeds} seeds reset without error")
 
 
@@ -336,6 +450,8 @@ def check_seed_diversity(ctx: _Context) -> CheckResult:
     openings = getattr(ctx, "openings", {})
     if not openings:
         return CheckResult("seed_diversity", False, "no seed could be reset")
+    if len(openings) < ctx.config.seeds:
+        return CheckResult("seed_diversity", None, f"not judged: reset_every_seed stopped after {len(openings)} of {ctx.config.seeds} seeds")
     share = len(set(openings.values())) / ctx.config.seeds
     evidence = f"{len(set(openings.values()))} distinct openings over {ctx.config.seeds} seeds ({share:.0%}; need {ctx.config.diversity_min:.0%})"
     return CheckResult("seed_diversity", share >= ctx.config.diversity_min, evidence, {"share": share})
@@ -398,16 +514,23 @@ def check_reward_range(ctx: _Context) -> CheckResult:
 
 
 def check_termination(ctx: _Context) -> CheckResult:
+    """Oracle episodes end by themselves within the env's ``max_steps``, which must
+    not exceed the validator's own cap (episodes were cut there); a step after the
+    end is answered."""
     oracle = [e for e in ctx.episodes if e.policy == "oracle" and e.error is None]
     never_ended = [e.seed for e in oracle if e.truncated]
     problems = []
+    cap = ctx.config.max_episode_steps
+    declared = getattr(ctx.env, "declared_max_steps", None)
+    if isinstance(declared, int) and not isinstance(declared, bool) and declared > cap:
+        problems.append(f"the env declares max_steps {declared}, above the validator's cap of {cap} steps (episodes were cut there)")
     if never_ended:
-        problems.append(f"oracle episodes reach max_steps without the env ending them (seeds {never_ended[:5]})")
+        problems.append(f"oracle episodes reach max_steps ({ctx.env.max_steps}) without the env ending them (seeds {never_ended[:5]})")
     env = ctx.env
     env.reset(seed=0)
     actions = env.worker.call("oracle") or []
     done = False
-    for action in actions:
+    for action in actions[:cap] if isinstance(actions, list) else []:
         done = env.worker.call("step", action=action).get("done")
         if done:
             break
@@ -426,10 +549,15 @@ def check_termination(ctx: _Context) -> CheckResult:
 def check_robustness(ctx: _Context) -> CheckResult:
     """Wrongly typed argument values (the host already answers unknown tools and
     argument names, as the target would) and odd messages, through the agent's
-    own path: each must get an observation, not a crash."""
-    env = ctx.env
+    own path, each followed by a reward. An exception raised inside a tool call
+    is answered in the target's words (τ²: ``Error: <message>``), as the target
+    itself answers it: evidence, not a failure. The env fails on what the target
+    would not survive: a crash in reset, in reward or in a message step, a hang,
+    a non-string observation, a malformed reward."""
     from trace_gym.actions import format_tool_call
+    from trace_gym.sandbox.env import parse_reward
 
+    env = ctx.env
     probes = ["", "{\"name\": 1}" * 50, format_tool_call("no_such_tool", {})]
     for i, schema in enumerate(env.tools):
         params = tool_parameters(schema)
@@ -437,29 +565,41 @@ def check_robustness(ctx: _Context) -> CheckResult:
         for name in params.get("properties", {}) or {}:
             for bad in (12345, None, ["x"], {"a": 1}):
                 probes.append(format_tool_call(tool_name(schema), {**valid, name: bad}))
-    crashes = []
+    crashes, answered = [], []
     for i, probe in enumerate(probes):
-        env.reset(seed=i)
         try:
+            env.reset(seed=i)
+            seen = len(env.tool_exceptions)
             env.step(probe)
+            answered.extend(env.tool_exceptions[seen:])
+            parse_reward(env.worker.call("reward"))
         except TraceGymError as exc:
             crashes.append(f"{probe[:90]} -> {exc}")
             _revive(ctx)
             env = ctx.env
+    details = {"crashes": crashes, "tool_exceptions": answered[:20]}
     if crashes:
-        return CheckResult("robustness", False, f"{len(crashes)}/{len(probes)} bad actions crash the env: {crashes[0]}", {"crashes": crashes})
-    return CheckResult("robustness", True, f"{len(probes)} bad actions (wrongly typed values for every argument of every tool, odd messages) each get an observation")
+        return CheckResult("robustness", False, f"{len(crashes)}/{len(probes)} bad actions crash the env: {crashes[0]}", details)
+    evidence = f"{len(probes)} bad actions (wrongly typed values for every argument of every tool, odd messages) each get an observation and a reward"
+    if answered:
+        first = answered[0]
+        evidence += (f"; {len(answered)} raised inside a tool and were answered as {ctx.entry.target} answers "
+                     f"(first: {first['tool']} raised {first['exception']}: {first['message'][:80]}; tracebacks in details)")
+    return CheckResult("robustness", True, evidence, details)
 
 
 def check_hints(ctx: _Context) -> CheckResult:
     """A hint may say how to work, never what this seed's answer is: a leak is
     an oracle value (argument, or word of its messages) that appears in this
     seed's hint, not in what the agent is told anyway, and in fewer than half
-    of all hints (generic advice repeats across seeds; an answer does not)."""
+    of all hints (generic advice repeats across seeds; an answer does not).
+    Numbers are compared as numbers, however short or formatted: a count (3),
+    an amount ($1,234.50 = 1234.5) stated in the oracle's messages is what a
+    solved episode must produce, and a hint that states it gives it away."""
     env = ctx.env
     unchanged, changed_user = 0, 0
     seeds = list(range(min(20, ctx.config.seeds)))
-    per_seed = []
+    per_seed, numbers = [], []
     for seed in seeds:
         plain = env.worker.call("reset", seed=seed, hint=False)
         oracle = env.worker.call("oracle") or []
@@ -471,7 +611,13 @@ def check_hints(ctx: _Context) -> CheckResult:
         hint_text = hinted["system_prompt"].replace(plain["system_prompt"], " ")
         known = plain["system_prompt"] + " " + plain["user_message"]
         per_seed.append((seed, hint_text.lower(), known.lower(), {v.lower() for v in _oracle_values(oracle)}))
+        numbers.append((seed, _numbers(hint_text), _numbers(known), _numbers(" ".join(_oracle_messages(oracle)))))
     leaks = []
+    for seed, in_hint, in_known, answers in numbers:
+        for value in sorted(answers & in_hint - in_known):
+            share = sum(value in other for _, other, _, _ in numbers) / len(numbers)
+            if share < 0.5:
+                leaks.append(f"seed {seed}: the hint states {value}, a number the oracle's messages give as the answer")
     for seed, hint_text, known, values in per_seed:
         for value in sorted(values):
             if value in hint_text and value not in known:
@@ -554,6 +700,15 @@ def _revive_quietly(ctx: _Context) -> None:
         ctx.env = None
 
 
+def _note_crash(ctx: _Context, crashes: list[str], where: str, exc: Exception) -> bool:
+    """Record a crash and give the check a live env; True when the worker hung or
+    died (decisive: the check stops there rather than pay a time-out per call)."""
+    crashes.append(f"{where}: {exc}")
+    hung = ctx.env is None or not ctx.env.worker.alive
+    _revive(ctx)
+    return hung
+
+
 def _revive(ctx: _Context) -> None:
     """A check that killed the worker gets a fresh env for the checks after it."""
     if ctx.env is None or not ctx.env.worker.alive:
@@ -590,6 +745,26 @@ def _valid_arguments(params: dict[str, Any], salt: int) -> dict[str, Any]:
 
 _VALUE_TOKEN = re.compile(r"[#A-Za-z0-9_.\-]*\d[#A-Za-z0-9_.\-]*")
 _WORD = re.compile(r"[A-Za-z][A-Za-z\-]+")
+
+
+_NUMBER = re.compile(r"(?<![\w.#])[-+]?\$?\d[\d,]*(?:\.\d+)?(?![\w#])")
+
+
+def _numbers(text: str) -> set[str]:
+    """The numbers a text states, normalised ($1,234.50 and 1234.5 are one number);
+    digits inside ids (#W0012, user_12) are not numbers here."""
+    out = set()
+    for token in _NUMBER.findall(text):
+        try:
+            value = float(token.replace("$", "").replace(",", ""))
+        except ValueError:
+            continue
+        out.add(f"{value:.6f}".rstrip("0").rstrip("."))
+    return out
+
+
+def _oracle_messages(actions: list[Any]) -> list[str]:
+    return [str(a.get("content", "")) for a in actions if isinstance(a, dict) and a.get("type") == "message"]
 
 
 def _oracle_values(actions: list[Any]) -> set[str]:

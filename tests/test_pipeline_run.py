@@ -1,0 +1,102 @@
+"""`trace-gym run`: the loop through training, killed mid-training and resumed from there."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import PYTHON, run_cli
+
+CONFIG = """
+[run]
+target = "trace/tau2-retail-v0"
+dir = "{run}"
+stages = ["rollout", "identify", "synthesize", "train"]
+
+[rollout]
+trajectories = "{trajectories}"
+
+[identify.selection]
+runs = 4
+min_runs = 3
+
+[synthesize]
+only = ["precise_arguments"]
+
+[train]
+grpo_target = false
+merged = false
+
+[train.grpo]
+iterations = 2
+groups = 2
+rollouts_per_group = 2
+max_new_tokens = 24
+max_steps = 4
+"""
+
+
+@pytest.mark.slow
+def test_a_run_killed_in_training_resumes_there_and_keeps_unchanged_stages(tmp_path):
+    trajectories = tmp_path / "planted.jsonl"
+    made = run_cli("rollout", "--env", "trace/tau2-retail-v0", "--agent", "planted", "--split", "base", "--tasks", "40",
+                   "--deficits", "corrupt_ids=0.5", "--out", str(trajectories), "--no-progress")
+    assert made.returncode == 0, made.stderr
+    run_dir = tmp_path / "run"
+    config = tmp_path / "run.toml"
+    config.write_text(CONFIG.format(run=run_dir, trajectories=trajectories))
+    log = run_dir / "adapters" / "precise_arguments" / "train_log.jsonl"
+
+    exe = str(Path(PYTHON).parent / "trace-gym")
+    first = subprocess.Popen([exe, "run", str(config)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+    deadline = time.monotonic() + 1500
+    while time.monotonic() < deadline and first.poll() is None:
+        if log.exists() and log.read_text().count("\n") >= 1:
+            break
+        time.sleep(1)
+    assert first.poll() is None, first.stdout.read()
+    os.killpg(first.pid, signal.SIGKILL)  # kill -9, mid-run: iteration 1 logged, iteration 2 under way
+    first.wait()
+    state = json.loads((run_dir / "state.json").read_text())
+    assert set(state["stages"]) == {"rollout", "identify", "synthesize"}  # train never finished
+    finished = {k: v["finished_at"] for k, v in state["stages"].items()}
+
+    again = run_cli("run", str(config), "--resume", timeout=1500)
+    assert again.returncode == 0, again.stderr
+    for stage in ("rollout", "identify", "synthesize"):
+        assert f"[{stage}] unchanged since" in again.stderr, again.stderr
+    assert "precise_arguments on trace/tool-precision-v0" in again.stderr and "(resuming)" in again.stderr
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [1, 2]  # iteration 1 was not played again
+    state = json.loads((run_dir / "state.json").read_text())
+    assert {k: state["stages"][k]["finished_at"] for k in finished} == finished
+    assert (run_dir / "adapters" / "precise_arguments" / "adapter" / "adapter_config.json").exists()
+    report = (run_dir / "report.md").read_text()
+    assert "| precise_arguments |" in report and "## 4. Training" in report
+    assert "given (not rolled out)" in report
+
+    # Nothing changed: nothing is redone. A changed stage setting redoes that stage and what follows.
+    third = run_cli("run", str(config), "--resume", timeout=600)
+    assert third.returncode == 0 and "[train] unchanged since" in third.stderr, third.stderr
+    config.write_text(CONFIG.format(run=run_dir, trajectories=trajectories).replace("runs = 4", "runs = 5"))
+    fourth = run_cli("run", str(config), "--resume", timeout=600)
+    assert fourth.returncode == 0, fourth.stderr
+    assert "[rollout] unchanged since" in fourth.stderr and "[identify] running" in fourth.stderr
+    assert "already trained (2 iterations); kept" in fourth.stderr  # same capabilities, same adapter
+
+
+def test_an_existing_run_without_resume_is_refused(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "state.json").write_text('{"stages": {}}')
+    config = tmp_path / "run.toml"
+    config.write_text(f'[run]\ntarget = "trace/tau2-retail-v0"\ndir = "{run_dir}"\n')
+    result = run_cli("run", str(config))
+    assert result.returncode == 2 and "already holds a run; pass --resume" in result.stderr
+    result = run_cli("run", str(config), "--from", "deploy")
+    assert result.returncode == 2 and "--from deploy: not one of this run's stages" in result.stderr

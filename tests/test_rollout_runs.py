@@ -1,0 +1,190 @@
+"""Rollout runs that cannot mix: settings recorded in the file and checked on resume,
+given-up episodes replayed on request, synthesized envs played by seed, local adapters by path."""
+
+import json
+import shutil
+import warnings
+
+import pytest
+
+from conftest import FIXTURE_ENVS, run_cli
+from openai_double import OpenAIDouble, gold_answer
+from test_llm import oracle_scripts, save_visible_lora
+from trace_gym.errors import TraceGymError, TrajectoryStoreError
+from trace_gym.rollout import rollout
+from trace_gym.store import read_run_settings, read_trajectories
+
+RETAIL = "trace/tau2-retail-v0"
+
+
+def planted(out, **kwargs):
+    options = dict(split="test", limit=2, seed=1, progress=False, agent_kwargs={"deficits": {"corrupt_ids": 0.5}})
+    options.update(kwargs)
+    return rollout(RETAIL, "planted", out, **options)
+
+
+def test_settings_are_recorded_and_a_same_settings_resume_goes_on(tmp_path):
+    out = tmp_path / "run.jsonl"
+    planted(out)
+    [settings] = read_run_settings(out)
+    assert settings["agent"] == "planted" and settings["agent_options"] == {"seed": 1, "deficits": {"corrupt_ids": 0.5}}
+    summary = planted(out, limit=3, resume=True)
+    assert summary.resumed == 2 and summary.episodes == 3
+    assert read_run_settings(out) == [settings]  # one header: still one run
+
+
+@pytest.mark.parametrize("change, fragment", [
+    ({"seed": 2}, "agent_options.seed 1 in the file, 2 now"),
+    ({"agent_kwargs": {"deficits": {"corrupt_ids": 0.9}}}, "agent_options.deficits.corrupt_ids 0.5 in the file, 0.9 now"),
+    ({"env_kwargs": {"user": "llm", "user_model": "m"}}, 'env_options.user null in the file, "llm" now'),
+    ({"env_kwargs": {"max_steps": 7}}, "env_options.max_steps null in the file, 7 now"),
+])
+def test_resume_refuses_a_file_made_with_other_settings(tmp_path, change, fragment):
+    out = tmp_path / "run.jsonl"
+    planted(out)
+    before = out.read_bytes()
+    with pytest.raises(TrajectoryStoreError, match="was made by another run") as caught:
+        planted(out, resume=True, **change)
+    assert fragment in str(caught.value)
+    assert out.read_bytes() == before  # nothing appended
+
+
+def test_resume_refuses_another_agent_model_temperature_or_adapter(tmp_path):
+    out = tmp_path / "llm.jsonl"
+    with OpenAIDouble(gold_answer(oracle_scripts(["0"]))) as server:
+        common = ["rollout", "--env", RETAIL, "--split", "base", "--task-ids", "0", "--out", str(out), "--no-progress"]
+        env = {"OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "test-key"}
+        first = run_cli(*common, "--agent", "llm", "--model", "openai:double", env=env)
+        assert first.returncode == 0, first.stderr
+        asked = len(server.requests)
+        for flags, fragment in [
+            (["--agent", "llm", "--model", "openai:other"], 'agent_options.model "openai:double" in the file, "openai:other" now'),
+            (["--agent", "llm", "--model", "openai:double", "--temperature", "0.7"], "agent_options.temperature null in the file, 0.7 now"),
+            (["--agent", "llm", "--model", "openai:double", "--adapter", "skill"], 'agent_options.adapter null in the file, "skill" now'),
+            (["--agent", "oracle"], 'agent "llm" in the file, "oracle" now'),
+        ]:
+            result = run_cli(*common, *flags, "--resume", env=env)
+            lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+            assert result.returncode == 2 and len(lines) == 1 and fragment in lines[0], result.stderr
+        assert len(server.requests) == asked  # refused before any model call
+
+
+def test_a_file_from_before_run_headers_is_checked_as_far_as_it_tells(tmp_path):
+    out = tmp_path / "old.jsonl"
+    rollout(RETAIL, "oracle", out, split="test", limit=2, progress=False)
+    lines = out.read_text().splitlines(keepends=True)
+    out.write_text("".join(line for line in lines if '"record": "run"' not in line))  # as an old version wrote it
+    assert read_run_settings(out) == [] and len(read_trajectories(out)) == 2
+    with pytest.raises(TrajectoryStoreError, match='agent oracle in the file, planted now'):
+        planted(out, resume=True)
+    with pytest.warns(UserWarning, match="only its env and agent could be checked"):
+        summary = rollout(RETAIL, "oracle", out, split="test", limit=3, progress=False, resume=True)
+    assert summary.resumed == 2 and summary.episodes == 3 and len(read_run_settings(out)) == 1
+
+
+def test_given_up_episodes_are_replayed_only_when_asked(tmp_path):
+    out = tmp_path / "llm.jsonl"
+    broken = {"on": True}
+    gold = gold_answer(oracle_scripts(["0", "1"]))
+
+    def answer(body):
+        return {"content": '{"name": "get_order_details", "arguments": '} if broken["on"] else gold(body)
+
+    with OpenAIDouble(answer) as server:
+        kwargs = dict(split="base", task_ids=["0", "1"], progress=False,
+                      agent_kwargs={"model": "openai:double", "base_url": server.base_url, "api_key": "test-key"})
+        first = rollout(RETAIL, "llm", out, **kwargs)
+        assert first.aborted == 2 and first.successes == 0
+        broken["on"] = False
+        again = rollout(RETAIL, "llm", out, resume=True, **kwargs)
+        assert again.resumed == 2 and again.aborted == 2  # a plain resume keeps what was given up
+        retried = rollout(RETAIL, "llm", out, resume=True, retry_given_up=True, **kwargs)
+    assert retried.resumed == 0 and retried.successes == 2 and retried.aborted == 0
+    final = read_trajectories(out)
+    assert [t.reward for t in final] == [1.0, 1.0] and not any(t.error for t in final)
+    raw = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sum(1 for r in raw if r.get("error")) == 2  # the given-up records are kept, superseded
+
+
+def test_settings_never_record_keys_or_endpoints(tmp_path):
+    from trace_gym.rollout import run_settings
+
+    settings = run_settings(RETAIL, "llm", {"model": "openai:m", "api_key": "sk-secret", "base_url": "http://x"},
+                            {"user": "llm", "user_base_url": "http://y", "user_api_key": "sk-2"})
+    assert "sk-" not in json.dumps(settings) and "http" not in json.dumps(settings)
+
+
+# --- synthesized envs are played by seed ------------------------------------------------
+
+@pytest.fixture()
+def seeded_registry(tmp_path, monkeypatch):
+    folder = tmp_path / "registry" / "seeded-lookup"
+    shutil.copytree(FIXTURE_ENVS / "order-lookup", folder)
+    manifest = folder / "manifest.toml"
+    text = manifest.read_text().replace("trace/test-order-lookup-v0", "trace/test-seeded-lookup-v0")
+    manifest.write_text(text + "\n[splits]\ntrain = [0, 50]\ntest = [50, 53]\n")
+    monkeypatch.setenv("TRACE_GYM_REGISTRY_PATH", str(tmp_path / "registry"))
+    return "trace/test-seeded-lookup-v0"
+
+
+def test_a_synthesized_env_is_rolled_out_by_seeds_and_resumes(tmp_path, seeded_registry):
+    out = tmp_path / "seeds.jsonl"
+    summary = rollout(seeded_registry, "oracle", out, seeds=3, samples=2, progress=False)
+    assert summary.episodes == 6 and summary.successes == 6
+    got = read_trajectories(out)
+    assert sorted({t.seed for t in got}) == [0, 1, 2] and {t.sample for t in got} == {0, 1}
+    again = rollout(seeded_registry, "oracle", out, seeds=4, samples=2, progress=False, resume=True)
+    assert again.resumed == 6 and again.episodes == 8
+
+
+def test_a_synthesized_env_plays_the_split_its_manifest_names(tmp_path, seeded_registry):
+    out = tmp_path / "split.jsonl"
+    result = run_cli("rollout", "--env", seeded_registry, "--agent", "oracle", "--split", "test", "--out", str(out), "--json",
+                     env={"TRACE_GYM_REGISTRY_PATH": str(tmp_path / "registry")})
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["episodes"] == 3
+    assert sorted(t.seed for t in read_trajectories(out)) == [50, 51, 52]
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    ({}, "pass --seeds N, or --split NAME of its manifest's [splits] (it names: test, train)"),
+    ({"split": "dev"}, "has no split 'dev'"),
+    ({"seeds": 2, "split": "test"}, "give --seeds or --split, not both"),
+    ({"task_ids": ["1"]}, "played by seed"),
+    ({"seeds": 1, "env_kwargs": {"user": "llm"}}, "plays its own user"),
+])
+def test_seed_selection_mistakes_are_clear(tmp_path, seeded_registry, kwargs, fragment):
+    with pytest.raises(TraceGymError, match=None) as caught:
+        rollout(seeded_registry, "oracle", tmp_path / "x.jsonl", progress=False, **kwargs)
+    assert fragment in str(caught.value)
+
+
+def test_seeds_on_a_target_is_a_clear_error(tmp_path):
+    with pytest.raises(TraceGymError, match="has tasks: choose them with --split"):
+        rollout(RETAIL, "oracle", tmp_path / "x.jsonl", seeds=3, progress=False)
+
+
+# --- --adapter PATH with a local model ------------------------------------------------
+
+def test_an_adapter_path_that_is_not_an_adapter_is_a_clear_error(tmp_path):
+    with pytest.raises(TraceGymError, match="no LoRA adapter at"):
+        rollout(RETAIL, "llm", tmp_path / "x.jsonl", split="test", limit=1, progress=False,
+                agent_kwargs={"adapter": str(tmp_path / "nothing")})
+
+
+@pytest.mark.slow
+def test_a_local_model_loads_the_adapter_given_by_path(tmp_path):
+    save_visible_lora(tmp_path / "adapter")
+    adapter = str(tmp_path / "adapter")
+    runs = {}
+    for name, options in (("plain", {}), ("adapted", {"adapter": adapter})):
+        out = tmp_path / f"{name}.jsonl"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            rollout(RETAIL, "llm", out, split="test", limit=1, progress=False, env_kwargs={"max_steps": 2},
+                    agent_kwargs={"max_new_tokens": 12, **options})
+        [runs[name]] = read_trajectories(out)
+    assert runs["adapted"].adapter == adapter and runs["plain"].adapter is None
+    first = lambda t: next(m.raw for m in t.messages if m.role == "assistant" and m.raw is not None)  # noqa: E731
+    assert first(runs["adapted"]) != first(runs["plain"])
+    assert read_run_settings(tmp_path / "adapted.jsonl")[0]["agent_options"]["adapter"] == adapter
