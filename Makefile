@@ -45,8 +45,12 @@ $(VENV)/.toolsandbox-stamp: $(VENV)/.stamp pyproject.toml Makefile
 
 setup: $(VENV)/.stamp $(VENV)/.toolsandbox-stamp
 
+# The whole loop offline (examples/quickstart.toml): the synthesized envs it trains in run in
+# the sandbox, so the engines are set up as for the tests. Rerunning resumes.
 quickstart: setup
-	$(PY) examples/quickstart.py
+	@eval "$$(sandbox/engine.sh start)"; \
+	$(VENV)/bin/trace-gym run examples/quickstart.toml --resume; status=$$?; \
+	sandbox/engine.sh stop; exit $$status
 
 # The sandbox tests need real engines: sandbox/engine.sh installs docker.io and
 # bubblewrap where it can (root), starts a private dockerd, and it is stopped by

@@ -448,7 +448,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
     report = run_pipeline(config, resume=args.resume, from_stage=args.from_stage,
                           say=lambda message: print(message, file=sys.stderr, flush=True))
-    print(f"report: {report}")
+    print(f"report: {report} (every figure is read from {config.run_dir}/; under each table, what its figures mean)")
     return 0
 
 

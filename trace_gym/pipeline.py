@@ -74,6 +74,12 @@ class PolicySettings:
 class RolloutStage:
     """``[rollout]``: the base policy on the target, the data identification contrasts."""
 
+    agent: str = "policy"
+    """Who plays: ``policy`` (the ``[policy]`` model: TRACE proper) or another agent by name,
+    e.g. ``planted`` (the oracle with seeded ``deficits``: a known contrast, for demonstrations
+    and checks of the pipeline). The report says which."""
+    deficits: dict[str, float] = field(default_factory=dict)
+    """With ``agent = "planted"``: each deficit's probability, e.g. ``{corrupt_ids = 0.4}``."""
     split: str = "train"
     """The target's split to roll out on (never the held-out split evaluation uses)."""
     tasks: int | None = None
@@ -208,6 +214,14 @@ def check_config(config: PipelineConfig) -> None:
             raise ConfigError(f"[train] control: no registry env serves '{capability}' for {entry.id}")
     _check_analyst(config.identify.analyst, "[identify] analyst", ("gold", "milestone"))
     _check_analyst(config.synthesize.analyst, "[synthesize] analyst", ("registry",))
+    if config.rollout.agent != "policy":
+        from trace_gym.agents import AGENTS
+
+        if config.rollout.agent not in AGENTS:
+            raise ConfigError(f"[rollout] agent: unknown agent '{config.rollout.agent}'; use policy or one of "
+                              f"{', '.join(sorted(AGENTS))}")
+    if config.rollout.deficits and config.rollout.agent != "planted":
+        raise ConfigError('[rollout] deficits: only apply with agent = "planted"')
     if config.rollout.trajectories and not Path(config.rollout.trajectories).is_file():
         raise ConfigError(f"[rollout] trajectories: no file at {config.rollout.trajectories}")
     for name, value in (("[rollout] samples", config.rollout.samples), ("[evaluate] samples", config.evaluate.samples),
@@ -366,11 +380,17 @@ def stage_rollout(config: PipelineConfig, state: RunState, say: Callable[[str], 
     out = config.run_dir / "rollouts" / f"trajectories-{stage_inputs_hash(config, 'rollout', state)[:10]}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     env_kwargs = {"max_steps": config.rollout.max_steps} if config.rollout.max_steps else {}
-    summary = rollout(config.run.target, "llm", out, agent_kwargs=_agent_kwargs(config), split=config.rollout.split,
+    if config.rollout.agent == "policy":
+        agent, agent_kwargs = "llm", _agent_kwargs(config)
+    else:
+        agent, agent_kwargs = config.rollout.agent, ({"deficits": config.rollout.deficits} if config.rollout.deficits else {})
+    summary = rollout(config.run.target, agent, out, agent_kwargs=agent_kwargs, split=config.rollout.split,
                       limit=config.rollout.tasks, samples=config.rollout.samples, seed=config.run.seed, resume=True,
-                      env_kwargs=env_kwargs, executor=config.rollout.executor, workers=config.policy.workers,
-                      batch=config.policy.batch)
-    return {"trajectories": str(out), "sha256": content_hash(out), "episodes": summary.episodes, "successes": summary.successes,
+                      env_kwargs=env_kwargs, executor=config.rollout.executor,
+                      workers=config.policy.workers if agent == "llm" else 1,
+                      batch=config.policy.batch if agent == "llm" else 1)  # batching is for model generation
+    return {"trajectories": str(out), "sha256": content_hash(out), "agent": config.rollout.agent,
+            "deficits": config.rollout.deficits, "episodes": summary.episodes, "successes": summary.successes,
             "pass_rate": summary.successes / max(summary.episodes, 1), "mean_reward": summary.mean_reward,
             "wall_s": summary.wall_s,
             "summary": f"{summary.episodes} episodes, pass rate {summary.successes / max(summary.episodes, 1):.3f}"}

@@ -39,7 +39,13 @@ def write_report(config: Any, state: Any) -> Path:
     if "rollout" in stages:
         r = stages["rollout"].outputs
         where = "given (not rolled out)" if r.get("given") else f"on the `{config.rollout.split}` split"
-        out += ["## 1. The base policy on the target", "",
+        who = r.get("agent", "policy")
+        heading = "## 1. The base policy on the target" if who == "policy" and not r.get("given") else \
+            "## 1. The trajectories identification contrasts"
+        if who not in ("policy", None) and not r.get("given"):
+            where += (f", played by the `{who}` agent, not by the policy: its failures are the ones identification "
+                      f"explains" + (f" (deficits {r.get('deficits')})" if r.get("deficits") else ""))
+        out += [heading, "",
                 f"{r['episodes']} episodes {where}: pass rate **{r['pass_rate']:.3f}** "
                 f"({r['successes']} successes), mean reward {r['mean_reward']:.3f}, {r['wall_s']:.0f} s "
                 f"(`{_rel(r['trajectories'], run_dir)}`).", "",

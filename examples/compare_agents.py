@@ -1,14 +1,14 @@
-"""Quickstart: the embedded default model against τ²-retail, offline, beside
-the oracle (the ceiling) and a random agent (the floor).
+"""The embedded default model against τ²-retail, offline, beside the oracle
+(the ceiling) and a random agent (the floor): `python examples/compare_agents.py`.
 
-Run with `make quickstart`. The first run converts the embedded SmolLM2-135M
+The first run converts the embedded SmolLM2-135M
 to safetensors (~30 s, once). The model runs on the CPU and plays full
 episodes (no step cap beyond tau2's own) of the first test tasks, in one
 lock-step batch: tau2's ~5k-token system prompt + tool schemas is computed once
 and shared, and each episode's keys and values are extended turn by turn, so a
 turn costs its new tokens, not the whole prompt again. The oracle and the
 random agent play the whole test split (40 tasks). Trajectories land in
-runs/quickstart/; rerunning resumes instead of replaying.
+runs/compare_agents/; rerunning resumes instead of replaying.
 """
 
 from pathlib import Path
@@ -17,7 +17,7 @@ from trace_gym.cli import format_table
 from trace_gym.rollout import rollout
 
 ENV = "trace/tau2-retail-v0"
-OUT = Path("runs/quickstart")
+OUT = Path("runs/compare_agents")
 MODEL_EPISODES = 4  # full episodes with the embedded model
 RUNS = [
     ("llm", "smollm2-135m-instruct (embedded)", dict(limit=MODEL_EPISODES, batch=MODEL_EPISODES, agent_kwargs={"max_new_tokens": 48})),
