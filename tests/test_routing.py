@@ -118,3 +118,81 @@ def test_local_router_picks_the_capability_the_task_names():
     for label, capability in (("B", "complete_actions"), ("C", "communicates_required_info")):
         decision = router.route(" ".join([label] * 12))
         assert decision.capability == capability, decision
+
+
+
+def label_double(choose, act=None):
+    """An OpenAI-compatible server for the router: a scoring request (logprobs) is answered
+    with top_logprobs that put ``choose(prompt, labels)`` first; anything else by ``act``."""
+    import re
+
+    def answer(body):
+        if not body.get("logprobs"):
+            return act(body)
+        prompt = body["messages"][-1]["content"]
+        labels = dict(re.findall(r"^([A-Z])\. ([a-z_]+):", prompt, re.M))
+        wanted = choose(prompt, labels)
+        others = [label for label in [*labels, "none"] if label != wanted]
+        return {"content": wanted, "top_logprobs": [{"token": wanted, "logprob": -0.05}]
+                + [{"token": label, "logprob": -4.0 - i} for i, label in enumerate(others)]}
+
+    return answer
+
+
+def names_a_capability(prompt, labels):
+    """What a capable model does with a task that names its capability."""
+    task = prompt.split("Task:\n", 1)[1]
+    return next((label for label, name in labels.items() if name in task), "none")
+
+
+def test_openai_router_picks_the_capability_the_task_names():
+    from openai_double import OpenAIDouble
+    from trace_gym.llm import make_backend
+
+    with OpenAIDouble(label_double(names_a_capability)) as server:
+        router = Router(make_backend("openai:double", base_url=server.base_url, api_key="test-key"), CAPS)
+        assert router.route("Please do all of it: complete_actions matters here.").adapter == "adapter-b"
+        assert router.route("Tell me the totals (communicates_required_info).").capability == "communicates_required_info"
+        assert router.route("Hello there.").capability is None
+        assert all(r["max_tokens"] == 1 and r["logprobs"] for r in server.requests)
+
+
+def test_routed_agent_plays_each_tau2_task_with_its_adapter_and_records_the_route():
+    """RoutedAgent through the OpenAI-compatible path (vLLM multi-LoRA: the adapter is the
+    model name): the fixture knows each task's capability; the router's choice becomes the
+    model of every request of that episode, and the decision is in the trajectory."""
+    import gymnasium as gym
+
+    import trace_gym  # noqa: F401
+    from openai_double import OpenAIDouble, gold_answer
+    from trace_gym.agents import OracleAgent
+    from trace_gym.llm import make_backend
+    from trace_gym.rollout import Episode, run_episode
+    from trace_gym.routing import RoutedAgent
+
+    env = gym.make("trace/tau2-retail-v0", split="base")
+    truth = {"0": "B", "1": "C", "2": "none"}
+    scripts, first_messages = {}, {}
+    for task, label in truth.items():
+        obs, info = env.reset(options={"task_id": task})
+        oracle = OracleAgent()
+        oracle.reset(obs, info, env.unwrapped)
+        scripts[obs] = [oracle.act("") for _ in range(40)]
+        first_messages[obs] = label
+
+    def choose(prompt, labels):
+        task = prompt.split("Task:\n", 1)[1]
+        return next(label for first, label in first_messages.items() if first.strip() in task)
+
+    models = ("double", "adapter-a", "adapter-b", "adapter-c")
+    with OpenAIDouble(label_double(choose, gold_answer(scripts)), models=models) as server:
+        agent = RoutedAgent(router=Router(make_backend("openai:double", base_url=server.base_url, api_key="test-key"), CAPS))
+        for task, label in truth.items():
+            start = len(server.requests)
+            trajectory = run_episode(env, agent, "trace/tau2-retail-v0", Episode(task, 0, 0))
+            route = trajectory.agent_info["route"]
+            assert route["label"] == label and set(route["scores"]) == {"A", "B", "C", "none"}
+            played = {r["model"] for r in server.requests[start:] if not r.get("logprobs")}
+            assert played == {route["adapter"] or "double"}, played
+            assert trajectory.reward == 1.0  # the oracle's actions, played under the routed model name
+    env.close()
