@@ -468,6 +468,7 @@ def stage_synthesize(config: PipelineConfig, state: RunState, say: Callable[[str
     out = config.run_dir / "envs"
     registry = out / "registry"
     registry.mkdir(parents=True, exist_ok=True)
+    _expose_registry(registry)  # the run's own envs are visible to gym.make here and in workers
     rows: list[dict[str, Any]] = []
     if not identified["selected"]:
         say("no capability was selected; nothing to synthesize")
