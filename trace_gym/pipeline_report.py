@@ -70,7 +70,7 @@ def write_report(config: Any, state: Any) -> Path:
 def _identify_section(outputs: dict[str, Any], run_dir: Path, config: Any) -> list[str]:
     payload = _read_json(Path(outputs["dir"]) / "capabilities.json") or {}
     sel = config.identify.selection
-    out = ["## 2. Capabilities the policy lacks", ""]
+    out = ["## 2. Capabilities identified", ""]
     if payload.get("degenerate"):
         return out + [f"No capability could be selected: {payload['degenerate']}", ""]
     out += [f"Analyst `{config.identify.analyst}`; kept when the gap ER- - ER+ >= {sel.delta} and coverage >= {sel.rho} "
