@@ -11,7 +11,14 @@ import pytest
 
 from conftest import FIXTURE_ENVS, run_cli
 
-os.environ.setdefault("TRACE_GYM_REGISTRY_PATH", str(FIXTURE_ENVS))
+
+
+@pytest.fixture(autouse=True)
+def fixture_registry(monkeypatch):
+    """The fixture envs (tests/fixtures/envs) are registered for this module's tests only: set at
+    import time, the variable leaked into every test of the session (pytest imports all modules)."""
+    monkeypatch.setenv("TRACE_GYM_REGISTRY_PATH", str(FIXTURE_ENVS))
+
 
 pytest.importorskip("trl")
 
