@@ -19,11 +19,14 @@ from conftest import FIXTURE_ENVS
 
 
 
-@pytest.fixture(autouse=True)
-def fixture_registry(monkeypatch):
-    """The fixture envs (tests/fixtures/envs) are registered for this module's tests only: set at
-    import time, the variable leaked into every test of the session (pytest imports all modules)."""
-    monkeypatch.setenv("TRACE_GYM_REGISTRY_PATH", str(FIXTURE_ENVS))
+@pytest.fixture(autouse=True, scope="module")
+def fixture_registry():
+    """The fixture envs (tests/fixtures/envs) are registered for this module only: set at import
+    time, the variable leaked into every test of the session (pytest imports all modules).
+    Module scope, so that the module's shared training runs see it too."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRACE_GYM_REGISTRY_PATH", str(FIXTURE_ENVS))
+        yield
 
 
 pytest.importorskip("trl")
