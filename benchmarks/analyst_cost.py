@@ -8,7 +8,7 @@ tokenizer, the embedded SmolLM2's (offline, from the model cache): each
 request's messages through its chat template, and each answer's text. Another
 analyst model's tokenizer gives somewhat different counts; where transformers
 is not installed the script says so and prints a characters / 4 estimate.
-The answers are the gold labels with a stub evidence quote, so completion
+The answers are the gold labels with a short placeholder evidence quote, so completion
 tokens are a lower bound (a real analyst quotes longer evidence); prompt
 tokens, which dominate, are exactly what our prompts cost.
 Usage: python benchmarks/analyst_cost.py [N]   (N trajectories, default 100; figures are per 100)
