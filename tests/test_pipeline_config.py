@@ -53,6 +53,9 @@ BAD = [
     ("[rollout]", "[train.grpo]\nenv_ids = [\"x\"]\n[rollout]", "[train.grpo] env_ids: set by the pipeline"),
     ("[rollout]", "[train.grpo]\nrollouts_per_group = 1\n[rollout]", "[train.grpo] rollouts_per_group (K) must be at least 2"),
     ("[rollout]", "[train]\ncontrol = [\"telepathy\"]\n[rollout]", "[train] control: no registry env serves 'telepathy'"),
+    ("[rollout]\ntasks = 4", "[rollout]\nagent = \"genius\"", "[rollout] agent: unknown agent 'genius'"),
+    ("[rollout]\ntasks = 4", "[rollout]\ndeficits = { corrupt_ids = 0.3 }", "[rollout] deficits: only apply with agent"),
+    ("[rollout]\ntasks = 4", "[rollout]\ntrajectories = \"/no/such/logs.jsonl\"", "[rollout] trajectories: no file at /no/such/logs.jsonl"),
 ]
 
 

@@ -203,3 +203,22 @@ def test_contributing_explains_every_check():
     guide = (REPO / "CONTRIBUTING.md").read_text()
     missing = [c.__name__.removeprefix("check_") for c in CHECKS if f"| {c.__name__.removeprefix('check_')} |" not in guide]
     assert not missing, f"CONTRIBUTING.md has no row for the checks {missing}"
+
+
+def test_catalog_shows_a_synthesized_envs_provenance_and_calibration(tmp_path):
+    """The manifest as the synthesis loop writes it (its own manifest_text): analyst,
+    attempts and calibration figures reach the catalogue."""
+    from trace_gym.synthesis.loop import manifest_text
+    from trace_gym.synthesis.prompt import Capability
+
+    registry = tmp_path / "registry"
+    shutil.copytree(REPO / "env_registry" / "structured-data", registry / "sums")
+    provenance = {"analyst": "openai:analyst-x", "template_version": "v1", "template_sha256": "ab" * 32,
+                  "attempts": [{"number": 1, "kind": "generate", "passed": False}, {"number": 2, "kind": "repair", "passed": True}],
+                  "calibration": {"mean_reward": 0.41, "success_rate": 0.35}}
+    (registry / "sums" / "manifest.toml").write_text(manifest_text(
+        "trace/sums-v0", "trace/tau2-retail-v0", Capability("sums", "Add exactly.", [], []), provenance))
+    write_catalog(registry)
+    text = (registry / CATALOG_MD).read_text()
+    assert "synthesized by openai:analyst-x, 2 attempts" in text
+    assert "mean_reward 0.41, success_rate 0.35" in text

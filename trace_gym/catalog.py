@@ -83,7 +83,7 @@ def catalog_rows(registry: Path | str | None = None) -> list[dict[str, Any]]:
             row["capability"] = {k: entry.capability[k] for k in sorted(entry.capability)}
             row["provenance"] = _provenance(entry)
             row["validation"] = _validation(entry)
-            calibration = entry.manifest.get("calibration")
+            calibration = entry.manifest.get("provenance", {}).get("calibration")  # as synthesis records it
             if isinstance(calibration, dict):
                 row["calibration"] = {k: calibration[k] for k in sorted(calibration)}
         rows.append(row)
