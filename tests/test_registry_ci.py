@@ -222,3 +222,13 @@ def test_catalog_shows_a_synthesized_envs_provenance_and_calibration(tmp_path):
     text = (registry / CATALOG_MD).read_text()
     assert "synthesized by openai:analyst-x, 2 attempts" in text
     assert "mean_reward 0.41, success_rate 0.35" in text
+
+
+def test_several_envs_are_validated_together_and_a_bad_id_is_one_line():
+    result = run_cli("validate", "trace/tool-precision-v0", "trace/structured-data-v0", "--seeds", "10",
+                     "--no-write", "--backend", "bwrap")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 of 2 envs passed" in result.stdout
+    result = run_cli("validate", "trace/tool-precision-v0", "trace/nope-v0", "--no-write")
+    assert result.returncode == 2 and "trace/nope-v0" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr

@@ -255,7 +255,7 @@ def validate_registry_envs(args: argparse.Namespace, config: Any) -> int:
     from pathlib import Path
 
     from .registry_ci import changed_envs, registry_folders, repo_root, summary_json, summary_rows, validate_many
-    from .validation import _resolve
+    from .validation import env_folder
 
     selection = None
     if args.changed_since is not None:
@@ -279,7 +279,7 @@ def validate_registry_envs(args: argparse.Namespace, config: Any) -> int:
             raise TraceGymError(f"no registry folder at {registry}")
         paths = [e.path for e in registry_folders(registry).values() if e.kind == "synthesized"]
     else:
-        paths = [_resolve(env) for env in args.env]
+        paths = [env_folder(env) for env in args.env]
 
     def progress(outcome: Any) -> None:
         if not args.json:

@@ -246,7 +246,7 @@ def validate(
     """
     from trace_gym.sandbox import select_backend
 
-    path = _resolve(path_or_id)
+    path = env_folder(path_or_id)
     config = config or ValidationConfig()
     backend_obj = select_backend(backend) if isinstance(backend, str) else backend
     ctx = _Context(path, backend_obj, config)
@@ -310,7 +310,8 @@ def _shown_path(path: Path) -> str:
         return str(path)
 
 
-def _resolve(path_or_id: str | Path) -> Path:
+def env_folder(path_or_id: str | Path) -> Path:
+    """The folder of an env given as a folder (with manifest.toml) or a registered id."""
     candidate = Path(path_or_id)
     if (candidate / "manifest.toml").exists():
         return candidate
