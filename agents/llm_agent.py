@@ -14,6 +14,10 @@ With a token-level backend (``LocalHF``) the agent keeps the episode as tokens
 prompt + the sampled completion + the new environment messages rendered on
 their own, never a re-tokenization of decoded text.
 
+``instructions`` (a prompt-optimization baseline's candidate, e.g. GEPA's)
+are added to the end of the env's system prompt in what the model sees, as
+text and as tokens; the env's transcript keeps the target's own prompt.
+
 For batched rollouts the turn is split in two: ``request()`` gives the
 ``GenerationRequest`` (with this episode's own seed, temperature and
 adapter), ``receive(completion)`` takes the answer.
@@ -37,7 +41,7 @@ class LLMAgent:
     name = "llm"
 
     def __init__(self, model: Any = None, adapter: str | None = None, temperature: float = 0.0, max_new_tokens: int = 256,
-                 seed: int = 0, max_malformed: int = 5, **backend_kwargs: Any):
+                 seed: int = 0, max_malformed: int = 5, instructions: str | None = None, **backend_kwargs: Any):
         from trace_gym.llm import EMBEDDED_DEFAULT, make_backend
 
         if model is None or isinstance(model, str):
@@ -50,6 +54,9 @@ class LLMAgent:
         self.max_new_tokens = max_new_tokens
         self.seed = seed
         self.max_malformed = max_malformed
+        self.instructions = instructions or None
+        """Text added to the end of the env's system prompt (a prompt-optimization baseline's
+        candidate, e.g. GEPA's); the env's own prompt and transcript are left as they are."""
         self.tools: list[dict[str, Any]] = []
         self.tokens: Any = None  # the episode's TokenEpisode, with a token-level backend
         self.session: str | None = None
@@ -98,7 +105,7 @@ class LLMAgent:
     def request(self) -> Any:
         from trace_gym.llm import GenerationRequest
 
-        messages = self._env.conversation()
+        messages = self._conditioned(self._env.conversation())
         request = GenerationRequest(
             messages=messages, tools=self.tools, max_new_tokens=self.max_new_tokens, temperature=self.temperature,
             seed=self._sampling_seed(), adapter=self.adapter, session=self.session,
@@ -106,6 +113,15 @@ class LLMAgent:
         if self.token_level:
             request.prompt_ids, request.prefix_len = self._prompt_ids(), self._prefix_len
         return request
+
+    def _conditioned(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The conversation the model sees: the env's, with ``instructions`` after its system prompt."""
+        if not self.instructions:
+            return messages
+        if not messages or messages[0].get("role") != "system":
+            return [{"role": "system", "content": self.instructions}, *messages]
+        system = {**messages[0], "content": f"{messages[0].get('content') or ''}\n\n{self.instructions}"}
+        return [system, *messages[1:]]
 
     def _sampling_seed(self) -> int:
         """Per run seed, episode (env seed and sample) and turn: samples of one task differ."""
@@ -116,7 +132,7 @@ class LLMAgent:
 
         transcript = self._env.messages
         if not self.tokens.turns:
-            ids, self._prefix_len = self.backend.encode_conversation(agent_conversation(transcript), self.tools)
+            ids, self._prefix_len = self.backend.encode_conversation(self._conditioned(agent_conversation(transcript)), self.tools)
             return ids
         fresh = transcript[self._seen:]
         if not fresh or fresh[0].role != "assistant":

@@ -14,7 +14,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
 # request body -> {"content": ...} or {"tool_calls": [...]}, optionally with "top_logprobs":
-# [{"token", "logprob"}, ...] (returned when the request asks for logprobs)
+# [{"token", "logprob"}, ...] (returned when the request asks for logprobs); or {"status": 400,
+# "message": ...} for an error response
 Answer = Callable[[dict[str, Any]], dict[str, Any]]
 
 
@@ -38,6 +39,8 @@ class OpenAIDouble:
                 if body.get("model") not in double.models:
                     return self._send(404, {"error": {"message": f"The model `{body.get('model')}` does not exist.", "type": "invalid_request_error", "code": "model_not_found"}})
                 reply = double.answer(body)
+                if "status" in reply:  # an error the server answers with, e.g. {"status": 400, "message": "..."}
+                    return self._send(reply["status"], {"error": {"message": reply.get("message", "error"), "type": "invalid_request_error"}})
                 message: dict[str, Any] = {"role": "assistant", "content": reply.get("content")}
                 if reply.get("tool_calls"):
                     message["tool_calls"] = [

@@ -92,6 +92,12 @@ CASES = [
     (("train",), ["--env", "trace/nope-v0", "--out", "{root}/t"], "trace/nope-v0"),
     (("train",), ["--env", "trace/tau2-retail-v0", "--iterations", "many", "--out", "{root}/t"], "argument --iterations: invalid"),
     (("train",), ["--env", "trace/tau2-retail-v0", "--lr", "fast", "--out", "{root}/t"], "argument --lr: invalid"),
+    (("baseline", "gepa"), ["--env", "trace/nope-v0", "--budget", "20", "--out", "{root}/g"], "trace/nope-v0"),
+    (("baseline", "gepa"), ["--env", "trace/tool-precision-v0", "--budget", "20", "--out", "{root}/g"], "is a training env"),
+    (("baseline", "gepa"), ["--env", "trace/tau2-retail-v0", "--budget", "5", "--out", "{root}/g"], "cannot pay for"),
+    (("baseline", "gepa"), ["--env", "trace/tau2-retail-v0", "--budget", "0", "--out", "{root}/g"], "argument --budget: must be at least 1"),
+    (("baseline", "gepa"), ["--env", "trace/tau2-retail-v0", "--budget", "20", "--seed-prompt", "@{missing}", "--out", "{root}/g"], "missing.jsonl"),
+    (("baseline", "gepa"), ["--env", "trace/tau2-retail-v0", "--budget", "20", "--model", "gpt", "--out", "{root}/g"], "unknown model 'gpt'"),
     (("report",), ["{missing}"], "no trajectory file"),
     (("report",), ["{malformed}"], "is not a trajectory record"),
 ]

@@ -56,6 +56,11 @@ BAD = [
     ("[rollout]\ntasks = 4", "[rollout]\nagent = \"genius\"", "[rollout] agent: unknown agent 'genius'"),
     ("[rollout]\ntasks = 4", "[rollout]\ndeficits = { corrupt_ids = 0.3 }", "[rollout] deficits: only apply with agent"),
     ("[rollout]\ntasks = 4", "[rollout]\ntrajectories = \"/no/such/logs.jsonl\"", "[rollout] trajectories: no file at /no/such/logs.jsonl"),
+    ('stages = ["rollout", "identify"]', 'stages = ["rollout", "identify", "gepa"]', "[gepa] budget: required when the train stage"),
+    ('stages = ["rollout", "identify"]', 'stages = ["gepa"]\n[gepa]\nbudget = 20\nreflection = "openai:gpt-x"',
+     "[gepa] reflection: openai:gpt-x needs an endpoint"),
+    ('stages = ["rollout", "identify"]', 'stages = ["gepa"]\n[gepa]\nbudget = 5\nval_tasks = 4',
+     "[gepa] a budget of 5 episodes cannot pay for the seed prompt's validation"),
 ]
 
 
@@ -85,3 +90,17 @@ def test_missing_and_malformed_config_files_are_one_line(tmp_path):
     no_run.write_text("[policy]\nmodel = \"smollm2-135m-instruct\"\n")
     result = run_cli("run", str(no_run))
     assert result.returncode == 2 and "[run] target: required" in result.stderr
+
+
+def test_the_example_configs_are_valid(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    examples = Path(__file__).parent.parent / "examples"
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    assert load_config(examples / "quickstart.toml").run.stages == ["rollout", "identify", "synthesize", "train", "evaluate"]
+    model = tmp_path / "model"
+    model.mkdir()
+    gpu = tmp_path / "gpu.toml"
+    gpu.write_text((examples / "gpu.toml").read_text().replace("/models/Llama-3.1-8B-Instruct", str(model)))
+    config = load_config(gpu)
+    assert "gepa" in config.run.stages and config.gepa.reflection == "openai:gpt-4.1" and config.gepa.budget is None

@@ -245,3 +245,23 @@ def test_play_batched_yields_tokens_only_from_token_level_models():
         [played] = list(play_batched([env], [LLMAgent(backend)], "trace/tau2-retail-v0", [Episode("0", 0, 0)]))
         env.close()
     assert played.tokens is None and played.trajectory.termination_reason == "agent_stop"
+
+
+def test_instructions_follow_the_envs_system_prompt_for_both_kinds_of_backend(smol):
+    """A prompt-optimization baseline's instructions (GEPA's candidate) reach the model
+    right after the env's system prompt, in text and in tokens; the env's transcript
+    is left as the target wrote it."""
+    extra = "Always confirm the order id before you act."
+    env = gym.make("trace/tau2-retail-v0", split="base")
+    obs, info = env.reset(options={"task_id": "0"})
+    agent = LLMAgent(smol, instructions=extra)
+    agent.reset(obs, info, env)
+    request = agent.request()
+    assert request.messages[0]["content"] == info["system_prompt"] + "\n\n" + extra
+    assert env.unwrapped.messages[0].content == info["system_prompt"]
+    text = smol.tokenizer.decode(request.prompt_ids)
+    assert text.index(extra) < text.index(obs) and text.count(extra) == 1
+    plain = LLMAgent(smol)
+    plain.reset(obs, info, env)
+    assert extra not in smol.tokenizer.decode(plain.request().prompt_ids)
+    env.close()

@@ -193,6 +193,43 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--json", action="store_true", help="print the result as JSON")
     train.set_defaults(func=cmd_train)
 
+    baseline = sub.add_parser("baseline", help="baselines TRACE is compared with at equal rollouts (gepa)")
+    baseline_sub = baseline.add_subparsers(title="baselines", metavar="BASELINE")
+    gepa = baseline_sub.add_parser(
+        "gepa", help="GEPA: evolve the policy's instructions by reflection, within a rollout budget",
+        description="GEPA (reflective prompt evolution, the gepa package) on a target's train split: a reflection "
+                    "model reads failed episodes with the env's reward components and writes better instructions "
+                    "(added to the end of the target's system prompt); every episode played counts against "
+                    "--budget. Writes best_prompt.txt, search.jsonl, gepa.json and episodes/ into --out, then "
+                    "evaluates the best prompt on the held-out split (eval/).")
+    gepa.add_argument("--env", required=True, help="the target env id, e.g. trace/tau2-retail-v0")
+    gepa.add_argument("--model", default=None, help="policy: the embedded smollm2-135m-instruct (default), hf:<folder> or openai:<model>")
+    gepa.add_argument("--reflection", default=None, metavar="MODEL",
+                      help="reflection model: openai:<model> (default: the embedded model, too small to be a fair baseline; it says so)")
+    gepa.add_argument("--reflection-max-tokens", type=count, default=1024, metavar="N",
+                      help="longest reflection answer (default 1024; a small local reflector is much faster with 256)")
+    gepa.add_argument("--budget", type=count, required=True, help="episodes the search may play in all (TRACE's training rollouts, for equal budget)")
+    gepa.add_argument("--out", required=True, help="run folder")
+    gepa.add_argument("--split", default="train", help="the target's split GEPA trains and validates on (default train)")
+    gepa.add_argument("--tasks", type=count, default=None, help="only the first N tasks of --split")
+    gepa.add_argument("--val-tasks", type=count, default=4, help="how many of those tasks (the last ones) are GEPA's validation set (default 4)")
+    gepa.add_argument("--minibatch", type=count, default=3, help="train tasks per reflection (default 3)")
+    gepa.add_argument("--seed-prompt", default=None, metavar="TEXT", help="the instructions GEPA starts from (or @FILE)")
+    gepa.add_argument("--eval-split", default="test", help="held-out split for the best prompt's row (default test)")
+    gepa.add_argument("--eval-tasks", type=count, default=None, help="only the first N tasks of --eval-split")
+    gepa.add_argument("--samples", type=count, default=1, help="episodes per held-out task (pass^k)")
+    gepa.add_argument("--no-eval", action="store_true", help="search only; no held-out row")
+    gepa.add_argument("--max-steps", type=count, default=None, help="messages per episode before truncation (default: the target's)")
+    gepa.add_argument("--max-new-tokens", type=count, default=256, help="tokens per model turn (default 256)")
+    gepa.add_argument("--temperature", type=float, default=0.0)
+    gepa.add_argument("--batch", type=count, default=8, help="local models: episodes generated together in lock-step")
+    gepa.add_argument("--workers", type=count, default=1, help="API models: episodes in parallel threads")
+    gepa.add_argument("--resume", action="store_true", help="continue the search in --out (a finished one is kept)")
+    gepa.add_argument("--seed", type=int, default=0)
+    gepa.add_argument("--progress", action="store_true", help="GEPA's own progress bar over rollouts")
+    gepa.add_argument("--json", action="store_true", help="print the result as JSON")
+    gepa.set_defaults(func=cmd_baseline_gepa)
+
     report = sub.add_parser("report", help="a table of pass rate and mean reward per trajectory file")
     report.add_argument("files", nargs="+")
     report.set_defaults(func=cmd_report)
@@ -469,6 +506,49 @@ def cmd_train(args: argparse.Namespace) -> int:
         reward = "n/a" if result.final_mean_reward is None else f"{result.final_mean_reward:.3f}"
         print(f"adapter: {result.adapter}  iterations {result.iterations}, rollouts {result.rollouts}, "
               f"last mean reward {reward}, log {result.log}")
+    return 0
+
+
+def cmd_baseline_gepa(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .evaluation import results_table, write_results
+    from .gepa_baseline import DEFAULT_SEED_PROMPT, GEPAConfig, GEPAError, evaluate_prompt, run_gepa
+    from .llm import EMBEDDED_DEFAULT
+
+    seed_prompt = args.seed_prompt or DEFAULT_SEED_PROMPT
+    if seed_prompt.startswith("@"):
+        try:
+            seed_prompt = Path(seed_prompt[1:]).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise GEPAError(f"--seed-prompt {args.seed_prompt}: {exc.strerror}") from None
+    config = GEPAConfig(env=args.env, budget=args.budget, out=args.out, model=args.model or EMBEDDED_DEFAULT,
+                        reflection=args.reflection, split=args.split, tasks=args.tasks, val_tasks=args.val_tasks,
+                        minibatch=args.minibatch, seed_prompt=seed_prompt, temperature=args.temperature,
+                        max_new_tokens=args.max_new_tokens, max_steps=args.max_steps, batch=args.batch,
+                        workers=args.workers, reflection_max_tokens=args.reflection_max_tokens, seed=args.seed)
+    say = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
+    outcome = run_gepa(config, resume=args.resume, say=say, progress=args.progress)
+    result = None
+    if not args.no_eval:
+        say(f"the best prompt on the {args.eval_split} split")
+        eval_dir = Path(args.out) / "eval"
+        result = evaluate_prompt(config, outcome.best_prompt, eval_dir / "gepa.jsonl", split=args.eval_split,
+                                 tasks=args.eval_tasks, samples=args.samples,
+                                 cost={"train_rollouts": outcome.rollouts, "analyst_calls": outcome.reflection_calls,
+                                       "wall_s": outcome.wall_s})
+        write_results([result], eval_dir)
+    if args.json:
+        print(json.dumps({**outcome.as_dict(), "evaluation": result.as_dict() if result else None}))
+        return 0
+    print(f"best prompt: candidate {outcome.best_index} of {outcome.candidates}, validation score "
+          f"{outcome.seed_val_score:.3f} (seed) -> {outcome.best_val_score:.3f} (best); {outcome.rollouts} of "
+          f"{outcome.budget} episodes, {outcome.reflection_calls} reflection calls\n{outcome.best_prompt}")
+    if result is not None:
+        print(results_table([result]), end="")
+    if outcome.warning:
+        print(f"WARNING: {outcome.warning}")
+    print(f"search log: {Path(args.out) / 'search.jsonl'}")
     return 0
 
 

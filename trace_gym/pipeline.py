@@ -7,6 +7,7 @@ settings (defaults = the paper's); every stage writes into one run directory::
     RUN/identify/   capabilities.json, labels.jsonl, report.md (identification)
     RUN/envs/       one training env per selected capability (envs.json)
     RUN/adapters/   one LoRA adapter per capability, and the baselines' (adapters.json)
+    RUN/gepa/       the GEPA baseline's search, when the config asks for it (best_prompt.txt, search.jsonl)
     RUN/eval/       every method on the held-out split (results.json/.md, plots)
     RUN/report.md   the whole run, every figure read from the files above
 
@@ -18,7 +19,7 @@ and everything after it. A bad config is one line naming the field, before any
 work starts.
 
 This module only sequences stages and records what they did; each stage is a
-library call (``rollout``, ``identify``, ``synthesize``, ``train``, ``evaluate``).
+library call (``rollout``, ``identify``, ``synthesize``, ``train``, ``gepa``, ``evaluate``).
 """
 
 from __future__ import annotations
@@ -37,7 +38,10 @@ from .errors import TraceGymError
 from .identification.stats import SelectionConfig
 from .synthesis.loop import SynthesisConfig
 
-STAGES = ("rollout", "identify", "synthesize", "train", "evaluate")
+STAGES = ("rollout", "identify", "synthesize", "train", "gepa", "evaluate")
+METHODS = ("base", "trace", "grpo-target", "merged", "summed", "control", "gepa")
+DEFAULT_STAGES = ("rollout", "identify", "synthesize", "train", "evaluate")
+"""The GEPA baseline is opt-in: add "gepa" to ``[run] stages`` (it plays as many episodes as TRACE trained on)."""
 
 
 @dataclass
@@ -48,8 +52,9 @@ class RunSettings:
     """The target env id, e.g. ``trace/tau2-retail-v0``."""
     dir: str = "runs/trace"
     """The run directory (relative paths are taken from the working directory)."""
-    stages: list[str] = field(default_factory=lambda: list(STAGES))
-    """The stages to run, in pipeline order (a subset of rollout, identify, synthesize, train, evaluate)."""
+    stages: list[str] = field(default_factory=lambda: list(DEFAULT_STAGES))
+    """The stages to run, in pipeline order (a subset of rollout, identify, synthesize, train, gepa, evaluate;
+    gepa, the prompt-optimization baseline, only when named)."""
     seed: int = 0
     """The run seed; every episode's and every stage's seed derives from it."""
 
@@ -135,6 +140,26 @@ class TrainStage:
 
 
 @dataclass
+class GEPAStage:
+    """``[gepa]``: the GEPA baseline (reflective prompt evolution of the policy's instructions)."""
+
+    reflection: str = "smollm2-135m-instruct"
+    """The reflection model: ``openai:<model>``, ``hf:<path>``, or the embedded model (offline; far too small
+    to be a fair baseline, and the run says so)."""
+    budget: int | None = None
+    """Episodes the search may play (None: as many as the TRACE adapters were trained on, from the train stage)."""
+    split: str = "train"
+    tasks: int | None = None
+    """Only the first N tasks of ``split`` (the last ``val_tasks`` of them validate)."""
+    val_tasks: int = 4
+    minibatch: int = 3
+    seed_prompt: str | None = None
+    """The instructions the search starts from (None: trace-gym's default seed)."""
+    reflection_max_tokens: int = 1024
+    """Longest reflection answer (a small local reflector is much faster with 256)."""
+
+
+@dataclass
 class EvaluateStage:
     """``[evaluate]``: every method on the target's held-out split."""
 
@@ -143,8 +168,9 @@ class EvaluateStage:
     """Only the first N tasks of the split (None: all)."""
     samples: int = 1
     """Episodes per task (pass^k for k up to this)."""
-    methods: list[str] = field(default_factory=lambda: ["base", "trace", "grpo-target", "merged", "summed", "control"])
-    """Rows of the table: base, trace (routed), grpo-target, merged, summed (adapters' weights added), control."""
+    methods: list[str] = field(default_factory=lambda: list(METHODS))
+    """Rows of the table: base, trace (routed), grpo-target, merged, summed (adapters' weights added), control,
+    gepa (the best prompt of the gepa stage); a row whose stage did not run is left out, with a note."""
     max_steps: int | None = None
     """Messages per episode before truncation (None: the target's default)."""
     calibrate_router: bool = False
@@ -160,14 +186,12 @@ class PipelineConfig:
     identify: IdentifyStage = field(default_factory=IdentifyStage)
     synthesize: SynthesizeStage = field(default_factory=SynthesizeStage)
     train: TrainStage = field(default_factory=TrainStage)
+    gepa: GEPAStage = field(default_factory=GEPAStage)
     evaluate: EvaluateStage = field(default_factory=EvaluateStage)
 
     @property
     def run_dir(self) -> Path:
         return Path(self.run.dir)
-
-
-METHODS = ("base", "trace", "grpo-target", "merged", "summed", "control")
 
 
 def load_config(path: str | Path) -> PipelineConfig:
@@ -214,6 +238,14 @@ def check_config(config: PipelineConfig) -> None:
             raise ConfigError(f"[train] control: no registry env serves '{capability}' for {entry.id}")
     _check_analyst(config.identify.analyst, "[identify] analyst", ("gold", "milestone"))
     _check_analyst(config.synthesize.analyst, "[synthesize] analyst", ("registry",))
+    if "gepa" in config.run.stages:
+        _check_model(config.gepa.reflection, "[gepa] reflection")
+        try:
+            gepa_config(config, budget=config.gepa.budget or 10**6).check()
+        except TraceGymError as exc:
+            raise ConfigError(f"[gepa] {exc}") from None
+        if config.gepa.budget is None and "train" not in config.run.stages:
+            raise ConfigError("[gepa] budget: required when the train stage does not run (it sets the equal budget)")
     if config.rollout.agent != "policy":
         from trace_gym.agents import AGENTS
 
@@ -244,6 +276,19 @@ def grpo_config(config: PipelineConfig, env_ids: list[str], out: str, *, iterati
         return run.check()
     except TrainingError as exc:
         raise ConfigError(f"[train.grpo] {exc}") from None
+
+
+def gepa_config(config: PipelineConfig, budget: int) -> Any:
+    """The ``GEPAConfig`` of this pipeline's GEPA stage."""
+    from .gepa_baseline import DEFAULT_SEED_PROMPT, GEPAConfig
+
+    g, p = config.gepa, config.policy
+    return GEPAConfig(env=config.run.target, budget=budget, out=str(config.run_dir / "gepa"), model=p.model,
+                      reflection=g.reflection, split=g.split, tasks=g.tasks, val_tasks=g.val_tasks,
+                      minibatch=g.minibatch, seed_prompt=g.seed_prompt or DEFAULT_SEED_PROMPT,
+                      reflection_max_tokens=g.reflection_max_tokens,
+                      temperature=p.temperature, max_new_tokens=p.max_new_tokens, max_steps=config.evaluate.max_steps,
+                      batch=p.batch, workers=p.workers, seed=config.run.seed)
 
 
 def _check_model(spec: str, where: str) -> None:
@@ -571,6 +616,33 @@ def stage_train(config: PipelineConfig, state: RunState, say: Callable[[str], No
             "summary": f"{len(rows)} adapters; the TRACE adapters used {trace_rollouts} rollouts"}
 
 
+def stage_gepa(config: PipelineConfig, state: RunState, say: Callable[[str], None]) -> dict[str, Any]:
+    from .gepa_baseline import run_gepa
+
+    budget = config.gepa.budget
+    if budget is None:
+        trained = _require(state, "train", "gepa (its budget is the TRACE adapters' rollouts; or set [gepa] budget)")
+        adapters = json.loads(Path(trained["adapters_json"]).read_text())
+        budget = sum(a["rollouts"] for a in adapters if a["kind"] == "capability")
+        if budget < 1:
+            raise PipelineError("[gepa] budget: the train stage trained no capability adapter to match; set [gepa] budget")
+        say(f"budget {budget} episodes: as many as the TRACE adapters were trained on")
+    run = gepa_config(config, budget)
+    out = Path(run.out)
+    if (out / "settings.json").exists() and json.loads((out / "settings.json").read_text()) != json.loads(json.dumps(run.settings())):
+        import shutil
+
+        say(f"the settings changed since {out} was searched; starting the search over")
+        shutil.rmtree(out)
+    outcome = run_gepa(run, resume=True, say=say)
+    return {"dir": str(out), "best_prompt": outcome.best_prompt, "rollouts": outcome.rollouts, "budget": budget,
+            "reflection": outcome.reflection, "reflection_calls": outcome.reflection_calls,
+            "seed_val_score": outcome.seed_val_score, "best_val_score": outcome.best_val_score,
+            "candidates": outcome.candidates, "wall_s": outcome.wall_s, "warning": outcome.warning,
+            "summary": f"{outcome.candidates} candidates, {outcome.rollouts}/{budget} episodes, validation "
+                       f"{outcome.seed_val_score:.3f} -> {outcome.best_val_score:.3f}"}
+
+
 def stage_evaluate(config: PipelineConfig, state: RunState, say: Callable[[str], None]) -> dict[str, Any]:
     from .evaluation import capability_groups, method_result, write_results
     from .rollout import rollout
@@ -600,6 +672,11 @@ def stage_evaluate(config: PipelineConfig, state: RunState, say: Callable[[str],
                 continue
             backend.add_summed_adapter("summed", [a["name"] for a in by_kind["capability"]])
             methods.append(("summed", "llm", {"adapter": "summed"}, None))
+        elif method == "gepa" and "gepa" in state.stages:
+            methods.append(("gepa", "llm", {"instructions": state.stages["gepa"].outputs["best_prompt"]}, None))
+        elif method == "gepa":
+            say("gepa: the gepa stage did not run (add it to [run] stages); left out of the table")
+            continue
         elif method == "control" and by_kind["control"]:
             controls = [{**a, "name": a["capability"], "adapter_name": a["name"]} for a in by_kind["control"]]
             router = _router(config, backend, controls, identified, state, descriptions_from_gold=True)
@@ -675,6 +752,9 @@ def _method_costs(state: RunState, adapters: list[dict[str, Any]]) -> dict[str, 
             "trace": {**trace, "analyst_calls": analyst_calls, "wall_s": trace["wall_s"] + pre_wall},
             "summed": {**trace, "analyst_calls": analyst_calls, "wall_s": trace["wall_s"] + pre_wall},
             "control": {**total("control"), "analyst_calls": 0}}
+    if "gepa" in state.stages:
+        g = state.stages["gepa"].outputs
+        cost["gepa"] = {"train_rollouts": g["rollouts"], "analyst_calls": g["reflection_calls"], "wall_s": g["wall_s"]}
     for a in adapters:
         if a["kind"] == "baseline":
             merged = a["name"] == "merged"  # it needed identification and synthesis too
@@ -688,5 +768,6 @@ STAGE_FUNCTIONS: dict[str, StageFn] = {
     "identify": stage_identify,
     "synthesize": stage_synthesize,
     "train": stage_train,
+    "gepa": stage_gepa,
     "evaluate": stage_evaluate,
 }

@@ -57,6 +57,8 @@ def write_report(config: Any, state: Any) -> Path:
         out += _envs_section(stages["synthesize"].outputs, run_dir)
     if "train" in stages:
         out += _train_section(stages["train"].outputs, run_dir)
+    if "gepa" in stages:
+        out += _gepa_section(stages["gepa"].outputs, run_dir)
     if "evaluate" in stages:
         out += _eval_section(stages["evaluate"].outputs, run_dir)
     out += ["## Stages", "", "| stage | finished | wall s | inputs hash |", "| --- | --- | --- | --- |"]
@@ -125,6 +127,20 @@ def _train_section(outputs: dict[str, Any], run_dir: Path) -> list[str]:
         out += ["", *[f"![{name}]({_rel(path, run_dir)})" for name, path in sorted(outputs["curves"].items())]]
     out += ["", "*rollouts*: episodes played for the update (G groups x K samples per iteration), the budget "
             "by which the methods are compared.", ""]
+    return out
+
+
+def _gepa_section(outputs: dict[str, Any], run_dir: Path) -> list[str]:
+    out = ["## GEPA baseline (prompt optimization at equal rollouts)", "",
+           f"{outputs['candidates']} candidate prompts from {outputs['rollouts']} episodes of a {outputs['budget']}-episode "
+           f"budget; reflection model `{outputs['reflection']}` ({outputs['reflection_calls']} calls). Validation score "
+           f"{outputs['seed_val_score']:.3f} with the seed prompt, {outputs['best_val_score']:.3f} with the best "
+           f"(search log: `{_rel(Path(outputs['dir']) / 'search.jsonl', run_dir)}`). The best instructions, added to "
+           "the end of the target's system prompt:", "", "```", outputs["best_prompt"], "```", ""]
+    if outputs.get("warning"):
+        out += [f"**Warning:** {outputs['warning']}.", ""]
+    out += ["*Episodes*: every episode the search played on the target's train split (the seed prompt's validation "
+            "included), the same budget by which the trained methods are compared.", ""]
     return out
 
 
