@@ -54,10 +54,14 @@ quickstart: setup
 
 # The sandbox tests need real engines: sandbox/engine.sh installs docker.io and
 # bubblewrap where it can (root), starts a private dockerd, and it is stopped by
-# its pid however the tests end.
+# its pid however the tests end. The suite runs in TEST_WORKERS processes (one
+# per core; a test file stays in one process, so its module fixtures are built
+# once), each with one torch thread: two processes of two threads on two cores
+# spin-wait in OpenMP and run slower than one thread each.
+TEST_WORKERS ?= 2
 test: setup
 	@eval "$$(sandbox/engine.sh start)"; \
-	$(PY) -m pytest -q tests; status=$$?; \
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests; status=$$?; \
 	sandbox/engine.sh stop; exit $$status
 
 # Everything but the tests marked slow (CI still runs them through `make test`).

@@ -7,7 +7,9 @@ tool schemas, ~5k tokens) and a 4-turn episode, with the embedded model.
    over the turns after the first. Targets (issue #11): >= 10x less time to
    first token, whole turn >= 3x faster.
 2. Decode tokens/s at batch 1 and batch 8 on that prompt (every row
-   generates exactly NEW_TOKENS: no early stop), decode time only.
+   generates exactly NEW_TOKENS: no early stop), decode time only, with
+   shared-prefix attention off (each row's cache holds its own copy of the
+   5k-token prefix) and on (the rows attend to one copy, read once per step).
 
 Usage: python benchmarks/local_hf_throughput.py [NEW_TOKENS] [TURNS]
 """
@@ -78,21 +80,30 @@ def main(new_tokens: int = 32, turns: int = 4) -> None:
     prompt = agent.request()
     eos = set(backend.stop_ids)
     backend.stop_ids = set()  # every row decodes exactly new_tokens
+    supported = backend.shared_prefix
+    rates = {}
     try:
-        rates = {}
-        for size in (1, 8):
-            requests = [GenerationRequest(prompt.messages, prompt_ids=prompt.prompt_ids, prefix_len=prompt.prefix_len,
-                                          max_new_tokens=new_tokens, temperature=1.0, seed=s) for s in range(size)]
-            backend.complete(requests)
-            stats = backend.last_stats
-            decode_s = stats["total_s"] - stats["ttft_s"]
-            tokens = stats["decode_tokens"] - size  # the first token of each row comes with the prefill
-            rates[size] = tokens / decode_s
-            print(f"decode at batch {size}: {tokens} tokens in {decode_s:.1f} s = {rates[size]:.1f} tokens/s "
-                  f"(prompt {len(prompt.prompt_ids)} tokens)")
-        print(f"batch 8 / batch 1 decode throughput: {rates[8] / rates[1]:.2f}x")
+        for shared in (False, True) if supported else (False,):
+            backend.shared_prefix = shared
+            label = "shared-prefix attention " + ("on" if shared else "off")
+            for size in (1, 8):
+                requests = [GenerationRequest(prompt.messages, prompt_ids=prompt.prompt_ids, prefix_len=prompt.prefix_len,
+                                              max_new_tokens=new_tokens, temperature=1.0, seed=s) for s in range(size)]
+                backend.complete(requests)
+                stats = backend.last_stats
+                decode_s = stats["total_s"] - stats["ttft_s"]
+                tokens = stats["decode_tokens"] - size  # the first token of each row comes with the prefill
+                rates[shared, size] = tokens / decode_s
+                print(f"decode at batch {size}, {label}: {tokens} tokens in {decode_s:.1f} s = "
+                      f"{rates[shared, size]:.1f} tokens/s (prompt {len(prompt.prompt_ids)} tokens)")
+            print(f"{label}: batch 8 / batch 1 decode throughput {rates[shared, 8] / rates[shared, 1]:.2f}x")
+        if supported:
+            print(f"batch 8 decode, shared-prefix attention on / off: {rates[True, 8] / rates[False, 8]:.2f}x")
+        else:
+            print("shared-prefix attention is not supported by this model: measured without it")
     finally:
         backend.stop_ids = eos
+        backend.shared_prefix = supported
     agent.end_episode()
     env.close()
 

@@ -149,6 +149,57 @@ def test_batched_episodes_keep_their_own_agents_settings(smol_with_adapter):
 
 
 @pytest.mark.slow
+def test_shared_prefix_attention_samples_what_full_attention_samples_over_two_turns_and_two_adapters(smol_with_adapter):
+    from transformers import AttentionInterface
+
+    from trace_gym.llm import shared_prefix
+
+    backend = smol_with_adapter
+    system = "You are a retail support agent. " + " ".join(f"Rule {i}: check order #{i} before acting." for i in range(40))
+    chats = [[{"role": "system", "content": system}, {"role": "user", "content": q}]
+             for q in ["Cancel my order #W123.", "Where is order 7?", "Change my address to Main Street 4."]]
+    adapters = ["skill", None, None]
+    groups_seen: list[int] = []
+
+    def counting(module, *args, shared_prefix=None, **kwargs):
+        if shared_prefix is not None and module.layer_idx == 0:
+            groups_seen.append(len(shared_prefix))
+        return shared_prefix_attention(module, *args, shared_prefix=shared_prefix, **kwargs)
+
+    shared_prefix_attention = shared_prefix.shared_prefix_attention
+    runs = {}
+    try:
+        shared_prefix.register()
+        AttentionInterface.register(shared_prefix.NAME, counting)
+        for on in (False, True):
+            backend.shared_prefix = on
+            backend.clear_cache()
+            first = [GenerationRequest(c, max_new_tokens=8, adapter=a, session=f"{on}-{i}") for i, (c, a) in enumerate(zip(chats, adapters))]
+            turn1 = backend.complete(first)
+            second = []
+            for r, c in zip(first, turn1):
+                more = backend.encode_continuation({"role": "assistant", "content": c.text}, [{"role": "user", "content": "And then?"}],
+                                                   c.tokens.completion_ids)
+                second.append(GenerationRequest(r.messages, max_new_tokens=8, adapter=r.adapter, session=r.session,
+                                                prompt_ids=[*c.tokens.prompt_ids, *c.tokens.completion_ids, *more],
+                                                prefix_len=r.prefix_len))
+            turn2 = backend.complete(second)
+            runs[on] = [(c.tokens.completion_ids, c.tokens.logprobs) for c in [*turn1, *turn2]]
+            assert backend.last_stats["prefill_tokens"] < 20 * len(second)  # the second turn extended the sessions
+    finally:
+        AttentionInterface.register(shared_prefix.NAME, shared_prefix_attention)
+        backend.shared_prefix = True
+    assert 2 in groups_seen  # one batch, two prefixes (the adapter's and the base model's), attended to in place
+    # The test adapter (LoRA B x 50) amplifies float rounding: even its cached and uncached runs through plain
+    # attention differ by ~2e-3 in logprob, so its row is compared on the first turn, and more loosely.
+    for k, ((ids_on, on), (ids_off, off)) in enumerate(zip(runs[True], runs[False])):
+        if k == 3:
+            continue
+        assert ids_on == ids_off, k
+        assert max(abs(a - b) for a, b in zip(on, off)) < (1e-2 if k == 0 else 1e-4), k
+
+
+@pytest.mark.slow
 def test_local_score_ranks_the_label_the_prompt_spells_out(smol):
     labels = ["refund", "exchange", "cancel"]
     for wanted in labels:

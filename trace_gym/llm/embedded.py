@@ -74,11 +74,27 @@ def cache_dir() -> Path:
     return root / "models" / EMBEDDED_NAME
 
 
+def _converted(target: Path) -> bool:
+    return (target / "model.safetensors").exists() and (target / "tokenizer_config.json").exists()
+
+
 def ensure_embedded_model() -> Path:
-    """The safetensors copy of the embedded model, converted on first use."""
+    """The safetensors copy of the embedded model, converted on first use (one
+    process converts; others starting at the same time wait for it)."""
+    import fcntl
+
     target = cache_dir()
-    if (target / "model.safetensors").exists() and (target / "tokenizer_config.json").exists():
+    if _converted(target):
         return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _converted(target):  # converted by another process while this one waited
+            return target
+        return _convert(target)
+
+
+def _convert(target: Path) -> Path:
     source = gguf_path()
     print(f"trace-gym: converting the embedded {EMBEDDED_NAME} from {source.name} to safetensors (once, ~30 s)...",
           file=sys.stderr, flush=True)

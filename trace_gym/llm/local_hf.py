@@ -16,6 +16,11 @@ token in, token out.
   decoded in one batch over a preallocated static cache. The store is bounded
   (``cache_bytes``, least recently used first out). A cache belongs to one set
   of weights: call ``clear_cache()`` after changing them (a trainer's step).
+- Shared-prefix attention (``shared_prefix.py``): rows that extend one cached
+  prefix attend to it in one product per batch, and only their own tokens are
+  copied into the decode cache; at τ²'s 5k-token prefix this, not the weights,
+  is what a decode step costs. Exact attention; Llama-family models only (others
+  take the plain path).
 - ``score(conversation, labels)``: each label's full token sequence logprob as
   the next reply.
 
@@ -28,11 +33,12 @@ import contextlib
 import hashlib
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import shared_prefix
 from .base import Completion, GenerationRequest, LLMError, TokenTurn, requests_for
 
 DEFAULT_CACHE_BYTES = 4 * 2**30
@@ -109,6 +115,8 @@ class LocalHF:
         kv_cache: reuse keys and values across turns and episodes (off: every
             prompt is prefilled from scratch, as a baseline).
         cache_bytes: the cap on cached keys and values.
+        shared_prefix_attention: attend to a shared prefix once per batch instead of
+            once per row (exact; off: every row's cache holds its own copy).
         chat_template: replaces the tokenizer's own.
     """
 
@@ -117,7 +125,7 @@ class LocalHF:
     def __init__(self, path: str | None = None, *, name: str | None = None, adapters: dict[str, str] | None = None,
                  device: str | None = None, max_batch: int = 8, kv_cache: bool = True,
                  cache_bytes: int = DEFAULT_CACHE_BYTES, chat_template: str | None = None,
-                 model: Any = None, tokenizer: Any = None):
+                 model: Any = None, tokenizer: Any = None, shared_prefix_attention: bool = True):
         try:
             import torch
             from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -154,6 +162,7 @@ class LocalHF:
             self.tokenizer.chat_template = chat_template
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.shared_prefix = shared_prefix_attention and shared_prefix.supported(getattr(self.model, "config", None))
         self._close = self._turn_close()
         self.stop_ids = self._stop_ids()
         self._prefix_ids: dict[str, list[int]] = {}
@@ -352,19 +361,37 @@ class LocalHF:
         return entry
 
     def _prefill(self, ids: list[int], start: _KV | None, adapter: str | None) -> tuple[_KV, Any]:
-        """Run ``ids`` after ``start``'s cached tokens; the full entry and the last logits."""
+        """Run ``ids`` after ``start``'s cached tokens; the entry (beside ``start``'s
+        shared prefix, if it has one) and the last logits."""
         from transformers import DynamicCache
 
         torch = self.torch
         done = len(start.ids) if start is not None else 0
-        cache = DynamicCache(ddp_cache_data=[start.full(i) for i in range(len(start.layers))]) if start else DynamicCache()
+        base = (start if start.shared else start.base) if start is not None else None
         new = torch.tensor([ids[done:]], device=self.device)
         positions = torch.arange(done, len(ids), device=self.device).unsqueeze(0)
+        if base is not None and self.shared_prefix:
+            # only this episode's own tokens in the cache; the prefix is attended to in place
+            own = [] if start is base else list(start.layers)
+            cache = DynamicCache(ddp_cache_data=own) if own else DynamicCache()
+            held = done - len(base.ids)
+            mask = shared_prefix.own_mask(1, len(ids) - done, held + len(ids) - done, [0], [held], self.device)
+            with shared_prefix.use_shared_prefix(self.model.config):
+                output = self._forward([adapter], input_ids=new, attention_mask=mask, position_ids=positions,
+                                       past_key_values=cache, logits_to_keep=1, shared_prefix=[(base.layers, None)])
+            layers = [(layer.keys, layer.values) for layer in output.past_key_values.layers]
+            return _KV(list(ids), adapter, layers, base=base), output.logits[0, -1].float()
+        cache = DynamicCache(ddp_cache_data=[start.full(i) for i in range(len(start.layers))]) if start else DynamicCache()
         mask = torch.ones(1, len(ids), dtype=torch.long, device=self.device)
         output = self._forward([adapter], input_ids=new, attention_mask=mask, position_ids=positions,
                                past_key_values=cache, logits_to_keep=1)
         layers = [(layer.keys, layer.values) for layer in output.past_key_values.layers]
-        return _KV(list(ids), adapter, layers), output.logits[0, -1].float()
+        entry = _KV(list(ids), adapter, layers)
+        if base is not None:  # keep only this episode's own tokens beside the shared prefix
+            cut = len(base.ids)
+            entry = _KV(entry.ids, adapter, [(k[:, :, cut:].contiguous(), v[:, :, cut:].contiguous()) for k, v in layers],
+                        base=base)
+        return entry, output.logits[0, -1].float()
 
     def _start_row(self, request: GenerationRequest, ids: list[int], stats: dict[str, Any]) -> tuple[_KV, Any]:
         """Prefill one prompt from the longest cached prefix this backend holds:
@@ -387,13 +414,7 @@ class LocalHF:
         fresh_prefix = stats["prefix_tokens"] - before
         stats["cached_tokens"] += done - fresh_prefix
         stats["prefill_tokens"] += len(ids) - done + fresh_prefix
-        entry, logits = self._prefill(ids, start, request.adapter)
-        shared = start if start is not None and start.shared else (start.base if start is not None else None)
-        if shared is not None:  # keep only this episode's own tokens beside the shared prefix
-            cut = len(shared.ids)
-            entry = _KV(entry.ids, entry.adapter, [(k[:, :, cut:].contiguous(), v[:, :, cut:].contiguous()) for k, v in entry.layers],
-                        base=shared)
-        return entry, logits
+        return self._prefill(ids, start, request.adapter)
 
     def _complete_batch(self, requests: list[GenerationRequest], stats: dict[str, Any]) -> list[Completion]:
         from transformers import StaticCache
@@ -444,8 +465,23 @@ class LocalHF:
         tokens = sample(logits)
         stats["ttft_s"] += time.perf_counter() - t0
         lengths = [len(ids) for ids in prompts]
-        longest = max(lengths)
         steps = max(budget) - 1
+        # rows that extend a shared prefix attend to it in place; the decode cache holds their own tokens only
+        # (for a prefix that only one row extends, plain attention over a copy is as fast)
+        bases = [entry.base if self.shared_prefix else None for entry, _ in rows]
+        sharing = Counter(id(b) for b in bases if b is not None)
+        bases = [b if b is not None and sharing[id(b)] > 1 else None for b in bases]
+        groups: dict[int, tuple[Any, list[int]]] = {}
+        for i, b in enumerate(bases):
+            groups.setdefault(id(b), (b.layers if b is not None else None, []))[1].append(i)
+        cascade = any(b is not None for b in bases)
+        if cascade:
+            extra: dict[str, Any] = {"shared_prefix": [(layers, None if len(groups) == 1 else rows_of)
+                                                       for layers, rows_of in groups.values()]}
+        else:
+            extra = {}
+        held = [n - (len(b.ids) if b is not None else 0) for n, b in zip(lengths, bases)]  # tokens in the decode cache
+        longest = max(held)
         if not all(finished):
             cache = StaticCache(config=self.model.config, max_cache_len=longest + steps)
             n_layers = len(rows[0][0].layers)
@@ -456,24 +492,29 @@ class LocalHF:
                 layer.lazy_initialization(k0.new_zeros((len(rows), k0.shape[1], 1, k0.shape[3])),
                                           v0.new_zeros((len(rows), v0.shape[1], 1, v0.shape[3])))
                 for i, (entry, _) in enumerate(rows):
-                    at = longest - lengths[i]  # left padding, masked out
-                    for k, v in entry.segments(layer_index):  # the shared prefix, then the episode's own tokens
+                    at = longest - held[i]  # left padding, masked out
+                    # the episode's own tokens, after the shared prefix unless it is attended to in place
+                    for k, v in ([entry.layers[layer_index]] if bases[i] is not None else entry.segments(layer_index)):
                         layer.keys[i, :, at:at + k.shape[2]] = k[0]
                         layer.values[i, :, at:at + k.shape[2]] = v[0]
                         at += k.shape[2]
                 layer.cumulative_length.fill_(longest)
             mask = torch.zeros(len(rows), longest + steps, dtype=torch.long, device=self.device)
-            for i, n in enumerate(lengths):
+            for i, n in enumerate(held):
                 mask[i, longest - n:] = 1
             adapters = [r.adapter for r in requests]
-            for step in range(steps):
-                if all(finished):
-                    break
-                positions = torch.tensor([[n + step] for n in lengths], device=self.device)
-                output = self._forward(adapters, input_ids=torch.tensor([[t] for t in tokens], device=self.device),
-                                       attention_mask=mask, position_ids=positions,
-                                       past_key_values=cache, logits_to_keep=1)
-                tokens = sample(output.logits[:, -1])
+            with shared_prefix.use_shared_prefix(self.model.config) if cascade else contextlib.nullcontext():
+                for step in range(steps):
+                    if all(finished):
+                        break
+                    if cascade:
+                        mask = shared_prefix.own_mask(len(rows), 1, longest + steps, [longest - n for n in held],
+                                                      [longest + step] * len(rows), self.device)
+                    positions = torch.tensor([[n + step] for n in lengths], device=self.device)
+                    output = self._forward(adapters, input_ids=torch.tensor([[t] for t in tokens], device=self.device),
+                                           attention_mask=mask, position_ids=positions,
+                                           past_key_values=cache, logits_to_keep=1, **extra)
+                    tokens = sample(output.logits[:, -1])
             decoded_layers = [(layer.keys, layer.values) for layer in cache.layers[:n_layers]]
         else:
             decoded_layers = []

@@ -1,0 +1,128 @@
+"""Shared-prefix attention is exact: the same numbers as plain attention over
+prefix + own tokens, for one group of rows, several groups (mixed adapters) and
+rows that hold all their tokens themselves, in decode and in prefill."""
+
+from types import SimpleNamespace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from trace_gym.llm import shared_prefix  # noqa: E402
+
+HEADS, KV_HEADS, DIM = 6, 2, 8
+
+
+def reference(query, keys, values, visible):
+    """Plain attention, one row at a time: query [H, Q, D], keys [KVH, T, D], visible [Q, T]."""
+    groups = HEADS // KV_HEADS
+    k = keys.repeat_interleave(groups, dim=0)
+    v = values.repeat_interleave(groups, dim=0)
+    scores = query @ k.transpose(1, 2) * DIM ** -0.5
+    scores = scores.masked_fill(~visible[None], float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def case(q_len: int, held: list[int], prefixes: list[int | None]):
+    """Rows with ``held[i]`` own tokens (left-padded to the longest) and prefix
+    group ``prefixes[i]`` (an index into shared prefixes of lengths 5 and 9, or None)."""
+    torch.manual_seed(0)
+    rows, slots = len(held), max(held)
+    shared = [(torch.randn(1, KV_HEADS, n, DIM), torch.randn(1, KV_HEADS, n, DIM)) for n in (5, 9)]
+    query = torch.randn(rows, HEADS, q_len, DIM)
+    key, value = torch.randn(rows, KV_HEADS, slots, DIM), torch.randn(rows, KV_HEADS, slots, DIM)
+    first = [slots - n for n in held]
+    mask = shared_prefix.own_mask(rows, q_len, slots, first, [slots - q_len] * rows, "cpu")
+    expected = []
+    for i in range(rows):
+        own_k, own_v, own_visible = key[i, :, first[i]:], value[i, :, first[i]:], mask[i, 0, :, first[i]:]
+        if prefixes[i] is not None:
+            pk, pv = shared[prefixes[i]]
+            own_k, own_v = torch.cat([pk[0], own_k], dim=1), torch.cat([pv[0], own_v], dim=1)
+            own_visible = torch.cat([torch.ones(q_len, pk.shape[2], dtype=torch.bool), own_visible], dim=1)
+        expected.append(reference(query[i], own_k, own_v, own_visible))
+    groups: dict = {}
+    for i, p in enumerate(prefixes):
+        groups.setdefault(p, []).append(i)
+    layers = {p: [shared[p]] if p is not None else None for p in groups}
+    spec = [(layers[p], None if len(groups) == 1 else rows_of) for p, rows_of in groups.items()]
+    return (query, key, value, mask, spec), torch.stack(expected)  # expected: [B, H, Q, D]
+
+
+def attend(query, key, value, mask, spec):
+    module = SimpleNamespace(layer_idx=0, num_key_value_groups=HEADS // KV_HEADS)
+    out, _ = shared_prefix.shared_prefix_attention(module, query, key, value, mask, scaling=DIM ** -0.5,
+                                                   shared_prefix=spec)
+    return out.transpose(1, 2)
+
+
+@pytest.mark.parametrize("q_len", [1, 3])
+@pytest.mark.parametrize("prefixes", [[0, 0, 0], [0, 1, None], [None, None, 1]])
+def test_shared_prefix_attention_equals_attention_over_prefix_and_own_tokens(q_len, prefixes):
+    inputs, expected = case(q_len, [4, 7, 5], prefixes)
+    torch.testing.assert_close(attend(*inputs), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_comparison_catches_a_padded_slot_made_visible():
+    (query, key, value, mask, spec), expected = case(1, [2, 7], [0, 0])
+    leaky = shared_prefix.own_mask(2, 1, 7, [0, 0], [6, 6], "cpu")  # the first row's left padding made visible
+    assert not torch.allclose(attend(query, key, value, leaky, spec)[0], expected[0], atol=1e-3)
+    torch.testing.assert_close(attend(query, key, value, mask, spec), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_own_mask_sees_the_rows_own_tokens_and_nothing_after_the_query():
+    mask = shared_prefix.own_mask(2, 2, 5, [3, 0], [3, 3], "cpu")[:, 0]
+    assert mask[0].tolist() == [[False, False, False, True, False], [False, False, False, True, True]]
+    assert mask[1].tolist() == [[True, True, True, True, False], [True, True, True, True, True]]
+
+
+def test_only_llama_family_configs_take_the_shared_prefix_path():
+    llama = SimpleNamespace(model_type="llama", _attn_implementation="sdpa", num_attention_heads=9, num_key_value_heads=3)
+    assert shared_prefix.supported(llama)
+    assert not shared_prefix.supported(SimpleNamespace(**{**vars(llama), "model_type": "gpt2"}))
+    assert not shared_prefix.supported(SimpleNamespace(**{**vars(llama), "sliding_window": 4096}))
+    assert shared_prefix.supported(SimpleNamespace(**{**vars(llama), "model_type": "qwen2", "sliding_window": 4096,
+                                                      "use_sliding_window": False}))
+    assert not shared_prefix.supported(SimpleNamespace(**{**vars(llama), "layer_types": ["full_attention", "sliding_attention"]}))
+    assert not shared_prefix.supported(SimpleNamespace(**{**vars(llama), "_attn_implementation": "flash_attention_2"}))
+    assert not shared_prefix.supported(None)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_a_batch_decodes_the_same_tokens_with_and_without_shared_prefix_attention(family):
+    """Tiny random models of both families behind LocalHF: three episodes of one
+    system prompt, two turns each; the same ids and logprobs either way."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from trace_gym.llm import GenerationRequest
+    from trace_gym.llm.embedded import ensure_embedded_model
+    from trace_gym.llm.local_hf import LocalHF
+
+    tokenizer = AutoTokenizer.from_pretrained(str(ensure_embedded_model()))
+    config = AutoConfig.for_model(family, vocab_size=len(tokenizer), hidden_size=96, intermediate_size=128,
+                                  num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2,
+                                  max_position_embeddings=4096)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.config._attn_implementation = "sdpa"
+    system = "You are an agent. " + " ".join(f"Rule {i}: check order #{i}." for i in range(30))
+    chats = [[{"role": "system", "content": system}, {"role": "user", "content": q}] for q in ["Hi.", "Where is order 7?", "Cancel #W1 now."]]
+    runs = {}
+    for on in (False, True):
+        backend = LocalHF.from_model(model, tokenizer, shared_prefix_attention=on)
+        assert backend.shared_prefix is on
+        first = [GenerationRequest(c, max_new_tokens=6, temperature=1.0, seed=i, session=f"{i}") for i, c in enumerate(chats)]
+        turn1 = backend.complete(first)
+        second = [GenerationRequest(r.messages, max_new_tokens=6, temperature=1.0, seed=9, session=r.session,
+                                    prefix_len=r.prefix_len,
+                                    prompt_ids=[*c.tokens.prompt_ids, *c.tokens.completion_ids,
+                                                *backend.encode_continuation({"role": "assistant", "content": c.text},
+                                                                             [{"role": "user", "content": "Go on."}],
+                                                                             c.tokens.completion_ids)])
+                  for r, c in zip(first, turn1)]
+        turn2 = backend.complete(second)
+        assert backend.last_stats["prefill_tokens"] < 20 * len(second)  # turn 2 extended each episode's cache
+        runs[on] = [(c.tokens.completion_ids, c.tokens.logprobs) for c in [*turn1, *turn2]]
+    assert [ids for ids, _ in runs[True]] == [ids for ids, _ in runs[False]]
+    for (_, on), (_, off) in zip(runs[True], runs[False]):
+        assert max(abs(a - b) for a, b in zip(on, off)) < 1e-4

@@ -1,0 +1,140 @@
+"""Shared-prefix ("cascade") attention for ``LocalHF``.
+
+Every episode of a τ² batch starts with the same ~5k-token system turn (policy +
+tool schemas), and each episode adds only a few hundred tokens of its own per turn.
+Plain attention reads the whole cache once per row per step, so a batch of B
+episodes reads the shared prefix B times, and at this context length that, not the
+weights, is what a decode step costs on a CPU. Here the queries of all rows attend
+to the shared prefix in one matrix product (the prefix's keys and values are read
+once per batch), to each row's own tokens separately, and the two parts are joined
+in one softmax, so the result is exact attention over prefix + own tokens.
+
+The model's own attention layers call ``shared_prefix_attention`` through
+transformers' ``AttentionInterface`` while ``use_shared_prefix`` is active; the
+prefixes are passed to the forward as the ``shared_prefix`` keyword (groups of rows,
+each with its prefix: one (keys, values) pair per layer, each ``[1, kv_heads,
+prefix_len, head_dim]``; a batch may mix adapters, whose prefixes differ), and the
+mask, built by the caller, covers the rows' own tokens only (a prefix is visible to
+every query of its rows). Without ``shared_prefix`` the function is transformers' SDPA.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+NAME = "trace_gym_shared_prefix"
+_registered = False
+
+
+def shared_prefix_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
+                            dropout: float = 0.0, scaling: float | None = None, shared_prefix: Any = None,
+                            **kwargs: Any) -> tuple[Any, None]:
+    """Attention of ``query`` [B, H, Q, D] over a shared prefix + each row's own
+    ``key``/``value`` [B, KVH, S, D]; ``attention_mask`` [B, 1, Q, S] (bool, True =
+    visible) covers the own tokens. ``shared_prefix`` is a list of groups
+    ``(prefix layers or None, row indices or None for every row)``: the rows of a
+    group share that prefix (None: the rows hold all their tokens themselves).
+    Returns [B, Q, H, D], as transformers expects."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if shared_prefix is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    import torch
+
+    layer = module.layer_idx
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    if len(shared_prefix) == 1 and shared_prefix[0][1] is None:
+        prefix = shared_prefix[0][0]
+        out = _attend(query, key, value, attention_mask, prefix[layer] if prefix is not None else None, scale)
+    else:
+        out = torch.empty_like(query)
+        for prefix, rows in shared_prefix:
+            index = torch.tensor(rows, device=query.device)
+            mask = attention_mask[index] if attention_mask is not None else None
+            out[index] = _attend(query[index], key[index], value[index], mask,
+                                 prefix[layer] if prefix is not None else None, scale)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _attend(query: Any, key: Any, value: Any, attention_mask: Any, prefix: tuple[Any, Any] | None, scale: float) -> Any:
+    """[B, H, Q, D]: one softmax over ``prefix`` (shared by the rows, read once) and
+    each row's own ``key``/``value`` under ``attention_mask``."""
+    import torch
+
+    batch, heads, q_len, dim = query.shape
+    kv_heads = key.shape[1]
+    groups = heads // kv_heads
+    # [B, KVH, G*Q, D]: the query heads that share one key head, side by side
+    q = query.reshape(batch, kv_heads, groups * q_len, dim)
+    # each row's own tokens: [B, KVH, G*Q, D] @ [B, KVH, D, S]
+    scores = torch.matmul(q, key.transpose(2, 3)).mul_(scale)
+    if attention_mask is not None:
+        visible = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
+        visible = visible[:, :, None].expand(batch, 1, groups, q_len, key.shape[2]).reshape(batch, 1, groups * q_len, -1)
+        scores = scores.masked_fill(~visible, float("-inf"))
+    if prefix is None:
+        out = torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype), value)
+        return out.reshape(batch, heads, q_len, dim)
+    prefix_keys, prefix_values = prefix
+    prefix_len = prefix_keys.shape[2]
+    # the prefix, once for every row: [KVH, B*G*Q, D] @ [KVH, D, P]
+    q_all = q.transpose(0, 1).reshape(kv_heads, batch * groups * q_len, dim)
+    prefix_scores = torch.bmm(q_all, prefix_keys[0].transpose(1, 2)).mul_(scale)
+    prefix_scores = prefix_scores.view(kv_heads, batch, groups * q_len, prefix_len).transpose(0, 1)
+    probs = torch.softmax(torch.cat([prefix_scores, scores], dim=-1), dim=-1, dtype=torch.float32).to(value.dtype)
+    prefix_probs = probs[..., :prefix_len].transpose(0, 1).reshape(kv_heads, batch * groups * q_len, prefix_len)
+    out = torch.bmm(prefix_probs, prefix_values[0]).view(kv_heads, batch, groups * q_len, dim).transpose(0, 1)
+    out = out + torch.matmul(probs[..., prefix_len:], value)
+    return out.reshape(batch, heads, q_len, dim)
+
+
+def register() -> None:
+    global _registered
+    if not _registered:
+        from transformers import AttentionInterface
+
+        AttentionInterface.register(NAME, shared_prefix_attention)
+        _registered = True
+
+
+def supported(config: Any) -> bool:
+    """True for model configs whose attention layers dispatch through transformers'
+    ``AttentionInterface`` with a ``layer_idx`` and grouped key heads, and no sliding
+    window or soft-capping (Llama, SmolLM2, Qwen2/3, Mistral)."""
+    if config is None or getattr(config, "_attn_implementation", None) not in ("sdpa", "eager", NAME):
+        return False
+    heads, kv_heads = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
+    if not heads or not kv_heads or heads % kv_heads:
+        return False
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return False  # (Qwen2 configs name a window they do not use)
+    if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or []):
+        return False
+    if getattr(config, "attn_logit_softcapping", None):
+        return False
+    return getattr(config, "model_type", "") in {"llama", "qwen2", "qwen3", "mistral"}
+
+
+@contextlib.contextmanager
+def use_shared_prefix(config: Any) -> Iterator[None]:
+    """Route a model's attention (its ``config``) through ``shared_prefix_attention`` for the block."""
+    register()
+    before = config._attn_implementation
+    config._attn_implementation = NAME
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
+
+
+def own_mask(rows: int, queries: int, slots: int, first: list[int], last_visible: list[int], device: Any) -> Any:
+    """[rows, 1, queries, slots] bool: query t of row i sees own-token slots
+    ``first[i] .. last_visible[i] + t`` (left padding before, the future after)."""
+    import torch
+
+    slot = torch.arange(slots, device=device)
+    lo = torch.tensor(first, device=device)[:, None, None]
+    hi = torch.tensor(last_visible, device=device)[:, None, None] + torch.arange(queries, device=device)[None, :, None]
+    return ((slot[None, None, :] >= lo) & (slot[None, None, :] <= hi))[:, None]
