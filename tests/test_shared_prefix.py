@@ -126,3 +126,38 @@ def test_a_batch_decodes_the_same_tokens_with_and_without_shared_prefix_attentio
     assert [ids for ids, _ in runs[True]] == [ids for ids, _ in runs[False]]
     for (_, on), (_, off) in zip(runs[True], runs[False]):
         assert max(abs(a - b) for a, b in zip(on, off)) < 1e-4
+
+
+def test_bf16_scores_are_summed_in_fp32():
+    """bf16 inputs: the output is the fp64 reference of those inputs, rounded to bf16
+    once (scores rounded to bf16 before the softmax were 4x further off)."""
+    (query, key, value, mask, spec), _ = case(1, [300, 260], [1, 1])
+    torch.manual_seed(1)
+    prefix = (torch.randn(1, KV_HEADS, 2000, DIM) * 3, torch.randn(1, KV_HEADS, 2000, DIM))
+    query = query * 3
+    low = [t.bfloat16() for t in (query, key, value)]
+    got = attend(*low, mask, [([tuple(t.bfloat16() for t in prefix)], None)]).double()
+    exact = attend(*(t.double() for t in low), mask, [([tuple(t.bfloat16().double() for t in prefix)], None)])
+    assert got.dtype == torch.float64 and (got - exact).abs().max() < 2e-2
+
+
+def test_a_plain_forward_during_the_switch_keeps_its_padding_mask_and_overlapping_switches_restore():
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model("llama", vocab_size=64, hidden_size=48, intermediate_size=64, num_hidden_layers=1,
+                                  num_attention_heads=6, num_key_value_heads=2)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.config._attn_implementation = "sdpa"
+    ids = torch.randint(0, 64, (2, 7))
+    padding = torch.ones(2, 7, dtype=torch.long)
+    padding[0, :3] = 0
+    with torch.no_grad():
+        plain = model(input_ids=ids, attention_mask=padding).logits
+        with shared_prefix.use_shared_prefix(model.config):
+            with shared_prefix.use_shared_prefix(model.config):  # another backend over the same model
+                assert model.config._attn_implementation == shared_prefix.NAME
+            assert model.config._attn_implementation == shared_prefix.NAME  # still inside the first
+            during = model(input_ids=ids, attention_mask=padding).logits
+    assert model.config._attn_implementation == "sdpa"
+    torch.testing.assert_close(during[:, 3:], plain[:, 3:], rtol=1e-5, atol=1e-5)

@@ -21,10 +21,13 @@ every query of its rows). Without ``shared_prefix`` the function is transformers
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Any, Iterator
 
 NAME = "trace_gym_shared_prefix"
 _registered = False
+_switch_lock = threading.Lock()
+_switched: dict[int, list] = {}  # id(config) -> [blocks inside, the setting to restore]
 
 
 def shared_prefix_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
@@ -63,6 +66,8 @@ def _attend(query: Any, key: Any, value: Any, attention_mask: Any, prefix: tuple
     each row's own ``key``/``value`` under ``attention_mask``."""
     import torch
 
+    dtype = query.dtype  # scores, softmax and sums in fp32 (as SDPA's kernels accumulate), whatever the model's dtype
+    query, key, value = query.float(), key.float(), value.float()
     batch, heads, q_len, dim = query.shape
     kv_heads = key.shape[1]
     groups = heads // kv_heads
@@ -75,27 +80,32 @@ def _attend(query: Any, key: Any, value: Any, attention_mask: Any, prefix: tuple
         visible = visible[:, :, None].expand(batch, 1, groups, q_len, key.shape[2]).reshape(batch, 1, groups * q_len, -1)
         scores = scores.masked_fill(~visible, float("-inf"))
     if prefix is None:
-        out = torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype), value)
-        return out.reshape(batch, heads, q_len, dim)
-    prefix_keys, prefix_values = prefix
+        out = torch.matmul(torch.softmax(scores, dim=-1), value)
+        return out.reshape(batch, heads, q_len, dim).to(dtype)
+    prefix_keys, prefix_values = prefix[0].float(), prefix[1].float()
     prefix_len = prefix_keys.shape[2]
     # the prefix, once for every row: [KVH, B*G*Q, D] @ [KVH, D, P]
     q_all = q.transpose(0, 1).reshape(kv_heads, batch * groups * q_len, dim)
     prefix_scores = torch.bmm(q_all, prefix_keys[0].transpose(1, 2)).mul_(scale)
     prefix_scores = prefix_scores.view(kv_heads, batch, groups * q_len, prefix_len).transpose(0, 1)
-    probs = torch.softmax(torch.cat([prefix_scores, scores], dim=-1), dim=-1, dtype=torch.float32).to(value.dtype)
+    probs = torch.softmax(torch.cat([prefix_scores, scores], dim=-1), dim=-1)
     prefix_probs = probs[..., :prefix_len].transpose(0, 1).reshape(kv_heads, batch * groups * q_len, prefix_len)
     out = torch.bmm(prefix_probs, prefix_values[0]).view(kv_heads, batch, groups * q_len, dim).transpose(0, 1)
     out = out + torch.matmul(probs[..., prefix_len:], value)
-    return out.reshape(batch, heads, q_len, dim)
+    return out.reshape(batch, heads, q_len, dim).to(dtype)
 
 
 def register() -> None:
+    """Register the attention function, and SDPA's mask builder under the same
+    name, so a forward without ``shared_prefix`` made while the switch is on
+    (another caller of the same model) gets its padding mask as under SDPA."""
     global _registered
     if not _registered:
         from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
         AttentionInterface.register(NAME, shared_prefix_attention)
+        AttentionMaskInterface.register(NAME, sdpa_mask)
         _registered = True
 
 
@@ -119,14 +129,24 @@ def supported(config: Any) -> bool:
 
 @contextlib.contextmanager
 def use_shared_prefix(config: Any) -> Iterator[None]:
-    """Route a model's attention (its ``config``) through ``shared_prefix_attention`` for the block."""
+    """Route a model's attention (its ``config``) through ``shared_prefix_attention``
+    for the block. Overlapping blocks on one config (two backends over one model,
+    two threads) are counted: the last one out restores the original setting."""
     register()
-    before = config._attn_implementation
-    config._attn_implementation = NAME
+    with _switch_lock:
+        held = _switched.get(id(config))
+        if held is None:
+            held = _switched[id(config)] = [0, config._attn_implementation]
+            config._attn_implementation = NAME
+        held[0] += 1
     try:
         yield
     finally:
-        config._attn_implementation = before
+        with _switch_lock:
+            held[0] -= 1
+            if held[0] == 0:
+                config._attn_implementation = held[1]
+                del _switched[id(config)]
 
 
 def own_mask(rows: int, queries: int, slots: int, first: list[int], last_visible: list[int], device: Any) -> Any:
