@@ -66,7 +66,7 @@ test: setup
 
 # Everything but the tests marked slow (CI still runs them through `make test`).
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow" tests
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow" tests
 
 bench: setup
 	for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

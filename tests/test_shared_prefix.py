@@ -85,6 +85,7 @@ def test_only_llama_family_configs_take_the_shared_prefix_path():
                                                       "use_sliding_window": False}))
     assert not shared_prefix.supported(SimpleNamespace(**{**vars(llama), "layer_types": ["full_attention", "sliding_attention"]}))
     assert not shared_prefix.supported(SimpleNamespace(**{**vars(llama), "_attn_implementation": "flash_attention_2"}))
+    assert not shared_prefix.supported(SimpleNamespace(**{**vars(llama), "_attn_implementation": "eager"}))
     assert not shared_prefix.supported(None)
 
 

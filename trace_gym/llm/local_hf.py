@@ -499,17 +499,15 @@ class LocalHF:
                         layer.values[i, :, at:at + k.shape[2]] = v[0]
                         at += k.shape[2]
                 layer.cumulative_length.fill_(longest)
-            mask = torch.zeros(len(rows), longest + steps, dtype=torch.long, device=self.device)
-            for i, n in enumerate(held):
-                mask[i, longest - n:] = 1
             adapters = [r.adapter for r in requests]
+            first = [longest - n for n in held]  # left padding before, masked out
             with shared_prefix.use_shared_prefix(self.model.config) if cascade else contextlib.nullcontext():
                 for step in range(steps):
                     if all(finished):
                         break
-                    if cascade:
-                        mask = shared_prefix.own_mask(len(rows), 1, longest + steps, [longest - n for n in held],
-                                                      [longest + step] * len(rows), self.device)
+                    # this step's token is written at slot longest + step; nothing after it is visible
+                    mask = shared_prefix.own_mask(len(rows), 1, longest + steps, first, [longest + step] * len(rows),
+                                                  self.device)
                     positions = torch.tensor([[n + step] for n in lengths], device=self.device)
                     output = self._forward(adapters, input_ids=torch.tensor([[t] for t in tokens], device=self.device),
                                            attention_mask=mask, position_ids=positions,

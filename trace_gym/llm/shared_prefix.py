@@ -113,8 +113,8 @@ def supported(config: Any) -> bool:
     """True for model configs whose attention layers dispatch through transformers'
     ``AttentionInterface`` with a ``layer_idx`` and grouped key heads, and no sliding
     window or soft-capping (Llama, SmolLM2, Qwen2/3, Mistral)."""
-    if config is None or getattr(config, "_attn_implementation", None) not in ("sdpa", "eager", NAME):
-        return False
+    if config is None or getattr(config, "_attn_implementation", None) not in ("sdpa", NAME):
+        return False  # (SDPA only: a forward without a shared prefix falls back to SDPA, which must be what it was)
     heads, kv_heads = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
     if not heads or not kv_heads or heads % kv_heads:
         return False
@@ -150,8 +150,10 @@ def use_shared_prefix(config: Any) -> Iterator[None]:
 
 
 def own_mask(rows: int, queries: int, slots: int, first: list[int], last_visible: list[int], device: Any) -> Any:
-    """[rows, 1, queries, slots] bool: query t of row i sees own-token slots
-    ``first[i] .. last_visible[i] + t`` (left padding before, the future after)."""
+    """[rows, 1, queries, slots] bool, the cache slots each query sees: query t of
+    row i sees slots ``first[i] .. last_visible[i] + t`` (left padding before, the
+    future after). With shared-prefix attention the slots hold the rows' own tokens
+    (the prefix is visible to every query); without it, every token of the row."""
     import torch
 
     slot = torch.arange(slots, device=device)
