@@ -43,3 +43,13 @@ def sandbox_backend(request):
         return select_backend(request.param)
     except SandboxUnavailable as exc:
         pytest.skip(f"SANDBOX BACKEND {request.param} NOT TESTED HERE: {exc}")
+
+
+# The longest files (minutes each, measured with --durations) start first, so that
+# `make test`'s two workers do not end with one of them running alone.
+LONGEST_FIRST = ("test_pipeline_run.py", "test_tau2_target.py", "test_identification.py", "test_token_episodes.py",
+                 "test_identification_honesty.py", "test_toolsandbox_registry.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: LONGEST_FIRST.index(item.path.name) if item.path.name in LONGEST_FIRST else len(LONGEST_FIRST))
