@@ -9,8 +9,12 @@ ones, printed separately, split into episode play (rollout) and the TRL
 update (reference and policy forward passes, backward, optimizer, checkpoint).
 Timings depend on the machine's load: take them on an idle machine.
 
+The update scores the rows' shared prompt once per micro-batch
+(``shared_prefix_update``, the default); ``--whole-rows`` times TRL's own
+passes, every row run whole, for comparison.
+
 Usage: python benchmarks/grpo_iteration.py [--env trace/tool-precision-v0]
-       [--iterations 3] [--max-new-tokens 64] [--threads N] [--device cpu]
+       [--iterations 3] [--max-new-tokens 64] [--threads N] [--device cpu] [--micro-batch N] [--whole-rows]
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ def main() -> int:
     parser.add_argument("--max-steps", type=int, default=None, help="agent actions per episode (default: the env's)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--micro-batch", type=int, default=None, help="episodes per forward/backward pass (default: K)")
+    parser.add_argument("--whole-rows", action="store_true", help="TRL's own update passes (no shared prompt)")
     args = parser.parse_args()
 
     from trace_gym.training import GRPOTrainingConfig, train
@@ -46,7 +52,8 @@ def main() -> int:
         config = GRPOTrainingConfig(
             env_ids=[args.env], out=os.path.join(folder, "run"), iterations=args.iterations, groups=args.groups,
             rollouts_per_group=args.rollouts_per_group, max_new_tokens=args.max_new_tokens, max_steps=args.max_steps,
-            torch_threads=args.threads, device=args.device,
+            torch_threads=args.threads, device=args.device, shared_prefix_update=not args.whole_rows,
+            micro_batch=args.micro_batch,
         )
         t0 = time.perf_counter()
         result = train(config, progress=False)
@@ -55,7 +62,9 @@ def main() -> int:
     import torch
 
     print(f"GRPO iteration on {args.env}, embedded SmolLM2-135M, {args.device}, G{args.groups} x K{args.rollouts_per_group}, "
-          f"max_new_tokens {args.max_new_tokens}, torch threads {torch.get_num_threads()}, {os.cpu_count()} CPUs")
+          f"max_new_tokens {args.max_new_tokens}, torch threads {torch.get_num_threads()}, {os.cpu_count()} CPUs, "
+          f"update: {'every row whole (TRL)' if args.whole_rows else 'shared prompt once per micro-batch'}, "
+          f"micro-batch {args.micro_batch or args.rollouts_per_group}")
     print(f"{'iter':>4} {'wall s':>8} {'rollout s':>10} {'update s':>9} {'tokens':>7} {'reward':>7}")
     for r in rows:
         update = r["wall_s"] - r["rollout_s"]

@@ -62,13 +62,14 @@ def trained(tmp_path_factory):
 
     trainer._generate_and_score_completions = spy
     result = run_trainer(config, trainer, parts)
-    return config, result, captured, trainer.processing_class
+    return config, result, captured, trainer.processing_class, trainer.shared_prefix_chunks
 
 
 def test_two_iterations_log_rewards_and_change_the_lora(trained):
     from safetensors.torch import load_file
 
-    config, result, _, _ = trained
+    config, result, _, _, (shared, whole) = trained
+    assert shared > 0 and whole == 0  # the update scored the rows' shared system prompt once per micro-batch
     rows = [json.loads(line) for line in result.log.read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [1, 2]
     assert [r["rollouts"] for r in rows] == [4, 8]
@@ -83,7 +84,7 @@ def test_two_iterations_log_rewards_and_change_the_lora(trained):
 
 
 def test_training_batch_gives_no_loss_weight_to_hint_or_environment_tokens(trained):
-    _, _, captured, tokenizer = trained
+    _, _, captured, tokenizer, _ = trained
     assert len(captured) == 2
     for out, outcomes, batch in captured:
         weights = out["completion_mask"] * out["tool_mask"]  # TRL's loss mask
@@ -111,7 +112,7 @@ def test_training_batch_gives_no_loss_weight_to_hint_or_environment_tokens(train
 def test_saved_adapter_reloads_through_local_hf_and_changes_generations(trained):
     from trace_gym.llm import GenerationRequest, make_backend
 
-    _, result, _, _ = trained
+    _, result, _, _, _ = trained
     backend = make_backend("smollm2-135m-instruct", adapters={"trained": str(result.adapter)})
     prompts = [[{"role": "system", "content": "You are a retail support agent."},
                 {"role": "user", "content": f"Hi! Where is my order #W{n}?"}] for n in (1234567, 7654321)]
@@ -197,13 +198,16 @@ def test_pool_replaces_a_dead_worker_retries_once_then_counts_the_episode_failed
 
 def test_grpo_on_the_target_baseline_runs_one_iteration(tmp_path):
     """The GRPO-on-target baseline: the same trainer on a τ² target's tasks (in-process,
-    scripted user); targets take no hint, so every rollout is hint-free."""
+    scripted user); targets take no hint, so every rollout is hint-free. Here with
+    TRL's own update passes (shared_prefix_update off), which the switch must give."""
     pytest.importorskip("tau2")
     from trace_gym.training import train
 
     config = tiny_config(tmp_path / "run", env_ids=["trace/tau2-mock-v0"], groups=1, iterations=1, max_new_tokens=8,
-                         max_steps=2, hint_share=0.5)
-    result = train(config, progress=False)
+                         max_steps=2, hint_share=0.5, shared_prefix_update=False)
+    trainers = []
+    result = train(config, progress=False, on_trainer=trainers.append)
+    assert trainers[0].shared_prefix_chunks == (0, 0)  # never entered the shared path
     [row] = [json.loads(line) for line in result.log.read_text().splitlines()]
     assert row["rollouts"] == 2 and row["hinted"] == 0 and row["failed_episodes"] == 0
     assert row["mean_reward"] is not None and (result.adapter / "adapter_model.safetensors").exists()

@@ -100,6 +100,10 @@ class GRPOTrainingConfig:
     """Recompute activations in the backward pass (saves memory, costs about a third
     more compute); TRL turns it on by default, we keep it off: an adapter of a small
     model fits without it. Turn it on for large models on a GPU."""
+    shared_prefix_update: bool = True
+    """Score the rows' shared prompt once per micro-batch in the update (its KL
+    reference and policy passes) instead of once per row; exact, see
+    ``shared_update.py``. Off: TRL's own passes."""
     torch_threads: int | None = None
     """CPU threads of torch; None keeps torch's choice. On a shared machine 1 is often fastest."""
     save_every: int = 1

@@ -215,9 +215,10 @@ def build_trainer(config: GRPOTrainingConfig, *, resume: bool = False, progress:
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
-    from trl import GRPOTrainer
 
     from trace_gym.registry import make
+
+    from .shared_update import trainer_class
 
     hf_logging.set_verbosity_error()
     if config.torch_threads:
@@ -245,7 +246,7 @@ def build_trainer(config: GRPOTrainingConfig, *, resume: bool = False, progress:
     iteration_log = _IterationLog(config, rollout, log, start, previous, progress)
     dataset = Dataset.from_list([{"prompt": key} for key in plan_groups(config, tasks)])
     args = config.to_grpo_args()
-    trainer = GRPOTrainer(
+    trainer = trainer_class()(
         model=model,
         reward_funcs=[env_reward],
         args=args,
@@ -256,6 +257,7 @@ def build_trainer(config: GRPOTrainingConfig, *, resume: bool = False, progress:
                                target_modules=list(config.lora_target_modules), task_type="CAUSAL_LM"),
         callbacks=[iteration_log.callback()],
     )
+    trainer.shared_prefix_update = config.shared_prefix_update
     if config.use_vllm:
         print("trace-gym: --use-vllm: TRL keeps vLLM's weights in sync, but multi-turn episodes are still played by "
               "trace-gym's LocalHF runner on the training weights (vLLM multi-turn generation is not wired in)",

@@ -1,0 +1,98 @@
+"""The update's shared-prefix forward (training/shared_update.py) against the rows
+run whole, as TRL runs them: the same completion log-probabilities and the same
+LoRA gradients, on tiny random models with left-padded prompts of two groups."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("peft")
+
+from trace_gym.training.shared_update import shared_prefix_len, shared_prefix_logps
+
+TEMPERATURE = 0.7
+
+
+def tiny_lora_model(family: str):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(family, vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.config._attn_implementation = "sdpa"
+    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
+                                             init_lora_weights=False))
+    return model
+
+
+def batch(pad: int = 0):
+    """Two groups of two rows: a shared 24-token system prompt, a per-group task,
+    completions of different lengths; prompts left-padded, completions right-padded
+    (TRL's layout)."""
+    g = torch.Generator().manual_seed(1)
+    system = torch.randint(3, 97, (24,), generator=g).tolist()
+    tasks = [torch.randint(3, 97, (n,), generator=g).tolist() for n in (5, 9)]
+    prompts, completions = [], []
+    for task in tasks:
+        for n in (7, 4):
+            prompts.append(system + task)
+            completions.append(torch.randint(3, 97, (n,), generator=g).tolist())
+    width_p = max(map(len, prompts))
+    width_c = max(map(len, completions))
+    ids, mask = [], []
+    for p, c in zip(prompts, completions):
+        ids.append([pad] * (width_p - len(p)) + p + c + [pad] * (width_c - len(c)))
+        mask.append([0] * (width_p - len(p)) + [1] * (len(p) + len(c)) + [0] * (width_c - len(c)))
+    return torch.tensor(ids), torch.tensor(mask), width_c
+
+
+def whole_rows_logps(model, ids, mask, keep):
+    """What TRL computes: each row run whole under its padding mask."""
+    logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, -keep - 1:-1].float() / TEMPERATURE
+    return torch.log_softmax(logits, -1).gather(-1, ids[:, -keep:, None]).squeeze(-1)
+
+
+def lora_grads(model, logps, weights):
+    model.zero_grad()
+    (logps * weights).sum().backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def test_the_shared_prefix_ends_where_the_rows_differ_and_before_every_completion():
+    ids, mask, keep = batch()
+    length, first = shared_prefix_len(ids, mask, keep)
+    assert length == 24 and first.tolist() == [4, 4, 0, 0]
+    assert shared_prefix_len(ids[:2], mask[:2], keep)[0] == 24 + 5 - 1  # one group: its whole prompt but the last token
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_shared_prefix_logps_and_gradients_equal_the_rows_run_whole(family):
+    model = tiny_lora_model(family)
+    ids, mask, keep = batch()
+    weights = torch.randn(ids.shape[0], keep, generator=torch.Generator().manual_seed(2)) * mask[:, -keep:]
+
+    reference = whole_rows_logps(model, ids, mask, keep)
+    ref_grads = lora_grads(model, reference, weights)
+    shared, entropy = shared_prefix_logps(model, ids, mask, keep, temperature=TEMPERATURE, compute_entropy=True)
+    grads = lora_grads(model, shared, weights)
+
+    real = mask[:, -keep:].bool()
+    assert (shared - reference)[real].abs().max() < 1e-5
+    assert entropy.shape == shared.shape and bool((entropy[real] > 0).all())
+    assert ref_grads.keys() == grads.keys() and ref_grads
+    for name in ref_grads:
+        assert torch.allclose(grads[name], ref_grads[name], atol=1e-5, rtol=1e-4), name
+    # the comparison can fail: a wrong temperature changes both
+    wrong, _ = shared_prefix_logps(model, ids, mask, keep, temperature=1.0)
+    assert (wrong - reference)[real].abs().max() > 1e-3
+
+
+def test_rows_sharing_too_little_are_left_to_trl():
+    model = tiny_lora_model("llama")
+    ids, mask, keep = batch()
+    ids[1, 4] = (ids[0, 4] + 1) % 97  # the second row differs from its first real token on
+    assert shared_prefix_len(ids, mask, keep)[0] == 0
+    assert shared_prefix_logps(model, ids, mask, keep, temperature=TEMPERATURE) is None
