@@ -81,6 +81,7 @@ def test_shared_prefix_logps_and_gradients_equal_the_rows_run_whole(family):
 
     real = mask[:, -keep:].bool()
     assert (shared - reference)[real].abs().max() < 1e-5
+    assert not shared[~real].any() and not entropy[~real].any()  # padded completion slots are 0, as in TRL's pass
     assert entropy.shape == shared.shape and bool((entropy[real] > 0).all())
     assert ref_grads.keys() == grads.keys() and ref_grads
     for name in ref_grads:
@@ -96,3 +97,13 @@ def test_rows_sharing_too_little_are_left_to_trl():
     ids[1, 4] = (ids[0, 4] + 1) % 97  # the second row differs from its first real token on
     assert shared_prefix_len(ids, mask, keep)[0] == 0
     assert shared_prefix_logps(model, ids, mask, keep, temperature=TEMPERATURE) is None
+
+
+def test_sliding_window_models_are_left_to_trl():
+    """A sliding-window cache keeps only the window of the prefix: no shared path."""
+    model = tiny_lora_model("qwen2")
+    ids, mask, keep = batch()
+    model.config.use_sliding_window, model.config.sliding_window = True, 8
+    assert shared_prefix_logps(model, ids, mask, keep, temperature=TEMPERATURE) is None
+    model.config.use_sliding_window = False
+    assert shared_prefix_logps(model, ids, mask, keep, temperature=TEMPERATURE) is not None

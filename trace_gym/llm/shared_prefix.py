@@ -118,13 +118,19 @@ def supported(config: Any) -> bool:
     heads, kv_heads = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
     if not heads or not kv_heads or heads % kv_heads:
         return False
-    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
-        return False  # (Qwen2 configs name a window they do not use)
-    if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or []):
+    if not full_attention_only(config):
         return False
     if getattr(config, "attn_logit_softcapping", None):
         return False
     return getattr(config, "model_type", "") in {"llama", "qwen2", "qwen3", "mistral"}
+
+
+def full_attention_only(config: Any) -> bool:
+    """True when every layer attends to the whole context (no sliding window), so a
+    prefix's keys and values kept in a cache are all a later token attends to."""
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return False  # (Qwen2 configs name a window they do not use)
+    return all(kind == "full_attention" for kind in getattr(config, "layer_types", None) or [])
 
 
 @contextlib.contextmanager

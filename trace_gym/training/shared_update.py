@@ -19,13 +19,20 @@ prefix instead of one per row; positions count from each row's first real token
 (TRL's count from the padded column, which rotary embeddings do not see).
 
 ``shared_prefix_logps`` returns None where it does not apply (no prefix worth
-sharing, gradient checkpointing, which disables the cache); the caller then
-takes TRL's own path.
+sharing, gradient checkpointing, which disables the cache, a sliding-window
+model, whose cache keeps only the window); the trainer also leaves an entropy
+bonus to TRL (this path's entropies carry no gradient). The caller then takes
+TRL's own path. Memory: the completion positions' logits are held in full
+(rows x completion x vocabulary, in fp32), where TRL's fused head tiles them;
+on a large vocabulary with long completions, lower ``micro_batch`` or switch
+this off.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from trace_gym.llm.shared_prefix import full_attention_only
 
 MIN_SHARED_TOKENS = 16  # below this, running the rows whole costs about the same
 
@@ -66,6 +73,9 @@ def shared_prefix_logps(model: Any, input_ids: Any, attention_mask: Any, logits_
         checkpointing = getattr(model, "is_gradient_checkpointing", False)
     if checkpointing and torch.is_grad_enabled():
         return None  # checkpointed layers do not return a cache
+    config = getattr(model, "config", None)
+    if config is None or not full_attention_only(config.get_text_config()):
+        return None  # a sliding-window cache keeps only the window of the prefix
     length, first = shared_prefix_len(input_ids, attention_mask, logits_to_keep)
     if length < min_shared:
         return None
@@ -89,11 +99,12 @@ def shared_prefix_logps(model: Any, input_ids: Any, attention_mask: Any, logits_
     logits = output.logits[:, :-1].float() / temperature
     del output, cache
     log_probs = torch.log_softmax(logits, dim=-1)
-    token_logps = log_probs.gather(-1, input_ids[:, width - logits_to_keep:, None]).squeeze(-1)
+    padded = ~attention_mask[:, width - logits_to_keep:].bool()  # 0 there, as TRL's pass gives
+    token_logps = log_probs.gather(-1, input_ids[:, width - logits_to_keep:, None]).squeeze(-1).masked_fill(padded, 0.0)
     entropy = None
     if compute_entropy:
-        with torch.no_grad():
-            entropy = -(log_probs.exp() * log_probs).sum(dim=-1)
+        with torch.no_grad():  # (for the log and TRL's entropy mask; an entropy bonus takes TRL's pass)
+            entropy = -(log_probs.exp() * log_probs).sum(dim=-1).masked_fill(padded, 0.0)
     return token_logps, entropy
 
 
@@ -108,7 +119,10 @@ def trainer_class() -> type:
 
         def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                                compute_entropy=False, compute_aux_loss=False, **extra):
-            if self.shared_prefix_update and not compute_aux_loss and all(v is None for v in extra.values()):
+            # not with an entropy bonus (its entropy needs gradients) or activation checkpointing (no cache)
+            usable = not (compute_aux_loss or getattr(self, "_entropy_bonus_enabled", False)
+                          or self.args.gradient_checkpointing)
+            if self.shared_prefix_update and usable and all(v is None for v in extra.values()):
                 size = batch_size or input_ids.size(0)
                 parts = []
                 for at in range(0, input_ids.size(0), size):
