@@ -46,6 +46,7 @@ def main() -> int:
     parser.add_argument("--whole-rows", action="store_true", help="TRL's own update passes (no shared prompt)")
     args = parser.parse_args()
 
+    from trace_gym.errors import TraceGymError
     from trace_gym.training import GRPOTrainingConfig, train
 
     with tempfile.TemporaryDirectory(prefix="grpo-bench-") as folder:
@@ -56,7 +57,11 @@ def main() -> int:
             micro_batch=args.micro_batch,
         )
         t0 = time.perf_counter()
-        result = train(config, progress=False)
+        try:
+            result = train(config, progress=False)
+        except TraceGymError as exc:  # a bad setting (e.g. --micro-batch 3) is one line
+            print(f"grpo_iteration: {exc}", file=sys.stderr)
+            return 2
         total = time.perf_counter() - t0
         rows = [json.loads(line) for line in result.log.read_text().splitlines()]
     import torch

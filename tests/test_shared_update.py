@@ -49,10 +49,13 @@ def batch(pad: int = 0):
     return torch.tensor(ids), torch.tensor(mask), width_c
 
 
-def whole_rows_logps(model, ids, mask, keep):
+def whole_rows_logps(model, ids, mask, keep, entropy=False):
     """What TRL computes: each row run whole under its padding mask."""
     logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, -keep - 1:-1].float() / TEMPERATURE
-    return torch.log_softmax(logits, -1).gather(-1, ids[:, -keep:, None]).squeeze(-1)
+    log_probs = torch.log_softmax(logits, -1)
+    if entropy:
+        return -(log_probs.exp() * log_probs).sum(-1)
+    return log_probs.gather(-1, ids[:, -keep:, None]).squeeze(-1)
 
 
 def lora_grads(model, logps, weights):
@@ -107,3 +110,33 @@ def test_sliding_window_models_are_left_to_trl():
     assert shared_prefix_logps(model, ids, mask, keep, temperature=TEMPERATURE) is None
     model.config.use_sliding_window = False
     assert shared_prefix_logps(model, ids, mask, keep, temperature=TEMPERATURE) is not None
+
+
+def test_an_entropy_bonus_gets_the_entropy_gradient_of_the_rows_run_whole():
+    model = tiny_lora_model("llama")
+    ids, mask, keep = batch()
+    real = mask[:, -keep:].float()
+    ref_grads = lora_grads(model, whole_rows_logps(model, ids, mask, keep, entropy=True), real)
+    _, entropy = shared_prefix_logps(model, ids, mask, keep, temperature=TEMPERATURE, compute_entropy=True,
+                                     entropy_grad=True)
+    grads = lora_grads(model, entropy, real)
+    for name in ref_grads:
+        assert torch.allclose(grads[name], ref_grads[name], atol=1e-5, rtol=1e-4), name
+    _, detached = shared_prefix_logps(model, ids, mask, keep, temperature=TEMPERATURE, compute_entropy=True)
+    assert not detached.requires_grad  # only for the log and TRL's entropy mask unless a bonus asks
+
+
+def test_a_checkpointed_model_in_training_takes_trls_pass():
+    """Checkpointed layers in training mode return no cache, with or without gradients."""
+    model = tiny_lora_model("llama")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    ids, mask, keep = batch()
+    model.train()
+    assert shared_prefix_logps(model, ids, mask, keep, temperature=TEMPERATURE) is None
+    with torch.no_grad():
+        assert shared_prefix_logps(model, ids, mask, keep, temperature=TEMPERATURE) is None
+    model.eval()  # checkpointing is a training-mode affair: the cache is back
+    with torch.no_grad():
+        logps, _ = shared_prefix_logps(model, ids, mask, keep, temperature=TEMPERATURE)
+        reference = whole_rows_logps(model, ids, mask, keep)
+    assert (logps - reference)[mask[:, -keep:].bool()].abs().max() < 1e-5

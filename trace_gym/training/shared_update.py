@@ -20,9 +20,8 @@ prefix instead of one per row; positions count from each row's first real token
 
 ``shared_prefix_logps`` returns None where it does not apply (no prefix worth
 sharing, gradient checkpointing, which disables the cache, a sliding-window
-model, whose cache keeps only the window); the trainer also leaves an entropy
-bonus to TRL (this path's entropies carry no gradient). The caller then takes
-TRL's own path. Memory: the completion positions' logits are held in full
+model, whose cache keeps only the window); the caller then takes TRL's own
+path. Memory: the completion positions' logits are held in full
 (rows x completion x vocabulary, in fp32), where TRL's fused head tiles them;
 on a large vocabulary with long completions, lower ``micro_batch`` or switch
 this off.
@@ -59,21 +58,23 @@ def shared_prefix_len(input_ids: Any, attention_mask: Any, logits_to_keep: int) 
 
 
 def shared_prefix_logps(model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int, *, temperature: float,
-                        compute_entropy: bool = False, min_shared: int = MIN_SHARED_TOKENS) -> tuple[Any, Any] | None:
+                        compute_entropy: bool = False, entropy_grad: bool = False,
+                        min_shared: int = MIN_SHARED_TOKENS) -> tuple[Any, Any] | None:
     """Per-token log-probabilities [rows, logits_to_keep] of the last
-    ``logits_to_keep`` tokens of each row (and their entropies, if asked, without
-    gradient), as TRL's ``_get_per_token_logps_and_entropies`` returns them; None
-    when the rows share fewer than ``min_shared`` tokens or the model cannot keep
-    a cache."""
+    ``logits_to_keep`` tokens of each row (and their entropies, if asked; with
+    gradient if ``entropy_grad``, for an entropy bonus), as TRL's
+    ``_get_per_token_logps_and_entropies`` returns them; None when the rows share
+    fewer than ``min_shared`` tokens or the model cannot keep a cache."""
     import torch
     from transformers import DynamicCache
 
-    checkpointing = getattr(model, "is_activation_checkpointing", None)  # (transformers 5's name, then the old one)
+    inner = getattr(model, "module", model)  # (under a DDP wrapper, the model it wraps says whether it checkpoints)
+    checkpointing = getattr(inner, "is_activation_checkpointing", None)  # (transformers 5's name, then the old one)
     if checkpointing is None:
-        checkpointing = getattr(model, "is_gradient_checkpointing", False)
-    if checkpointing and torch.is_grad_enabled():
-        return None  # checkpointed layers do not return a cache
-    config = getattr(model, "config", None)
+        checkpointing = getattr(inner, "is_gradient_checkpointing", False)
+    if checkpointing and inner.training:
+        return None  # checkpointed layers in training mode return no cache (TRL's reference pass turns it off first)
+    config = getattr(inner, "config", None)
     if config is None or not full_attention_only(config.get_text_config()):
         return None  # a sliding-window cache keeps only the window of the prefix
     length, first = shared_prefix_len(input_ids, attention_mask, logits_to_keep)
@@ -103,7 +104,7 @@ def shared_prefix_logps(model: Any, input_ids: Any, attention_mask: Any, logits_
     token_logps = log_probs.gather(-1, input_ids[:, width - logits_to_keep:, None]).squeeze(-1).masked_fill(padded, 0.0)
     entropy = None
     if compute_entropy:
-        with torch.no_grad():  # (for the log and TRL's entropy mask; an entropy bonus takes TRL's pass)
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             entropy = -(log_probs.exp() * log_probs).sum(dim=-1).masked_fill(padded, 0.0)
     return token_logps, entropy
 
@@ -115,21 +116,19 @@ def trainer_class() -> type:
 
     class SharedPrefixGRPOTrainer(GRPOTrainer):
         shared_prefix_update = True  # False: every pass is TRL's own
-        shared_prefix_chunks = (0, 0)  # (chunks scored with a shared prefix, chunks scored whole), for the log and tests
+        shared_prefix_chunks = (0, 0)  # (chunks scored with a shared prefix, chunks scored whole), read by tests
 
         def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                                compute_entropy=False, compute_aux_loss=False, **extra):
-            # not with an entropy bonus (its entropy needs gradients) or activation checkpointing (no cache)
-            usable = not (compute_aux_loss or getattr(self, "_entropy_bonus_enabled", False)
-                          or self.args.gradient_checkpointing)
-            if self.shared_prefix_update and usable and all(v is None for v in extra.values()):
+            if self.shared_prefix_update and not compute_aux_loss and all(v is None for v in extra.values()):
                 size = batch_size or input_ids.size(0)
                 parts = []
                 for at in range(0, input_ids.size(0), size):
                     with self.accelerator.autocast():
                         part = shared_prefix_logps(model, input_ids[at:at + size], attention_mask[at:at + size],
                                                    logits_to_keep, temperature=self.temperature,
-                                                   compute_entropy=compute_entropy)
+                                                   compute_entropy=compute_entropy,
+                                                   entropy_grad=getattr(self, "_entropy_bonus_enabled", False))
                     shared, whole = self.shared_prefix_chunks
                     if part is None:
                         part = super()._get_per_token_logps_and_entropies(
