@@ -132,6 +132,24 @@ def test_a_batch_honours_each_requests_own_seed_temperature_and_adapter(smol_wit
     assert together[4] == together[2][:6]  # the same seed draws the same tokens, whatever else is in the batch
 
 
+def test_sampled_tokens_follow_the_distribution_their_logprobs_state(smol):
+    """Over many seeds, each first token is drawn as often as exp(its recorded
+    logprob) says (the tempered softmax): the sampler neither sharpens nor flattens
+    the distribution, and the logprob it records is the one it sampled from."""
+    chat = [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "Say any word."}]
+    n = 200
+    done = smol.complete([GenerationRequest(chat, max_new_tokens=1, temperature=0.7, seed=s) for s in range(n)])
+    drawn: dict[int, list[float]] = {}
+    for c in done:
+        drawn.setdefault(c.tokens.completion_ids[0], []).append(c.tokens.logprobs[0])
+    assert len(drawn) > 1  # it samples (greedy would give one token)
+    for token, logprobs in drawn.items():
+        assert max(logprobs) - min(logprobs) < 1e-5  # one prompt: one probability per token
+        p = math.exp(logprobs[0])
+        sigma = math.sqrt(n * p * (1 - p))
+        assert abs(len(logprobs) - n * p) <= 4 * sigma + 2, (token, len(logprobs), n * p)
+
+
 @pytest.mark.slow
 def test_batched_episodes_keep_their_own_agents_settings(smol_with_adapter):
     backend = smol_with_adapter

@@ -345,7 +345,18 @@ class LocalHF:
                 self.model.train()
 
     def _forward(self, adapters: list[str | None], **inputs: Any) -> Any:
+        """The model's forward with each row's adapter. One adapter for every row
+        takes peft's plain path (the active adapter as it is, or the adapters
+        disabled for the base model); mixed rows take its per-row path
+        (``adapter_names``), whose per-layer indexing costs about a sixth of a
+        decode step at batch 16."""
         if hasattr(self.model, "peft_config"):
+            names = set(adapters)
+            if names == {None}:
+                with self.model.disable_adapter():
+                    return self.model(**inputs, use_cache=True)
+            if len(names) == 1 and list(getattr(self.model, "active_adapters", None) or []) == [adapters[0]]:
+                return self.model(**inputs, use_cache=True)
             inputs["adapter_names"] = [a if a is not None else "__base__" for a in adapters]
         return self.model(**inputs, use_cache=True)
 
@@ -443,23 +454,34 @@ class LocalHF:
         finished = [False] * len(requests)
 
         def sample(step_logits) -> list[int]:
-            tokens = []
-            for i, row_logits in enumerate(step_logits):
-                if finished[i]:
-                    tokens.append(self.tokenizer.pad_token_id)
-                    continue
-                t = temperatures[i]
-                scaled = row_logits / t if t > 0 else row_logits
-                logp = torch.log_softmax(scaled.float(), dim=-1)
-                if t > 0:
-                    token = int(torch.multinomial(logp.exp(), 1, generator=generators[i]).item())
-                else:
-                    token = int(torch.argmax(logp).item())
+            """One token per unfinished row: the rows' softmax in one batch; each row
+            draws one uniform number from its own generator and takes the token at
+            that point of its cumulative distribution (inverse-CDF sampling: one
+            random number per row and step, where ``torch.multinomial`` draws one per
+            vocabulary entry)."""
+            live = [i for i in range(len(requests)) if not finished[i]]
+            tokens = [self.tokenizer.pad_token_id] * len(requests)
+            if not live:
+                return tokens
+            rows_logits = step_logits[live].float()
+            t = torch.tensor([temperatures[i] if temperatures[i] > 0 else 1.0 for i in live], device=rows_logits.device)
+            logp = torch.log_softmax(rows_logits / t[:, None], dim=-1)
+            chosen = logp.argmax(dim=-1)
+            sampling = [j for j, i in enumerate(live) if temperatures[i] > 0]
+            if sampling:
+                at = torch.tensor(sampling, device=logp.device)
+                cdf = logp[at].double().exp().cumsum(dim=-1)
+                u = torch.cat([torch.rand(1, generator=generators[live[j]], device=self.device, dtype=torch.float64)
+                               for j in sampling])
+                drawn = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
+                chosen[at] = drawn.clamp(max=logp.shape[-1] - 1)
+            picked = logp.gather(1, chosen[:, None]).squeeze(1).tolist()
+            for j, (i, token) in enumerate(zip(live, chosen.tolist())):
                 sampled[i].append(token)
-                logprobs[i].append(float(logp[token]))
+                logprobs[i].append(picked[j])
                 if token in self.stop_ids or len(sampled[i]) >= budget[i]:
                     finished[i] = True
-                tokens.append(token)
+                tokens[i] = token
             return tokens
 
         tokens = sample(logits)

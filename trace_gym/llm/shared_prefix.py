@@ -44,54 +44,66 @@ def shared_prefix_attention(module: Any, query: Any, key: Any, value: Any, atten
     if shared_prefix is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    import torch
-
     layer = module.layer_idx
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    if len(shared_prefix) == 1 and shared_prefix[0][1] is None:
-        prefix = shared_prefix[0][0]
-        out = _attend(query, key, value, attention_mask, prefix[layer] if prefix is not None else None, scale)
-    else:
-        out = torch.empty_like(query)
-        for prefix, rows in shared_prefix:
-            index = torch.tensor(rows, device=query.device)
-            mask = attention_mask[index] if attention_mask is not None else None
-            out[index] = _attend(query[index], key[index], value[index], mask,
-                                 prefix[layer] if prefix is not None else None, scale)
-    return out.transpose(1, 2).contiguous(), None
+    groups = [(prefix[layer] if prefix is not None else None, rows) for prefix, rows in shared_prefix]
+    return _attend(query, key, value, attention_mask, groups, scale).transpose(1, 2).contiguous(), None
 
 
-def _attend(query: Any, key: Any, value: Any, attention_mask: Any, prefix: tuple[Any, Any] | None, scale: float) -> Any:
-    """[B, H, Q, D]: one softmax over ``prefix`` (shared by the rows, read once) and
-    each row's own ``key``/``value`` under ``attention_mask``."""
+def _attend(query: Any, key: Any, value: Any, attention_mask: Any, groups: list[tuple[Any, Any]], scale: float) -> Any:
+    """[B, H, Q, D]: one softmax over each row's prefix (shared by the rows of its
+    group, read once per group) and the row's own ``key``/``value`` under
+    ``attention_mask``. The two parts are summed with a common running maximum
+    (as flash attention joins blocks), so the rows' own tokens are attended to in
+    one product for the whole batch, whatever group each row is in."""
     import torch
 
     dtype = query.dtype  # scores, softmax and sums in fp32 (as SDPA's kernels accumulate), whatever the model's dtype
     query, key, value = query.float(), key.float(), value.float()
     batch, heads, q_len, dim = query.shape
     kv_heads = key.shape[1]
-    groups = heads // kv_heads
+    n = heads // kv_heads * q_len
     # [B, KVH, G*Q, D]: the query heads that share one key head, side by side
-    q = query.reshape(batch, kv_heads, groups * q_len, dim)
+    q = query.reshape(batch, kv_heads, n, dim)
     # each row's own tokens: [B, KVH, G*Q, D] @ [B, KVH, D, S]
     scores = torch.matmul(q, key.transpose(2, 3)).mul_(scale)
     if attention_mask is not None:
         visible = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
-        visible = visible[:, :, None].expand(batch, 1, groups, q_len, key.shape[2]).reshape(batch, 1, groups * q_len, -1)
+        visible = visible[:, :, None].expand(batch, 1, n // q_len, q_len, key.shape[2]).reshape(batch, 1, n, -1)
         scores = scores.masked_fill(~visible, float("-inf"))
-    if prefix is None:
-        out = torch.matmul(torch.softmax(scores, dim=-1), value)
-        return out.reshape(batch, heads, q_len, dim).to(dtype)
-    prefix_keys, prefix_values = prefix[0].float(), prefix[1].float()
-    prefix_len = prefix_keys.shape[2]
-    # the prefix, once for every row: [KVH, B*G*Q, D] @ [KVH, D, P]
-    q_all = q.transpose(0, 1).reshape(kv_heads, batch * groups * q_len, dim)
-    prefix_scores = torch.bmm(q_all, prefix_keys[0].transpose(1, 2)).mul_(scale)
-    prefix_scores = prefix_scores.view(kv_heads, batch, groups * q_len, prefix_len).transpose(0, 1)
-    probs = torch.softmax(torch.cat([prefix_scores, scores], dim=-1), dim=-1)
-    prefix_probs = probs[..., :prefix_len].transpose(0, 1).reshape(kv_heads, batch * groups * q_len, prefix_len)
-    out = torch.bmm(prefix_probs, prefix_values[0]).view(kv_heads, batch, groups * q_len, dim).transpose(0, 1)
-    out = out + torch.matmul(probs[..., prefix_len:], value)
+    # each group's prefix, once for its rows: [KVH, rows*G*Q, D] @ [KVH, D, P]
+    prefix_scores = []
+    top = scores.amax(dim=-1, keepdim=True)
+    for prefix, rows in groups:
+        if prefix is None:
+            continue
+        index = torch.tensor(rows, device=q.device) if rows is not None else None
+        q_rows = q if index is None else q[index]
+        keys = prefix[0].float()
+        part = torch.bmm(q_rows.transpose(0, 1).reshape(kv_heads, -1, dim), keys[0].transpose(1, 2)).mul_(scale)
+        part = part.view(kv_heads, q_rows.shape[0], n, keys.shape[2]).transpose(0, 1)
+        prefix_scores.append((prefix, index, part))
+        if index is None:
+            top = torch.maximum(top, part.amax(dim=-1, keepdim=True))
+        else:
+            top[index] = torch.maximum(top[index], part.amax(dim=-1, keepdim=True))
+    top = top.masked_fill(torch.isinf(top), 0.0)  # a query that sees nothing gets 0 (only padding queries do)
+    weights = torch.exp(scores - top)
+    total = weights.sum(dim=-1, keepdim=True)
+    out = torch.matmul(weights, value)
+    for prefix, index, part in prefix_scores:
+        part_top = top if index is None else top[index]
+        part_weights = torch.exp(part - part_top)
+        rows_n = part_weights.shape[0]
+        part_out = torch.bmm(part_weights.transpose(0, 1).reshape(kv_heads, rows_n * n, -1), prefix[1][0].float())
+        part_out = part_out.view(kv_heads, rows_n, n, dim).transpose(0, 1)
+        if index is None:
+            out = out + part_out
+            total = total + part_weights.sum(dim=-1, keepdim=True)
+        else:
+            out[index] += part_out
+            total[index] += part_weights.sum(dim=-1, keepdim=True)
+    out = out / total.clamp(min=torch.finfo(total.dtype).tiny)
     return out.reshape(batch, heads, q_len, dim).to(dtype)
 
 
