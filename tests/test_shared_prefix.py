@@ -162,3 +162,25 @@ def test_a_plain_forward_during_the_switch_keeps_its_padding_mask_and_overlappin
             during = model(input_ids=ids, attention_mask=padding).logits
     assert model.config._attn_implementation == "sdpa"
     torch.testing.assert_close(during[:, 3:], plain[:, 3:], rtol=1e-5, atol=1e-5)
+
+
+def test_non_finite_logits_are_an_error_not_a_sample():
+    """A model whose logits overflow (here: a NaN in its output head) cannot be
+    sampled from; the backend says so instead of recording a NaN logprob."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from trace_gym.llm import GenerationRequest, LLMError
+    from trace_gym.llm.embedded import ensure_embedded_model
+    from trace_gym.llm.local_hf import LocalHF
+
+    tokenizer = AutoTokenizer.from_pretrained(str(ensure_embedded_model()))
+    config = AutoConfig.for_model("llama", vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                                  num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    backend = LocalHF.from_model(model, tokenizer)
+    chat = [{"role": "system", "content": "S"}, {"role": "user", "content": "Hi."}]
+    assert backend.complete([GenerationRequest(chat, max_new_tokens=2, temperature=1.0, seed=0)])[0].tokens.completion_ids
+    with torch.no_grad():
+        model.lm_head.weight[7, 0] = float("nan")
+    with pytest.raises(LLMError, match="non-finite logits"):
+        backend.complete([GenerationRequest(chat, max_new_tokens=2, temperature=1.0, seed=0)])

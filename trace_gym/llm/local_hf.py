@@ -345,17 +345,15 @@ class LocalHF:
                 self.model.train()
 
     def _forward(self, adapters: list[str | None], **inputs: Any) -> Any:
-        """The model's forward with each row's adapter. One adapter for every row
-        takes peft's plain path (the active adapter as it is, or the adapters
-        disabled for the base model); mixed rows take its per-row path
-        (``adapter_names``), whose per-layer indexing costs about a sixth of a
-        decode step at batch 16."""
+        """The model's forward with each row's adapter. A batch whose rows all use
+        the peft model's active adapter takes peft's plain path; any other batch
+        its per-row path (``adapter_names``; ``__base__`` for the base model), whose
+        per-layer indexing costs about a sixth of a decode step at batch 16. (The
+        adapters are never switched on the model: another caller may be using it.)"""
         if hasattr(self.model, "peft_config"):
-            names = set(adapters)
-            if names == {None}:
-                with self.model.disable_adapter():
-                    return self.model(**inputs, use_cache=True)
-            if len(names) == 1 and list(getattr(self.model, "active_adapters", None) or []) == [adapters[0]]:
+            active = getattr(self.model, "active_adapters", None)
+            active = active() if callable(active) else active  # (transformers' own peft integration: a method)
+            if len(set(adapters)) == 1 and adapters[0] is not None and list(active or []) == [adapters[0]]:
                 return self.model(**inputs, use_cache=True)
             inputs["adapter_names"] = [a if a is not None else "__base__" for a in adapters]
         return self.model(**inputs, use_cache=True)
@@ -470,8 +468,12 @@ class LocalHF:
             sampling = [j for j, i in enumerate(live) if temperatures[i] > 0]
             if sampling:
                 at = torch.tensor(sampling, device=logp.device)
-                cdf = logp[at].double().exp().cumsum(dim=-1)
-                u = torch.cat([torch.rand(1, generator=generators[live[j]], device=self.device, dtype=torch.float64)
+                wide = torch.float32 if logp.device.type == "mps" else torch.float64  # (MPS has no float64)
+                cdf = logp[at].to(wide).exp().cumsum(dim=-1)
+                if not bool(torch.isfinite(cdf[:, -1]).all()):
+                    raise LLMError(f"{self.name} produced non-finite logits (overflow in its weights or dtype); "
+                                   "cannot sample from them")
+                u = torch.cat([torch.rand(1, generator=generators[live[j]], device=self.device, dtype=wide)
                                for j in sampling])
                 drawn = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
                 chosen[at] = drawn.clamp(max=logp.shape[-1] - 1)

@@ -6,8 +6,9 @@ Plain attention reads the whole cache once per row per step, so a batch of B
 episodes reads the shared prefix B times, and at this context length that, not the
 weights, is what a decode step costs on a CPU. Here the queries of all rows attend
 to the shared prefix in one matrix product (the prefix's keys and values are read
-once per batch), to each row's own tokens separately, and the two parts are joined
-in one softmax, so the result is exact attention over prefix + own tokens.
+once per batch; once per group where rows have different prefixes), the rows' own
+tokens in one batched product, and the parts are joined under one running maximum
+and one normaliser, so the result is exact attention over prefix + own tokens.
 
 The model's own attention layers call ``shared_prefix_attention`` through
 transformers' ``AttentionInterface`` while ``use_shared_prefix`` is active; the
@@ -73,7 +74,7 @@ def _attend(query: Any, key: Any, value: Any, attention_mask: Any, groups: list[
         scores = scores.masked_fill(~visible, float("-inf"))
     # each group's prefix, once for its rows: [KVH, rows*G*Q, D] @ [KVH, D, P]
     prefix_scores = []
-    top = scores.amax(dim=-1, keepdim=True)
+    top = scores.amax(dim=-1, keepdim=True).detach()  # (a shift: it carries no gradient)
     for prefix, rows in groups:
         if prefix is None:
             continue
@@ -84,9 +85,9 @@ def _attend(query: Any, key: Any, value: Any, attention_mask: Any, groups: list[
         part = part.view(kv_heads, q_rows.shape[0], n, keys.shape[2]).transpose(0, 1)
         prefix_scores.append((prefix, index, part))
         if index is None:
-            top = torch.maximum(top, part.amax(dim=-1, keepdim=True))
+            top = torch.maximum(top, part.amax(dim=-1, keepdim=True).detach())
         else:
-            top[index] = torch.maximum(top[index], part.amax(dim=-1, keepdim=True))
+            top[index] = torch.maximum(top[index], part.amax(dim=-1, keepdim=True).detach())
     top = top.masked_fill(torch.isinf(top), 0.0)  # a query that sees nothing gets 0 (only padding queries do)
     weights = torch.exp(scores - top)
     total = weights.sum(dim=-1, keepdim=True)
