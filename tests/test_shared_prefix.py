@@ -182,5 +182,29 @@ def test_non_finite_logits_are_an_error_not_a_sample():
     assert backend.complete([GenerationRequest(chat, max_new_tokens=2, temperature=1.0, seed=0)])[0].tokens.completion_ids
     with torch.no_grad():
         model.lm_head.weight[7, 0] = float("nan")
-    with pytest.raises(LLMError, match="non-finite logits"):
-        backend.complete([GenerationRequest(chat, max_new_tokens=2, temperature=1.0, seed=0)])
+    for temperature in (1.0, 0.0):  # sampled or greedy
+        with pytest.raises(LLMError, match="non-finite logits"):
+            backend.complete([GenerationRequest(chat, max_new_tokens=2, temperature=temperature, seed=0)])
+
+
+def test_transformers_own_adapters_run_the_active_one_and_refuse_others():
+    """A model given adapters by transformers' own peft integration (not a
+    PeftModel) ignores per-row adapter names: the active adapter runs, and a
+    request for the base model is a clear error instead of the adapter's output."""
+    from peft import LoraConfig
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from trace_gym.llm import GenerationRequest, LLMError
+    from trace_gym.llm.embedded import ensure_embedded_model
+    from trace_gym.llm.local_hf import LocalHF
+
+    tokenizer = AutoTokenizer.from_pretrained(str(ensure_embedded_model()))
+    config = AutoConfig.for_model("llama", vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                                  num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.add_adapter(LoraConfig(r=4, target_modules=["q_proj"], init_lora_weights=False), adapter_name="a")
+    backend = LocalHF.from_model(model, tokenizer)
+    chat = [{"role": "system", "content": "S"}, {"role": "user", "content": "Hi."}]
+    assert backend.complete([GenerationRequest(chat, max_new_tokens=2, adapter="a")])[0].tokens.completion_ids
+    with pytest.raises(LLMError, match="transformers' own peft integration"):
+        backend.complete([GenerationRequest(chat, max_new_tokens=2)])

@@ -352,9 +352,15 @@ class LocalHF:
         adapters are never switched on the model: another caller may be using it.)"""
         if hasattr(self.model, "peft_config"):
             active = getattr(self.model, "active_adapters", None)
-            active = active() if callable(active) else active  # (transformers' own peft integration: a method)
-            if len(set(adapters)) == 1 and adapters[0] is not None and list(active or []) == [adapters[0]]:
+            own = callable(active)  # transformers' own peft integration (a method there): no per-row adapters
+            active = list((active() if own else active) or [])
+            if len(set(adapters)) == 1 and adapters[0] is not None and active == [adapters[0]]:
                 return self.model(**inputs, use_cache=True)
+            if own:
+                raise LLMError(f"{self.name} holds its adapters through transformers' own peft integration, which "
+                               f"runs only the active one ({', '.join(active) or 'none'}); asked for "
+                               f"{', '.join(sorted({str(a) for a in adapters}))}. Wrap the base model in "
+                               "peft.PeftModel to choose an adapter (or the base model) per request")
             inputs["adapter_names"] = [a if a is not None else "__base__" for a in adapters]
         return self.model(**inputs, use_cache=True)
 
@@ -464,15 +470,15 @@ class LocalHF:
             rows_logits = step_logits[live].float()
             t = torch.tensor([temperatures[i] if temperatures[i] > 0 else 1.0 for i in live], device=rows_logits.device)
             logp = torch.log_softmax(rows_logits / t[:, None], dim=-1)
+            if not bool(torch.isfinite(logp.amax(dim=-1)).all()):  # a NaN or +inf logit spoils its whole row
+                raise LLMError(f"{self.name} produced non-finite logits (overflow in its weights or dtype); "
+                               "cannot sample from them")
             chosen = logp.argmax(dim=-1)
             sampling = [j for j, i in enumerate(live) if temperatures[i] > 0]
             if sampling:
                 at = torch.tensor(sampling, device=logp.device)
                 wide = torch.float32 if logp.device.type == "mps" else torch.float64  # (MPS has no float64)
                 cdf = logp[at].to(wide).exp().cumsum(dim=-1)
-                if not bool(torch.isfinite(cdf[:, -1]).all()):
-                    raise LLMError(f"{self.name} produced non-finite logits (overflow in its weights or dtype); "
-                                   "cannot sample from them")
                 u = torch.cat([torch.rand(1, generator=generators[live[j]], device=self.device, dtype=wide)
                                for j in sampling])
                 drawn = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)

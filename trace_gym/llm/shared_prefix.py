@@ -73,37 +73,28 @@ def _attend(query: Any, key: Any, value: Any, attention_mask: Any, groups: list[
         visible = visible[:, :, None].expand(batch, 1, n // q_len, q_len, key.shape[2]).reshape(batch, 1, n, -1)
         scores = scores.masked_fill(~visible, float("-inf"))
     # each group's prefix, once for its rows: [KVH, rows*G*Q, D] @ [KVH, D, P]
-    prefix_scores = []
+    parts = []
     top = scores.amax(dim=-1, keepdim=True).detach()  # (a shift: it carries no gradient)
     for prefix, rows in groups:
         if prefix is None:
             continue
-        index = torch.tensor(rows, device=q.device) if rows is not None else None
-        q_rows = q if index is None else q[index]
+        index = slice(None) if rows is None else torch.tensor(rows, device=q.device)
+        q_rows = q[index]
         keys = prefix[0].float()
         part = torch.bmm(q_rows.transpose(0, 1).reshape(kv_heads, -1, dim), keys[0].transpose(1, 2)).mul_(scale)
         part = part.view(kv_heads, q_rows.shape[0], n, keys.shape[2]).transpose(0, 1)
-        prefix_scores.append((prefix, index, part))
-        if index is None:
-            top = torch.maximum(top, part.amax(dim=-1, keepdim=True).detach())
-        else:
-            top[index] = torch.maximum(top[index], part.amax(dim=-1, keepdim=True).detach())
+        parts.append((prefix[1][0].float(), index, part))
+        top[index] = torch.maximum(top[index], part.amax(dim=-1, keepdim=True).detach())
     top = top.masked_fill(torch.isinf(top), 0.0)  # a query that sees nothing gets 0 (only padding queries do)
     weights = torch.exp(scores - top)
     total = weights.sum(dim=-1, keepdim=True)
     out = torch.matmul(weights, value)
-    for prefix, index, part in prefix_scores:
-        part_top = top if index is None else top[index]
-        part_weights = torch.exp(part - part_top)
+    for values, index, part in parts:
+        part_weights = torch.exp(part - top[index])
         rows_n = part_weights.shape[0]
-        part_out = torch.bmm(part_weights.transpose(0, 1).reshape(kv_heads, rows_n * n, -1), prefix[1][0].float())
-        part_out = part_out.view(kv_heads, rows_n, n, dim).transpose(0, 1)
-        if index is None:
-            out = out + part_out
-            total = total + part_weights.sum(dim=-1, keepdim=True)
-        else:
-            out[index] += part_out
-            total[index] += part_weights.sum(dim=-1, keepdim=True)
+        part_out = torch.bmm(part_weights.transpose(0, 1).reshape(kv_heads, rows_n * n, -1), values)
+        out[index] += part_out.view(kv_heads, rows_n, n, dim).transpose(0, 1)
+        total[index] += part_weights.sum(dim=-1, keepdim=True)
     out = out / total.clamp(min=torch.finfo(total.dtype).tiny)
     return out.reshape(batch, heads, q_len, dim).to(dtype)
 
