@@ -18,8 +18,9 @@ def tiny_lora_model(family: str):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    extra = {"logits_scaling": 4.0} if family == "granite" else {}  # (granite divides its logits by this)
     config = AutoConfig.for_model(family, vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, **extra)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.config._attn_implementation = "sdpa"
@@ -71,7 +72,7 @@ def test_the_shared_prefix_ends_where_the_rows_differ_and_before_every_completio
     assert shared_prefix_len(ids[:2], mask[:2], keep)[0] == 24 + 5 - 1  # one group: its whole prompt but the last token
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "granite"])  # granite scales its logits: the model's own head
 def test_shared_prefix_logps_and_gradients_equal_the_rows_run_whole(family):
     model = tiny_lora_model(family)
     ids, mask, keep = batch()
@@ -92,6 +93,50 @@ def test_shared_prefix_logps_and_gradients_equal_the_rows_run_whole(family):
     # the comparison can fail: a wrong temperature changes both
     wrong, _ = shared_prefix_logps(model, ids, mask, keep, temperature=1.0)
     assert (wrong - reference)[real].abs().max() > 1e-3
+
+
+def test_only_the_scored_positions_reach_the_output_layer_and_keep_their_values_and_gradients():
+    """``scored`` (the sampled tokens): their log-probabilities and gradients are
+    those of the rows run whole; every other position is 0 and is never put
+    through the vocabulary-wide output layer."""
+    model = tiny_lora_model("llama")
+    ids, mask, keep = batch()
+    real = mask[:, -keep:].bool()
+    scored = real.clone()
+    scored[:, 1::3] = False  # as if every third completion token were a tool result
+    weights = torch.randn(ids.shape[0], keep, generator=torch.Generator().manual_seed(2)) * scored
+    reference = whole_rows_logps(model, ids, mask, keep)
+    ref_grads = lora_grads(model, reference, weights)
+
+    seen = []
+    hook = model.get_output_embeddings().register_forward_hook(lambda module, args, out: seen.append(args[0].shape[0]))
+    try:
+        logps, entropy = shared_prefix_logps(model, ids, mask, keep, temperature=TEMPERATURE, compute_entropy=True,
+                                             scored=scored)
+    finally:
+        hook.remove()
+    grads = lora_grads(model, logps, weights)
+    assert seen == [int(scored.sum())] and int(scored.sum()) < int(real.sum())
+    assert (logps - reference)[scored].abs().max() < 1e-5
+    assert not logps[~scored].any() and not entropy[~scored].any() and bool((entropy[scored] > 0).all())
+    for name in ref_grads:
+        assert torch.allclose(grads[name], ref_grads[name], atol=1e-5, rtol=1e-4), name
+
+
+def test_group_rows_puts_each_prompts_rows_in_one_micro_batch_and_moves_every_field_with_its_row():
+    from trace_gym.training.shared_update import group_rows
+
+    prompts = torch.tensor([[0, 5, 6], [7, 8, 9], [0, 5, 6], [7, 8, 9]])  # two groups, interleaved as after TRL's shuffle
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1], [0, 1, 1], [1, 1, 1]])
+    rows = {"prompt_ids": prompts, "prompt_mask": mask, "advantages": torch.tensor([1.0, 2.0, 3.0, 4.0]),
+            "labels": ["a", "b", "c", "d"], "num_items_in_batch": torch.tensor(9), "old_per_token_logps": None}
+    batches = [{k: (v[at:at + 2] if k not in ("num_items_in_batch", "old_per_token_logps") else v)
+                for k, v in rows.items()} for at in (0, 2)]
+    grouped = group_rows(batches)
+    assert [b["labels"] for b in grouped] == [["a", "c"], ["b", "d"]]
+    assert [b["advantages"].tolist() for b in grouped] == [[1.0, 3.0], [2.0, 4.0]]
+    assert [b["prompt_ids"].tolist() for b in grouped] == [[[0, 5, 6]] * 2, [[7, 8, 9]] * 2]
+    assert all(int(b["num_items_in_batch"]) == 9 and b["old_per_token_logps"] is None for b in grouped)
 
 
 def test_rows_sharing_too_little_are_left_to_trl():

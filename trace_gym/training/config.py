@@ -102,8 +102,9 @@ class GRPOTrainingConfig:
     model fits without it. Turn it on for large models on a GPU."""
     shared_prefix_update: bool = True
     """Score the rows' shared prompt once per micro-batch in the update (its KL
-    reference and policy passes) instead of once per row; exact, see
-    ``shared_update.py``. Off: TRL's own passes."""
+    reference and policy passes) instead of once per row, put each group's rows
+    into one micro-batch, and run only the sampled tokens through the output
+    layer; exact for the loss, see ``shared_update.py``. Off: TRL's own passes."""
     torch_threads: int | None = None
     """CPU threads of torch; None keeps torch's choice. On a shared machine 1 is often fastest."""
     save_every: int = 1

@@ -18,11 +18,21 @@ Differences, by design: LoRA dropout, if any, draws one mask for the shared
 prefix instead of one per row; positions count from each row's first real token
 (TRL's count from the padded column, which rotary embeddings do not see).
 
+Two more savings, both exact for the loss:
+
+- only the tokens the model sampled go through the output layer and the
+  vocabulary-wide softmax (the trainer finds each row's env_mask by its
+  completion); tool results and user turns carry no loss weight, so their
+  log-probabilities are left at 0 (about a third of a tool-precision
+  completion);
+- ``group_rows`` puts the rows of one group into one micro-batch after TRL's
+  shuffle, so a micro-batch shares its whole prompt, not only the system prompt.
+
 ``shared_prefix_logps`` returns None where it does not apply (no prefix worth
 sharing, gradient checkpointing, which disables the cache, a sliding-window
 model, whose cache keeps only the window); the caller then takes TRL's own
-path. Memory: the completion positions' logits are held in full
-(rows x completion x vocabulary, in fp32), where TRL's fused head tiles them;
+path. Memory: the sampled positions' logits are held in full
+(sampled tokens x vocabulary, in fp32), where TRL's fused head tiles them;
 on a large vocabulary with long completions, lower ``micro_batch`` or switch
 this off.
 """
@@ -57,14 +67,34 @@ def shared_prefix_len(input_ids: Any, attention_mask: Any, logits_to_keep: int) 
     return length, first
 
 
+PLAIN_HEAD_MODELS = {"llama", "qwen2", "qwen3", "mistral"}  # logits = output layer(decoder's last hidden state)
+
+
+def _decoder_and_head(inner: Any) -> tuple[Any, Any] | None:
+    """(decoder, output layer) of a causal LM whose logits are the output layer
+    applied to the decoder's last hidden state, nothing else (no soft-capping,
+    no logit scale); None for other models (their logits come from the model)."""
+    base = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+    if getattr(getattr(base, "config", None), "model_type", "") not in PLAIN_HEAD_MODELS:
+        return None
+    decoder, head = base.get_decoder(), base.get_output_embeddings()
+    return (decoder, head) if decoder is not None and head is not None else None
+
+
 def shared_prefix_logps(model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int, *, temperature: float,
                         compute_entropy: bool = False, entropy_grad: bool = False,
-                        min_shared: int = MIN_SHARED_TOKENS) -> tuple[Any, Any] | None:
+                        min_shared: int = MIN_SHARED_TOKENS, scored: Any = None) -> tuple[Any, Any] | None:
     """Per-token log-probabilities [rows, logits_to_keep] of the last
     ``logits_to_keep`` tokens of each row (and their entropies, if asked; with
     gradient if ``entropy_grad``, for an entropy bonus), as TRL's
     ``_get_per_token_logps_and_entropies`` returns them; None when the rows share
-    fewer than ``min_shared`` tokens or the model cannot keep a cache."""
+    fewer than ``min_shared`` tokens or the model cannot keep a cache.
+
+    ``scored`` [rows, logits_to_keep] bool, if given, names the positions whose
+    values are used (the tokens the model sampled: TRL's loss mask lies within
+    them); the others are 0 and never reach the output layer, which on a
+    multi-turn episode spares the vocabulary-wide softmax of every tool result
+    and user token."""
     import torch
     from transformers import DynamicCache
 
@@ -82,9 +112,11 @@ def shared_prefix_logps(model: Any, input_ids: Any, attention_mask: Any, logits_
         return None
     rows, width = input_ids.shape
     device = input_ids.device
+    split = _decoder_and_head(inner)
+    run = split[0] if split is not None else model  # the decoder alone, where the output layer can be applied apart
     prefix_ids = input_ids[:1, int(first[0]):int(first[0]) + length]
-    prefix = model(input_ids=prefix_ids, position_ids=torch.arange(length, device=device)[None, :], use_cache=True,
-                   logits_to_keep=1)
+    prefix = run(input_ids=prefix_ids, position_ids=torch.arange(length, device=device)[None, :], use_cache=True,
+                 **({} if split is not None else {"logits_to_keep": 1}))
     layers = [(layer.keys, layer.values) for layer in prefix.past_key_values.layers]
     del prefix
 
@@ -95,18 +127,69 @@ def shared_prefix_logps(model: Any, input_ids: Any, attention_mask: Any, logits_
     cache = DynamicCache(ddp_cache_data=[(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in layers])
     keys_mask = torch.cat([torch.ones(rows, length, dtype=torch.long, device=device), own.long()], dim=1)
     positions = (columns[None, :] - first[:, None]).clamp(min=0)
-    output = model(input_ids=input_ids[:, lo:], attention_mask=keys_mask, position_ids=positions,
-                   past_key_values=cache, use_cache=True, logits_to_keep=logits_to_keep + 1)
-    logits = output.logits[:, :-1].float() / temperature
-    del output, cache
+    output = run(input_ids=input_ids[:, lo:], attention_mask=keys_mask, position_ids=positions,
+                 past_key_values=cache, use_cache=True,
+                 **({} if split is not None else {"logits_to_keep": logits_to_keep + 1}))
+    del cache
+    pick = attention_mask[:, width - logits_to_keep:].bool()  # padded slots are 0, as TRL's pass gives
+    if scored is not None:
+        pick = pick & scored.to(device=device, dtype=torch.bool)
+    if split is not None:
+        logits = split[1](output.last_hidden_state[:, -logits_to_keep - 1:-1][pick])
+    else:
+        logits = output.logits[:, :-1][pick]
+    del output
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
     log_probs = torch.log_softmax(logits, dim=-1)
-    padded = ~attention_mask[:, width - logits_to_keep:].bool()  # 0 there, as TRL's pass gives
-    token_logps = log_probs.gather(-1, input_ids[:, width - logits_to_keep:, None]).squeeze(-1).masked_fill(padded, 0.0)
+    picked = log_probs.gather(-1, input_ids[:, width - logits_to_keep:][pick][:, None]).squeeze(-1)
+    token_logps = picked.new_zeros(rows, logits_to_keep).masked_scatter(pick, picked)
     entropy = None
     if compute_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = -(log_probs.exp() * log_probs).sum(dim=-1).masked_fill(padded, 0.0)
+            values = -(log_probs.exp() * log_probs).sum(dim=-1)
+            entropy = values.new_zeros(rows, logits_to_keep).masked_scatter(pick, values)
     return token_logps, entropy
+
+
+def group_rows(batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of TRL's shuffled micro-batches, reordered so that the rows of one
+    group (one prompt) sit side by side, and split again into as many micro-batches
+    of the same size. A micro-batch of one group shares its whole prompt, not
+    only the system prompt. The gradient is unchanged: the micro-batches of an
+    iteration accumulate into one optimizer step (each row's loss weight does not
+    depend on its micro-batch under the ``grpo``/``dapo``/``dr_grpo`` losses;
+    ``bnpo`` normalises per micro-batch, over another random partition)."""
+    import torch
+
+    if len(batches) < 2 or any(key in batches[0] for key in ("pixel_values", "num_images")):
+        return batches
+    merged: dict[str, Any] = {}
+    for key, value in batches[0].items():
+        if isinstance(value, torch.Tensor) and value.ndim > 0:
+            merged[key] = torch.cat([b[key] for b in batches])
+        elif isinstance(value, list):
+            merged[key] = [v for b in batches for v in b[key]]
+        else:
+            merged[key] = value  # a scalar (num_items_in_batch) or None: the same in every micro-batch
+    prompts = [tuple(ids[mask.bool()].tolist()) for ids, mask in zip(merged["prompt_ids"], merged["prompt_mask"])]
+    first_seen: dict[tuple[int, ...], int] = {}
+    order = sorted(range(len(prompts)), key=lambda row: (first_seen.setdefault(prompts[row], row), row))
+    size = len(prompts) // len(batches)
+    regrouped = []
+    for at in range(0, len(prompts), size):
+        rows = order[at:at + size]
+        part: dict[str, Any] = {}
+        for key, value in merged.items():
+            if isinstance(value, torch.Tensor) and value.ndim > 0:
+                part[key] = value[torch.tensor(rows, device=value.device)]
+            elif isinstance(value, list):
+                part[key] = [value[row] for row in rows]
+            else:
+                part[key] = value
+        regrouped.append(part)
+    return regrouped
 
 
 def trainer_class() -> type:
@@ -117,6 +200,40 @@ def trainer_class() -> type:
     class SharedPrefixGRPOTrainer(GRPOTrainer):
         shared_prefix_update = True  # False: every pass is TRL's own
         shared_prefix_chunks = (0, 0)  # (chunks scored with a shared prefix, chunks scored whole), read by tests
+        _sampled: dict[tuple[int, ...], list[int]] = {}  # completion ids -> env_mask of the last generation
+
+        def _generate(self, prompts):
+            result = super()._generate(prompts)
+            completion_ids, env_mask = result[1], result[2]
+            self._sampled = {tuple(ids): mask for ids, mask in zip(completion_ids, env_mask)} if env_mask else {}
+            return result
+
+        def _prepare_inputs(self, generation_batch):
+            generate_every = self.args.steps_per_generation * self.num_iterations
+            fresh = self.model.training and (self._buffered_inputs is None or self._step % generate_every == 0)
+            inputs = super()._prepare_inputs(generation_batch)
+            if fresh and self.shared_prefix_update:  # TRL has just shuffled a new generation into micro-batches
+                self._buffered_inputs = group_rows(self._buffered_inputs)
+                inputs = self._buffered_inputs[self._step % self.args.steps_per_generation]
+            return inputs
+
+        def _scored(self, input_ids, attention_mask, logits_to_keep):
+            """[rows, logits_to_keep] bool: the positions of the tokens each row's
+            model sampled (its env_mask), found by the row's completion; None
+            (every position scored) if a row's completion is not the last
+            generation's."""
+            import torch
+
+            if not self._sampled:
+                return None
+            scored = torch.zeros(input_ids.size(0), logits_to_keep, dtype=torch.bool)
+            for row, (ids, real) in enumerate(zip(input_ids[:, -logits_to_keep:].tolist(),
+                                                  attention_mask[:, -logits_to_keep:].bool().tolist())):
+                mask = self._sampled.get(tuple(t for t, keep in zip(ids, real) if keep))
+                if mask is None:
+                    return None
+                scored[row, :len(mask)] = torch.tensor(mask, dtype=torch.bool)
+            return scored
 
         def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                                compute_entropy=False, compute_aux_loss=False, **extra):
@@ -124,11 +241,12 @@ def trainer_class() -> type:
                 size = batch_size or input_ids.size(0)
                 parts = []
                 for at in range(0, input_ids.size(0), size):
+                    chunk_ids, chunk_mask = input_ids[at:at + size], attention_mask[at:at + size]
                     with self.accelerator.autocast():
-                        part = shared_prefix_logps(model, input_ids[at:at + size], attention_mask[at:at + size],
-                                                   logits_to_keep, temperature=self.temperature,
-                                                   compute_entropy=compute_entropy,
-                                                   entropy_grad=getattr(self, "_entropy_bonus_enabled", False))
+                        part = shared_prefix_logps(model, chunk_ids, chunk_mask, logits_to_keep,
+                                                   temperature=self.temperature, compute_entropy=compute_entropy,
+                                                   entropy_grad=getattr(self, "_entropy_bonus_enabled", False),
+                                                   scored=self._scored(chunk_ids, chunk_mask, logits_to_keep))
                     shared, whole = self.shared_prefix_chunks
                     if part is None:
                         part = super()._get_per_token_logps_and_entropies(
