@@ -91,8 +91,10 @@ def test_only_llama_family_configs_take_the_shared_prefix_path():
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_a_batch_decodes_the_same_tokens_with_and_without_shared_prefix_attention(family):
-    """Tiny random models of both families behind LocalHF: three episodes of one
-    system prompt, two turns each; the same ids and logprobs either way."""
+    """Tiny random models of both families behind LocalHF: four episodes of one
+    system prompt (two of them open on the same prompt), two turns each; the
+    same ids and logprobs either way. With it, each turn's prompts are prefilled
+    in one forward, the repeated prompt once."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from trace_gym.llm import GenerationRequest
@@ -107,11 +109,21 @@ def test_a_batch_decodes_the_same_tokens_with_and_without_shared_prefix_attentio
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.config._attn_implementation = "sdpa"
     system = "You are an agent. " + " ".join(f"Rule {i}: check order #{i}." for i in range(30))
-    chats = [[{"role": "system", "content": system}, {"role": "user", "content": q}] for q in ["Hi.", "Where is order 7?", "Cancel #W1 now."]]
-    runs = {}
+    chats = [[{"role": "system", "content": system}, {"role": "user", "content": q}]
+             for q in ["Hi.", "Where is order 7?", "Cancel #W1 now.", "Hi."]]
+    runs, prefills = {}, {}
     for on in (False, True):
         backend = LocalHF.from_model(model, tokenizer, shared_prefix_attention=on)
         assert backend.shared_prefix is on
+        forward = backend._forward
+        prefills[on] = []
+
+        def spy(adapters, forward=forward, seen=prefills[on], **inputs):
+            if inputs["input_ids"].shape[1] > 1:
+                seen.append(inputs["input_ids"].shape[0])  # rows of a prefill forward
+            return forward(adapters, **inputs)
+
+        backend._forward = spy
         first = [GenerationRequest(c, max_new_tokens=6, temperature=1.0, seed=i, session=f"{i}") for i, c in enumerate(chats)]
         turn1 = backend.complete(first)
         second = [GenerationRequest(r.messages, max_new_tokens=6, temperature=1.0, seed=9, session=r.session,
@@ -124,6 +136,8 @@ def test_a_batch_decodes_the_same_tokens_with_and_without_shared_prefix_attentio
         turn2 = backend.complete(second)
         assert backend.last_stats["prefill_tokens"] < 20 * len(second)  # turn 2 extended each episode's cache
         runs[on] = [(c.tokens.completion_ids, c.tokens.logprobs) for c in [*turn1, *turn2]]
+    assert prefills[True] == [1, 3, 4]  # the shared prefix; turn 1's three distinct prompts; turn 2's four rows
+    assert prefills[False] == [1] * 8  # one row at a time, the repeated prompt once
     assert [ids for ids, _ in runs[True]] == [ids for ids, _ in runs[False]]
     for (_, on), (_, off) in zip(runs[True], runs[False]):
         assert max(abs(a - b) for a, b in zip(on, off)) < 1e-4

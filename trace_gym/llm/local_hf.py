@@ -42,6 +42,7 @@ from . import shared_prefix
 from .base import Completion, GenerationRequest, LLMError, TokenTurn, requests_for
 
 DEFAULT_CACHE_BYTES = 4 * 2**30
+PREFILL_TOKENS = 2048  # new tokens (padding included) per batched prefill forward
 _SENTINEL = "\u2063TRACE-GYM-SENTINEL\u2063"
 
 
@@ -378,6 +379,42 @@ class LocalHF:
     def _prefill(self, ids: list[int], start: _KV | None, adapter: str | None) -> tuple[_KV, Any]:
         """Run ``ids`` after ``start``'s cached tokens; the entry (beside ``start``'s
         shared prefix, if it has one) and the last logits."""
+        return self._prefill_rows([(ids, start, adapter)])[0]
+
+    def _prefill_rows(self, items: list[tuple[list[int], _KV | None, str | None]]) -> list[tuple[_KV, Any]]:
+        """``_prefill`` for each (ids, start, adapter). Rows that continue a cached
+        entry run together, ``PREFILL_TOKENS`` new tokens (padded) per forward,
+        attending to their shared prefixes in place; identical rows (the K
+        rollouts of a group opening on one prompt) run once and share the entry.
+        A row with nothing cached, or a model without shared-prefix attention,
+        runs alone under the model's own masks."""
+        keys = [(adapter, id(start), tuple(ids)) for ids, start, adapter in items]
+        firsts: dict[tuple, tuple[list[int], _KV | None, str | None]] = {}
+        for key, item in zip(keys, items):
+            firsts.setdefault(key, item)
+        results: dict[tuple, tuple[_KV, Any]] = {}
+        batched = []
+        for key, (ids, start, adapter) in firsts.items():
+            if self.shared_prefix and start is not None:
+                batched.append(key)
+            else:
+                results[key] = self._prefill_whole(ids, start, adapter)
+
+        def new_tokens(key: tuple) -> int:
+            return len(firsts[key][0]) - len(firsts[key][1].ids)
+
+        batched.sort(key=new_tokens)  # similar lengths together: less padding
+        chunk: list[tuple] = []
+        for key in [*batched, None]:
+            if chunk and (key is None or new_tokens(key) * (len(chunk) + 1) > PREFILL_TOKENS):
+                results.update(zip(chunk, self._prefill_batch([firsts[k] for k in chunk])))
+                chunk = []
+            if key is not None:
+                chunk.append(key)
+        return [results[key] for key in keys]
+
+    def _prefill_whole(self, ids: list[int], start: _KV | None, adapter: str | None) -> tuple[_KV, Any]:
+        """One row, its whole cache (prefix included) copied in front of it."""
         from transformers import DynamicCache
 
         torch = self.torch
@@ -385,17 +422,6 @@ class LocalHF:
         base = (start if start.shared else start.base) if start is not None else None
         new = torch.tensor([ids[done:]], device=self.device)
         positions = torch.arange(done, len(ids), device=self.device).unsqueeze(0)
-        if base is not None and self.shared_prefix:
-            # only this episode's own tokens in the cache; the prefix is attended to in place
-            own = [] if start is base else list(start.layers)
-            cache = DynamicCache(ddp_cache_data=own) if own else DynamicCache()
-            held = done - len(base.ids)
-            mask = shared_prefix.own_mask(1, len(ids) - done, held + len(ids) - done, [0], [held], self.device)
-            with shared_prefix.use_shared_prefix(self.model.config):
-                output = self._forward([adapter], input_ids=new, attention_mask=mask, position_ids=positions,
-                                       past_key_values=cache, logits_to_keep=1, shared_prefix=[(base.layers, None)])
-            layers = [(layer.keys, layer.values) for layer in output.past_key_values.layers]
-            return _KV(list(ids), adapter, layers, base=base), output.logits[0, -1].float()
         cache = DynamicCache(ddp_cache_data=[start.full(i) for i in range(len(start.layers))]) if start else DynamicCache()
         mask = torch.ones(1, len(ids), dtype=torch.long, device=self.device)
         output = self._forward([adapter], input_ids=new, attention_mask=mask, position_ids=positions,
@@ -408,9 +434,70 @@ class LocalHF:
                         base=base)
         return entry, output.logits[0, -1].float()
 
-    def _start_row(self, request: GenerationRequest, ids: list[int], stats: dict[str, Any]) -> tuple[_KV, Any]:
-        """Prefill one prompt from the longest cached prefix this backend holds:
-        the episode's own cache, else the shared prefix, else nothing."""
+    def _prefill_batch(self, items: list[tuple[list[int], _KV, str | None]]) -> list[tuple[_KV, Any]]:
+        """Rows that each continue a cached entry, in one forward. Layout of row i's
+        key slots: its own cached tokens right-aligned in the first ``H`` slots (the
+        shared prefix, if any, is attended to in place), then its new tokens
+        right-aligned in the last ``Q``, so every row's last token is the last
+        column. A padding query sees its own slot, so no softmax is empty."""
+        from transformers import DynamicCache
+
+        torch = self.torch
+        bases, owns, news, starts = [], [], [], []
+        for ids, start, _ in items:
+            base = start if start.shared else start.base
+            bases.append(base)
+            owns.append([] if start is base else ([start.full(i) for i in range(len(start.layers))] if base is None
+                                                   else list(start.layers)))
+            starts.append(len(start.ids))
+            news.append(ids[len(start.ids):])
+        held = [own[0][0].shape[2] if own else 0 for own in owns]
+        h, q, rows = max(held), max(map(len, news)), len(items)
+        pad = self.tokenizer.pad_token_id
+        input_ids = torch.tensor([[pad] * (q - len(n)) + n for n in news], device=self.device)
+        column = torch.arange(q, device=self.device)
+        lead = torch.tensor([q - len(n) for n in news], device=self.device)[:, None]  # padding before each row's new tokens
+        positions = (torch.tensor(starts, device=self.device)[:, None] + column[None, :] - lead).clamp(min=0)
+        slot = torch.arange(h + q, device=self.device)
+        own_visible = (slot >= h - torch.tensor(held, device=self.device)[:, None]) & (slot < h)  # [rows, h + q]
+        new_slot = slot - h
+        causal = (new_slot[None, None, :] <= column[None, :, None]) & (
+            (new_slot[None, None, :] >= lead[:, :, None]) | (new_slot[None, None, :] == column[None, :, None]))
+        mask = (own_visible[:, None, :] | causal)[:, None]  # [rows, 1, q, h + q]
+        cache = DynamicCache()
+        if h:
+            sample = next(own for own in owns if own)
+            layers = []
+            for layer, (k0, v0) in enumerate(sample):
+                keys = k0.new_zeros((rows, k0.shape[1], h, k0.shape[3]))
+                values = v0.new_zeros((rows, v0.shape[1], h, v0.shape[3]))
+                for i, own in enumerate(owns):
+                    if own:
+                        keys[i, :, h - held[i]:] = own[layer][0][0]
+                        values[i, :, h - held[i]:] = own[layer][1][0]
+                layers.append((keys, values))
+            cache = DynamicCache(ddp_cache_data=layers)
+        groups: dict[int, tuple[Any, list[int]]] = {}
+        for i, base in enumerate(bases):
+            groups.setdefault(id(base), (base.layers if base is not None else None, []))[1].append(i)
+        extra = {}
+        if any(base is not None for base in bases):
+            extra["shared_prefix"] = [(layers, None if len(groups) == 1 else members) for layers, members in groups.values()]
+        with shared_prefix.use_shared_prefix(self.model.config) if extra else contextlib.nullcontext():
+            output = self._forward([adapter for _, _, adapter in items], input_ids=input_ids, attention_mask=mask,
+                                   position_ids=positions, past_key_values=cache, logits_to_keep=1, **extra)
+        out_layers = [(layer.keys, layer.values) for layer in output.past_key_values.layers]
+        results = []
+        for i, (ids, _, adapter) in enumerate(items):
+            layers = [(torch.cat([k[i:i + 1, :, h - held[i]:h], k[i:i + 1, :, h + q - len(news[i]):]], dim=2),
+                       torch.cat([v[i:i + 1, :, h - held[i]:h], v[i:i + 1, :, h + q - len(news[i]):]], dim=2))
+                      for k, v in out_layers]
+            results.append((_KV(list(ids), adapter, layers, base=bases[i]), output.logits[i, -1].float()))
+        return results
+
+    def _find_start(self, request: GenerationRequest, ids: list[int], stats: dict[str, Any]) -> _KV | None:
+        """The longest cached prefix of a prompt this backend holds: the episode's
+        own cache, else the shared prefix (computed now if new), else nothing."""
         start: _KV | None = None
         before = stats["prefix_tokens"]
         if self.kv_cache:
@@ -429,7 +516,7 @@ class LocalHF:
         fresh_prefix = stats["prefix_tokens"] - before
         stats["cached_tokens"] += done - fresh_prefix
         stats["prefill_tokens"] += len(ids) - done + fresh_prefix
-        return self._prefill(ids, start, request.adapter)
+        return start
 
     def _complete_batch(self, requests: list[GenerationRequest], stats: dict[str, Any]) -> list[Completion]:
         from transformers import StaticCache
@@ -444,7 +531,8 @@ class LocalHF:
                 ids, prefix_len = self.encode_conversation(r.messages, r.tools)
                 r.prefix_len = r.prefix_len or prefix_len
                 prompts.append(ids)
-        rows = [self._start_row(r, ids, stats) for r, ids in zip(requests, prompts)]
+        starts = [self._find_start(r, ids, stats) for r, ids in zip(requests, prompts)]
+        rows = self._prefill_rows([(ids, start, r.adapter) for r, ids, start in zip(requests, prompts, starts)])
         logits = torch.stack([row[1] for row in rows])
         generators = []
         for r in requests:
