@@ -90,14 +90,14 @@ def test_only_llama_family_configs_take_the_shared_prefix_path():
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_a_batch_decodes_the_same_tokens_with_and_without_shared_prefix_attention(family):
+def test_a_batch_decodes_the_same_tokens_with_and_without_shared_prefix_attention(family, monkeypatch):
     """Tiny random models of both families behind LocalHF: four episodes of one
     system prompt (two of them open on the same prompt), two turns each; the
     same ids and logprobs either way. With it, each turn's prompts are prefilled
     in one forward, the repeated prompt once."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from trace_gym.llm import GenerationRequest
+    from trace_gym.llm import GenerationRequest, local_hf
     from trace_gym.llm.embedded import ensure_embedded_model
     from trace_gym.llm.local_hf import LocalHF
 
@@ -112,13 +112,15 @@ def test_a_batch_decodes_the_same_tokens_with_and_without_shared_prefix_attentio
     chats = [[{"role": "system", "content": system}, {"role": "user", "content": q}]
              for q in ["Hi.", "Where is order 7?", "Cancel #W1 now.", "Hi."]]
     runs, prefills = {}, {}
-    for on in (False, True):
+    for mode in ("off", "on", "on, 40 key slots per forward"):
+        on = mode != "off"
         backend = LocalHF.from_model(model, tokenizer, shared_prefix_attention=on)
         assert backend.shared_prefix is on
         forward = backend._forward
-        prefills[on] = []
+        prefills[mode] = []
+        monkeypatch.setattr(local_hf, "PREFILL_SLOTS", 40 if "40" in mode else local_hf.PREFILL_SLOTS)
 
-        def spy(adapters, forward=forward, seen=prefills[on], **inputs):
+        def spy(adapters, forward=forward, seen=prefills[mode], **inputs):
             if inputs["input_ids"].shape[1] > 1:
                 seen.append(inputs["input_ids"].shape[0])  # rows of a prefill forward
             return forward(adapters, **inputs)
@@ -135,12 +137,15 @@ def test_a_batch_decodes_the_same_tokens_with_and_without_shared_prefix_attentio
                   for r, c in zip(first, turn1)]
         turn2 = backend.complete(second)
         assert backend.last_stats["prefill_tokens"] < 20 * len(second)  # turn 2 extended each episode's cache
-        runs[on] = [(c.tokens.completion_ids, c.tokens.logprobs) for c in [*turn1, *turn2]]
-    assert prefills[True] == [1, 3, 4]  # the shared prefix; turn 1's three distinct prompts; turn 2's four rows
-    assert prefills[False] == [1] * 8  # one row at a time, the repeated prompt once
-    assert [ids for ids, _ in runs[True]] == [ids for ids, _ in runs[False]]
-    for (_, on), (_, off) in zip(runs[True], runs[False]):
-        assert max(abs(a - b) for a, b in zip(on, off)) < 1e-4
+        runs[mode] = [(c.tokens.completion_ids, c.tokens.logprobs) for c in [*turn1, *turn2]]
+    assert prefills["on"] == [1, 3, 4]  # the shared prefix; turn 1's three distinct prompts; turn 2's four rows
+    assert prefills["off"] == [1] * 8  # one row at a time, the repeated prompt once
+    split = prefills["on, 40 key slots per forward"]
+    assert split[0] == 1 and max(split) < 4 and sum(split[1:]) == 7  # (a few rows fill 40 slots)
+    for mode in ("on", "on, 40 key slots per forward"):
+        assert [ids for ids, _ in runs[mode]] == [ids for ids, _ in runs["off"]], mode
+        for (_, got), (_, off) in zip(runs[mode], runs["off"]):
+            assert max(abs(a - b) for a, b in zip(got, off)) < 1e-4, mode
 
 
 def test_bf16_scores_are_summed_in_fp32():

@@ -61,14 +61,29 @@ def trained(tmp_path_factory):
         return out
 
     trainer._generate_and_score_completions = spy
+    prepare, scored = trainer._prepare_inputs, trainer._scored
+    micro_batches, trainer.scored_seen = [], []
+
+    def prepare_spy(batch):
+        inputs = prepare(batch)
+        micro_batches.append({tuple(ids[mask.bool()].tolist()) for ids, mask in zip(inputs["prompt_ids"], inputs["prompt_mask"])})
+        return inputs
+
+    def scored_spy(ids, mask, keep):
+        out = scored(ids, mask, keep)
+        trainer.scored_seen.append(out is not None and int(out.sum()) < int(mask[:, -keep:].sum()))
+        return out
+
+    trainer._prepare_inputs, trainer._scored = prepare_spy, scored_spy
     result = run_trainer(config, trainer, parts)
-    return config, result, captured, trainer.processing_class, trainer.shared_prefix_chunks
+    trainer.micro_batches = micro_batches
+    return config, result, captured, trainer.processing_class, trainer.shared_prefix_chunks, trainer
 
 
 def test_two_iterations_log_rewards_and_change_the_lora(trained):
     from safetensors.torch import load_file
 
-    config, result, _, _, (shared, whole) = trained
+    config, result, _, _, (shared, whole), _ = trained
     assert shared > 0 and whole == 0  # the update scored the rows' shared system prompt once per micro-batch
     rows = [json.loads(line) for line in result.log.read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [1, 2]
@@ -83,8 +98,18 @@ def test_two_iterations_log_rewards_and_change_the_lora(trained):
     assert weights[next(k for k in weights if "lora_A" in k)].shape[0] == config.lora_rank
 
 
+def test_each_micro_batch_is_one_group_and_only_sampled_tokens_are_scored(trained):
+    """The update's micro-batches (K rows each) hold one group's prompt after TRL's
+    shuffle, and every pass scores the sampled tokens only (fewer than the
+    completion's real tokens: the user's turn between replies is left out)."""
+    *_, trainer = trained
+    assert len(trainer.micro_batches) == 4  # 2 iterations x (G x K / micro-batch = 2)
+    assert all(len(prompts) == 1 for prompts in trainer.micro_batches)
+    assert trainer.scored_seen and all(trainer.scored_seen)
+
+
 def test_training_batch_gives_no_loss_weight_to_hint_or_environment_tokens(trained):
-    _, _, captured, tokenizer, _ = trained
+    _, _, captured, tokenizer, _, _ = trained
     assert len(captured) == 2
     for out, outcomes, batch in captured:
         weights = out["completion_mask"] * out["tool_mask"]  # TRL's loss mask
@@ -112,7 +137,7 @@ def test_training_batch_gives_no_loss_weight_to_hint_or_environment_tokens(train
 def test_saved_adapter_reloads_through_local_hf_and_changes_generations(trained):
     from trace_gym.llm import GenerationRequest, make_backend
 
-    _, result, _, _, _ = trained
+    _, result, _, _, _, _ = trained
     backend = make_backend("smollm2-135m-instruct", adapters={"trained": str(result.adapter)})
     prompts = [[{"role": "system", "content": "You are a retail support agent."},
                 {"role": "user", "content": f"Hi! Where is my order #W{n}?"}] for n in (1234567, 7654321)]

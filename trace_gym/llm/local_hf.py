@@ -43,6 +43,7 @@ from .base import Completion, GenerationRequest, LLMError, TokenTurn, requests_f
 
 DEFAULT_CACHE_BYTES = 4 * 2**30
 PREFILL_TOKENS = 2048  # new tokens (padding included) per batched prefill forward
+PREFILL_SLOTS = 32768  # key slots (rows x (own cached + new tokens), padding included) per batched prefill forward
 _SENTINEL = "\u2063TRACE-GYM-SENTINEL\u2063"
 
 
@@ -383,7 +384,8 @@ class LocalHF:
 
     def _prefill_rows(self, items: list[tuple[list[int], _KV | None, str | None]]) -> list[tuple[_KV, Any]]:
         """``_prefill`` for each (ids, start, adapter). Rows that continue a cached
-        entry run together, ``PREFILL_TOKENS`` new tokens (padded) per forward,
+        entry run together, up to ``PREFILL_TOKENS`` new tokens and
+        ``PREFILL_SLOTS`` key slots (padded) per forward,
         attending to their shared prefixes in place; identical rows (the K
         rollouts of a group opening on one prompt) run once and share the entry.
         A row with nothing cached, or a model without shared-prefix attention,
@@ -403,10 +405,19 @@ class LocalHF:
         def new_tokens(key: tuple) -> int:
             return len(firsts[key][0]) - len(firsts[key][1].ids)
 
+        def held_tokens(key: tuple) -> int:  # the row's own cached tokens (a shared prefix is attended to in place)
+            start = firsts[key][1]
+            base = start if start.shared else start.base
+            return len(start.ids) - (len(base.ids) if base is not None else 0)
+
+        def fits(keys: list[tuple]) -> bool:  # padded to the widest row, as _prefill_batch lays them out
+            new, held = max(map(new_tokens, keys)), max(map(held_tokens, keys))
+            return new * len(keys) <= PREFILL_TOKENS and (held + new) * len(keys) <= PREFILL_SLOTS
+
         batched.sort(key=new_tokens)  # similar lengths together: less padding
         chunk: list[tuple] = []
         for key in [*batched, None]:
-            if chunk and (key is None or new_tokens(key) * (len(chunk) + 1) > PREFILL_TOKENS):
+            if chunk and (key is None or not fits([*chunk, key])):
                 results.update(zip(chunk, self._prefill_batch([firsts[k] for k in chunk])))
                 chunk = []
             if key is not None:

@@ -160,7 +160,9 @@ def group_rows(batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
     only the system prompt. The gradient is unchanged: the micro-batches of an
     iteration accumulate into one optimizer step (each row's loss weight does not
     depend on its micro-batch under the ``grpo``/``dapo``/``dr_grpo`` losses;
-    ``bnpo`` normalises per micro-batch, over another random partition)."""
+    ``bnpo``, an entropy bonus and TRL's per-micro-batch metrics (clip ratios'
+    min/max) average per micro-batch, now over groups instead of a random
+    partition)."""
     import torch
 
     if len(batches) < 2 or any(key in batches[0] for key in ("pixel_values", "num_images")):
@@ -205,7 +207,10 @@ def trainer_class() -> type:
         def _generate(self, prompts):
             result = super()._generate(prompts)
             completion_ids, env_mask = result[1], result[2]
-            self._sampled = {tuple(ids): mask for ids, mask in zip(completion_ids, env_mask)} if env_mask else {}
+            self._sampled = {}
+            for ids, mask in zip(completion_ids, env_mask or []):
+                before = self._sampled.get(tuple(ids))  # (two rows with one completion: score what either sampled)
+                self._sampled[tuple(ids)] = list(mask) if before is None else [a or b for a, b in zip(before, mask)]
             return result
 
         def _prepare_inputs(self, generation_batch):
@@ -242,16 +247,21 @@ def trainer_class() -> type:
                 parts = []
                 for at in range(0, input_ids.size(0), size):
                     chunk_ids, chunk_mask = input_ids[at:at + size], attention_mask[at:at + size]
+                    scored = self._scored(chunk_ids, chunk_mask, logits_to_keep)
                     with self.accelerator.autocast():
                         part = shared_prefix_logps(model, chunk_ids, chunk_mask, logits_to_keep,
                                                    temperature=self.temperature, compute_entropy=compute_entropy,
                                                    entropy_grad=getattr(self, "_entropy_bonus_enabled", False),
-                                                   scored=self._scored(chunk_ids, chunk_mask, logits_to_keep))
+                                                   scored=scored)
                     shared, whole = self.shared_prefix_chunks
                     if part is None:
-                        part = super()._get_per_token_logps_and_entropies(
-                            model, input_ids[at:at + size], attention_mask[at:at + size], logits_to_keep,
-                            compute_entropy=compute_entropy)[:2]
+                        logps, entropy = super()._get_per_token_logps_and_entropies(
+                            model, chunk_ids, chunk_mask, logits_to_keep, compute_entropy=compute_entropy)[:2]
+                        if scored is not None:  # 0 off the sampled tokens, as the shared pass gives: the KL
+                            keep = scored.to(logps.device)  # term of a row then never pairs a 0 with a real value
+                            logps = logps * keep
+                            entropy = entropy * keep if entropy is not None else None
+                        part = (logps, entropy)
                         whole += 1
                     else:
                         shared += 1
