@@ -185,3 +185,39 @@ def test_a_checkpointed_model_in_training_takes_trls_pass():
         logps, _ = shared_prefix_logps(model, ids, mask, keep, temperature=TEMPERATURE)
         reference = whole_rows_logps(model, ids, mask, keep)
     assert (logps - reference)[mask[:, -keep:].bool()].abs().max() < 1e-5
+
+
+def test_sampled_positions_are_found_by_completion_and_merged_for_equal_completions():
+    from trace_gym.training.shared_update import sampled_positions, scored_positions
+
+    # row 0 and row 2 have one completion (e.g. a failed episode's [eos] beside a real one): either's samples count
+    table = sampled_positions([[5, 6, 7], [8, 9], [5, 6, 7]], [[1, 0, 0], [1, 1], [0, 0, 1]])
+    assert table == {(5, 6, 7): [1, 0, 1], (8, 9): [1, 1]}
+    ids = torch.tensor([[1, 2, 5, 6, 7], [0, 3, 8, 9, 0]])  # completions right-padded inside 3 columns
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]])
+    assert scored_positions(table, ids, mask, 3).tolist() == [[True, False, True], [True, True, False]]
+    ids[1, 3] = 4  # a completion the generation did not make: every position is scored
+    assert scored_positions(table, ids, mask, 3) is None
+    assert scored_positions({}, ids, mask, 3) is None
+
+
+def test_the_fallback_pass_is_zero_off_the_scored_positions_as_the_shared_pass_is():
+    """A checkpointed model in training takes TRL's pass (here: the rows run whole);
+    its values off the sampled tokens are 0, as the shared path's, so a policy and a
+    reference pass that took different paths never pair a 0 with a real value."""
+    from trace_gym.training.shared_update import chunk_logps
+
+    model = tiny_lora_model("llama")
+    ids, mask, keep = batch()
+    scored = mask[:, -keep:].bool().clone()
+    scored[:, 1::3] = False
+    with torch.no_grad():
+        shared, _, used = chunk_logps(model, ids, mask, keep, scored=scored, whole=None, temperature=TEMPERATURE)
+    assert used
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    whole = lambda m, i, a, k: (whole_rows_logps(m, i, a, k), whole_rows_logps(m, i, a, k, entropy=True))  # noqa: E731
+    logps, entropy, used = chunk_logps(model, ids, mask, keep, scored=scored, whole=whole, temperature=TEMPERATURE)
+    assert not used
+    assert not logps[~scored].any() and not entropy[~scored].any()
+    assert (logps - shared)[scored].abs().max() < 1e-5

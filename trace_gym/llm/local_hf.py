@@ -47,6 +47,36 @@ PREFILL_SLOTS = 32768  # key slots (rows x (own cached + new tokens), padding in
 _SENTINEL = "\u2063TRACE-GYM-SENTINEL\u2063"
 
 
+def _own_segments(entry: "_KV", in_place: bool, layer: int) -> list[tuple[Any, Any]]:
+    """The keys and values of ``entry`` that a row's batch cache holds: with its
+    shared prefix attended to in place, only the tokens after it (none for the
+    prefix entry itself); otherwise all of them."""
+    if not in_place:
+        return entry.segments(layer)
+    return [] if entry.shared else [entry.layers[layer]]
+
+
+def _write_right_aligned(keys: Any, values: Any, row: int, segments: list[tuple[Any, Any]], end: int) -> None:
+    """Copy a row's segments into slots ``..end`` of a batch cache layer (left padding before them)."""
+    at = end - sum(k.shape[2] for k, _ in segments)
+    for k, v in segments:
+        keys[row, :, at:at + k.shape[2]] = k[0]
+        values[row, :, at:at + k.shape[2]] = v[0]
+        at += k.shape[2]
+
+
+def _in_place(bases: list["_KV | None"]) -> dict[str, Any]:
+    """The forward's ``shared_prefix`` keyword for rows whose prefix (``bases[i]``,
+    None: the row holds all its tokens) is attended to in place, one group per
+    prefix; empty when no row has one."""
+    if all(base is None for base in bases):
+        return {}
+    groups: dict[int, tuple[Any, list[int]]] = {}
+    for i, base in enumerate(bases):
+        groups.setdefault(id(base), (base.layers if base is not None else None, []))[1].append(i)
+    return {"shared_prefix": [(layers, None if len(groups) == 1 else rows) for layers, rows in groups.values()]}
+
+
 @dataclass
 class _KV:
     """Keys and values of ``ids`` for one adapter. ``base`` is a shared prefix
@@ -454,55 +484,44 @@ class LocalHF:
         from transformers import DynamicCache
 
         torch = self.torch
-        bases, owns, news, starts = [], [], [], []
-        for ids, start, _ in items:
-            base = start if start.shared else start.base
-            bases.append(base)
-            owns.append([] if start is base else ([start.full(i) for i in range(len(start.layers))] if base is None
-                                                   else list(start.layers)))
-            starts.append(len(start.ids))
-            news.append(ids[len(start.ids):])
-        held = [own[0][0].shape[2] if own else 0 for own in owns]
+        starts = [start for _, start, _ in items]
+        bases = [start if start.shared else start.base for start in starts]
+        news = [ids[len(start.ids):] for ids, start, _ in items]
+        n_layers = len(starts[0].layers)
+        owns = [[_own_segments(start, base is not None, layer) for layer in range(n_layers)]
+                for start, base in zip(starts, bases)]
+        held = [sum(k.shape[2] for k, _ in own[0]) for own in owns]
         h, q, rows = max(held), max(map(len, news)), len(items)
+        lead = [q - len(n) for n in news]  # padding before each row's new tokens
         pad = self.tokenizer.pad_token_id
-        input_ids = torch.tensor([[pad] * (q - len(n)) + n for n in news], device=self.device)
-        column = torch.arange(q, device=self.device)
-        lead = torch.tensor([q - len(n) for n in news], device=self.device)[:, None]  # padding before each row's new tokens
-        positions = (torch.tensor(starts, device=self.device)[:, None] + column[None, :] - lead).clamp(min=0)
-        slot = torch.arange(h + q, device=self.device)
-        own_visible = (slot >= h - torch.tensor(held, device=self.device)[:, None]) & (slot < h)  # [rows, h + q]
-        new_slot = slot - h
-        causal = (new_slot[None, None, :] <= column[None, :, None]) & (
-            (new_slot[None, None, :] >= lead[:, :, None]) | (new_slot[None, None, :] == column[None, :, None]))
-        mask = (own_visible[:, None, :] | causal)[:, None]  # [rows, 1, q, h + q]
+        input_ids = torch.tensor([[pad] * n + new for n, new in zip(lead, news)], device=self.device)
+        positions = (torch.tensor([len(s.ids) - n for s, n in zip(starts, lead)], device=self.device)[:, None]
+                     + torch.arange(q, device=self.device)[None, :]).clamp(min=0)
+        own_slots = shared_prefix.own_mask(rows, q, h, [h - n for n in held], [h - 1] * rows, self.device)
+        new_slots = shared_prefix.own_mask(rows, q, q, lead, [0] * rows, self.device)
+        new_slots |= torch.eye(q, dtype=torch.bool, device=self.device)  # (a padding query: its own slot)
+        mask = torch.cat([own_slots, new_slots], dim=-1)  # [rows, 1, q, h + q]
         cache = DynamicCache()
         if h:
-            sample = next(own for own in owns if own)
             layers = []
-            for layer, (k0, v0) in enumerate(sample):
+            for layer in range(n_layers):
+                k0, v0 = next(own[layer][0] for own in owns if own[layer])
                 keys = k0.new_zeros((rows, k0.shape[1], h, k0.shape[3]))
                 values = v0.new_zeros((rows, v0.shape[1], h, v0.shape[3]))
                 for i, own in enumerate(owns):
-                    if own:
-                        keys[i, :, h - held[i]:] = own[layer][0][0]
-                        values[i, :, h - held[i]:] = own[layer][1][0]
+                    _write_right_aligned(keys, values, i, own[layer], h)
                 layers.append((keys, values))
             cache = DynamicCache(ddp_cache_data=layers)
-        groups: dict[int, tuple[Any, list[int]]] = {}
-        for i, base in enumerate(bases):
-            groups.setdefault(id(base), (base.layers if base is not None else None, []))[1].append(i)
-        extra = {}
-        if any(base is not None for base in bases):
-            extra["shared_prefix"] = [(layers, None if len(groups) == 1 else members) for layers, members in groups.values()]
+        extra = _in_place(bases)
         with shared_prefix.use_shared_prefix(self.model.config) if extra else contextlib.nullcontext():
             output = self._forward([adapter for _, _, adapter in items], input_ids=input_ids, attention_mask=mask,
                                    position_ids=positions, past_key_values=cache, logits_to_keep=1, **extra)
         out_layers = [(layer.keys, layer.values) for layer in output.past_key_values.layers]
         results = []
         for i, (ids, _, adapter) in enumerate(items):
-            layers = [(torch.cat([k[i:i + 1, :, h - held[i]:h], k[i:i + 1, :, h + q - len(news[i]):]], dim=2),
-                       torch.cat([v[i:i + 1, :, h - held[i]:h], v[i:i + 1, :, h + q - len(news[i]):]], dim=2))
-                      for k, v in out_layers]
+            mine = [*range(h - held[i], h), *range(h + lead[i], h + q)]  # the row's own and new slots
+            index = torch.tensor(mine, device=self.device)
+            layers = [(k[i:i + 1].index_select(2, index), v[i:i + 1].index_select(2, index)) for k, v in out_layers]
             results.append((_KV(list(ids), adapter, layers, base=bases[i]), output.logits[i, -1].float()))
         return results
 
@@ -600,15 +619,8 @@ class LocalHF:
         bases = [entry.base if self.shared_prefix else None for entry, _ in rows]
         sharing = Counter(id(b) for b in bases if b is not None)
         bases = [b if b is not None and sharing[id(b)] > 1 else None for b in bases]
-        groups: dict[int, tuple[Any, list[int]]] = {}
-        for i, b in enumerate(bases):
-            groups.setdefault(id(b), (b.layers if b is not None else None, []))[1].append(i)
-        cascade = any(b is not None for b in bases)
-        if cascade:
-            extra: dict[str, Any] = {"shared_prefix": [(layers, None if len(groups) == 1 else rows_of)
-                                                       for layers, rows_of in groups.values()]}
-        else:
-            extra = {}
+        extra = _in_place(bases)
+        cascade = bool(extra)
         held = [n - (len(b.ids) if b is not None else 0) for n, b in zip(lengths, bases)]  # tokens in the decode cache
         longest = max(held)
         if not all(finished):
@@ -620,13 +632,9 @@ class LocalHF:
                 k0, v0 = rows[0][0].layers[layer_index]
                 layer.lazy_initialization(k0.new_zeros((len(rows), k0.shape[1], 1, k0.shape[3])),
                                           v0.new_zeros((len(rows), v0.shape[1], 1, v0.shape[3])))
-                for i, (entry, _) in enumerate(rows):
-                    at = longest - held[i]  # left padding, masked out
-                    # the episode's own tokens, after the shared prefix unless it is attended to in place
-                    for k, v in ([entry.layers[layer_index]] if bases[i] is not None else entry.segments(layer_index)):
-                        layer.keys[i, :, at:at + k.shape[2]] = k[0]
-                        layer.values[i, :, at:at + k.shape[2]] = v[0]
-                        at += k.shape[2]
+                for i, (entry, _) in enumerate(rows):  # left padding before each row's tokens, masked out
+                    _write_right_aligned(layer.keys, layer.values, i, _own_segments(entry, bases[i] is not None, layer_index),
+                                         longest)
                 layer.cumulative_length.fill_(longest)
             adapters = [r.adapter for r in requests]
             first = [longest - n for n in held]  # left padding before, masked out

@@ -26,6 +26,9 @@ import threading
 from typing import Any, Iterator
 
 NAME = "trace_gym_shared_prefix"
+# Model types whose attention layers dispatch through AttentionInterface with grouped key heads, and whose
+# logits are the output layer applied to the decoder's last hidden state (no soft-capping, no logit scale).
+PLAIN_DECODERS = frozenset({"llama", "qwen2", "qwen3", "mistral"})
 _registered = False
 _switch_lock = threading.Lock()
 _switched: dict[int, list] = {}  # id(config) -> [blocks inside, the setting to restore]
@@ -126,7 +129,7 @@ def supported(config: Any) -> bool:
         return False
     if getattr(config, "attn_logit_softcapping", None):
         return False
-    return getattr(config, "model_type", "") in {"llama", "qwen2", "qwen3", "mistral"}
+    return getattr(config, "model_type", "") in PLAIN_DECODERS
 
 
 def full_attention_only(config: Any) -> bool:

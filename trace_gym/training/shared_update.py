@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trace_gym.llm.shared_prefix import full_attention_only
+from trace_gym.llm.shared_prefix import PLAIN_DECODERS, full_attention_only
 
 MIN_SHARED_TOKENS = 16  # below this, running the rows whole costs about the same
 
@@ -67,15 +67,12 @@ def shared_prefix_len(input_ids: Any, attention_mask: Any, logits_to_keep: int) 
     return length, first
 
 
-PLAIN_HEAD_MODELS = {"llama", "qwen2", "qwen3", "mistral"}  # logits = output layer(decoder's last hidden state)
-
-
 def _decoder_and_head(inner: Any) -> tuple[Any, Any] | None:
     """(decoder, output layer) of a causal LM whose logits are the output layer
     applied to the decoder's last hidden state, nothing else (no soft-capping,
     no logit scale); None for other models (their logits come from the model)."""
     base = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
-    if getattr(getattr(base, "config", None), "model_type", "") not in PLAIN_HEAD_MODELS:
+    if getattr(getattr(base, "config", None), "model_type", "") not in PLAIN_DECODERS:
         return None
     decoder, head = base.get_decoder(), base.get_output_embeddings()
     return (decoder, head) if decoder is not None and head is not None else None
@@ -164,6 +161,7 @@ def group_rows(batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
     min/max) average per micro-batch, now over groups instead of a random
     partition)."""
     import torch
+    from trl.trainer.utils import split_tensor_dict
 
     if len(batches) < 2 or any(key in batches[0] for key in ("pixel_values", "num_images")):
         return batches
@@ -178,20 +176,60 @@ def group_rows(batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
     prompts = [tuple(ids[mask.bool()].tolist()) for ids, mask in zip(merged["prompt_ids"], merged["prompt_mask"])]
     first_seen: dict[tuple[int, ...], int] = {}
     order = sorted(range(len(prompts)), key=lambda row: (first_seen.setdefault(prompts[row], row), row))
-    size = len(prompts) // len(batches)
-    regrouped = []
-    for at in range(0, len(prompts), size):
-        rows = order[at:at + size]
-        part: dict[str, Any] = {}
-        for key, value in merged.items():
-            if isinstance(value, torch.Tensor) and value.ndim > 0:
-                part[key] = value[torch.tensor(rows, device=value.device)]
-            elif isinstance(value, list):
-                part[key] = [value[row] for row in rows]
-            else:
-                part[key] = value
-        regrouped.append(part)
-    return regrouped
+    for key, value in merged.items():
+        if isinstance(value, torch.Tensor) and value.ndim > 0:
+            merged[key] = value[torch.tensor(order, device=value.device)]
+        elif isinstance(value, list):
+            merged[key] = [value[row] for row in order]
+    return split_tensor_dict(merged, len(batches))
+
+
+def sampled_positions(completion_ids: list[list[int]], env_masks: list[list[int]] | None) -> dict[tuple[int, ...], list[int]]:
+    """completion ids -> env_mask (1 on the tokens the model sampled) of one
+    generation; two rows with one completion get what either sampled."""
+    table: dict[tuple[int, ...], list[int]] = {}
+    for ids, mask in zip(completion_ids, env_masks or []):
+        before = table.get(tuple(ids))
+        table[tuple(ids)] = list(mask) if before is None else [a or b for a, b in zip(before, mask)]
+    return table
+
+
+def scored_positions(table: dict[tuple[int, ...], list[int]], input_ids: Any, attention_mask: Any,
+                     logits_to_keep: int) -> Any:
+    """[rows, logits_to_keep] bool: the positions of the tokens each row's model
+    sampled, found in ``table`` by the row's completion; None (score every
+    position) if any row's completion is not there."""
+    import torch
+
+    if not table:
+        return None
+    scored = torch.zeros(input_ids.size(0), logits_to_keep, dtype=torch.bool)
+    for row, (ids, real) in enumerate(zip(input_ids[:, -logits_to_keep:].tolist(),
+                                          attention_mask[:, -logits_to_keep:].bool().tolist())):
+        mask = table.get(tuple(t for t, keep in zip(ids, real) if keep))
+        if mask is None:
+            return None
+        scored[row, :len(mask)] = torch.tensor(mask, dtype=torch.bool)
+    return scored
+
+
+def chunk_logps(model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int, *, scored: Any,
+                whole: Any, **options: Any) -> tuple[Any, Any, bool]:
+    """(log-probabilities, entropies, shared) of one chunk: ``shared_prefix_logps``
+    where it applies, else ``whole(model, input_ids, attention_mask,
+    logits_to_keep)`` (TRL's pass). Either way the positions outside ``scored``
+    are 0, so the policy and KL-reference passes of a row agree there even when
+    one takes the shared path and the other does not (TRL's KL term of a 0
+    against a real log-probability can overflow to NaN)."""
+    part = shared_prefix_logps(model, input_ids, attention_mask, logits_to_keep, scored=scored, **options)
+    if part is not None:
+        return part[0], part[1], True
+    logps, entropy = whole(model, input_ids, attention_mask, logits_to_keep)
+    if scored is not None:
+        keep = scored.to(logps.device)
+        logps = logps * keep
+        entropy = entropy * keep if entropy is not None else None
+    return logps, entropy, False
 
 
 def trainer_class() -> type:
@@ -206,11 +244,7 @@ def trainer_class() -> type:
 
         def _generate(self, prompts):
             result = super()._generate(prompts)
-            completion_ids, env_mask = result[1], result[2]
-            self._sampled = {}
-            for ids, mask in zip(completion_ids, env_mask or []):
-                before = self._sampled.get(tuple(ids))  # (two rows with one completion: score what either sampled)
-                self._sampled[tuple(ids)] = list(mask) if before is None else [a or b for a, b in zip(before, mask)]
+            self._sampled = sampled_positions(result[1], result[2])  # (completion ids, env_mask)
             return result
 
         def _prepare_inputs(self, generation_batch):
@@ -223,22 +257,7 @@ def trainer_class() -> type:
             return inputs
 
         def _scored(self, input_ids, attention_mask, logits_to_keep):
-            """[rows, logits_to_keep] bool: the positions of the tokens each row's
-            model sampled (its env_mask), found by the row's completion; None
-            (every position scored) if a row's completion is not the last
-            generation's."""
-            import torch
-
-            if not self._sampled:
-                return None
-            scored = torch.zeros(input_ids.size(0), logits_to_keep, dtype=torch.bool)
-            for row, (ids, real) in enumerate(zip(input_ids[:, -logits_to_keep:].tolist(),
-                                                  attention_mask[:, -logits_to_keep:].bool().tolist())):
-                mask = self._sampled.get(tuple(t for t, keep in zip(ids, real) if keep))
-                if mask is None:
-                    return None
-                scored[row, :len(mask)] = torch.tensor(mask, dtype=torch.bool)
-            return scored
+            return scored_positions(self._sampled, input_ids, attention_mask, logits_to_keep)
 
         def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                                compute_entropy=False, compute_aux_loss=False, **extra):
@@ -247,26 +266,17 @@ def trainer_class() -> type:
                 parts = []
                 for at in range(0, input_ids.size(0), size):
                     chunk_ids, chunk_mask = input_ids[at:at + size], attention_mask[at:at + size]
-                    scored = self._scored(chunk_ids, chunk_mask, logits_to_keep)
                     with self.accelerator.autocast():
-                        part = shared_prefix_logps(model, chunk_ids, chunk_mask, logits_to_keep,
-                                                   temperature=self.temperature, compute_entropy=compute_entropy,
-                                                   entropy_grad=getattr(self, "_entropy_bonus_enabled", False),
-                                                   scored=scored)
+                        logps, entropy, used = chunk_logps(
+                            model, chunk_ids, chunk_mask, logits_to_keep,
+                            scored=self._scored(chunk_ids, chunk_mask, logits_to_keep),
+                            whole=lambda *args: super(SharedPrefixGRPOTrainer, self)._get_per_token_logps_and_entropies(
+                                *args, compute_entropy=compute_entropy)[:2],
+                            temperature=self.temperature, compute_entropy=compute_entropy,
+                            entropy_grad=getattr(self, "_entropy_bonus_enabled", False))
                     shared, whole = self.shared_prefix_chunks
-                    if part is None:
-                        logps, entropy = super()._get_per_token_logps_and_entropies(
-                            model, chunk_ids, chunk_mask, logits_to_keep, compute_entropy=compute_entropy)[:2]
-                        if scored is not None:  # 0 off the sampled tokens, as the shared pass gives: the KL
-                            keep = scored.to(logps.device)  # term of a row then never pairs a 0 with a real value
-                            logps = logps * keep
-                            entropy = entropy * keep if entropy is not None else None
-                        part = (logps, entropy)
-                        whole += 1
-                    else:
-                        shared += 1
-                    self.shared_prefix_chunks = (shared, whole)
-                    parts.append(part)
+                    self.shared_prefix_chunks = (shared + used, whole + (not used))
+                    parts.append((logps, entropy))
                 import torch
 
                 logps = torch.cat([p[0] for p in parts], dim=0)
