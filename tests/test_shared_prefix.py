@@ -89,17 +89,11 @@ def test_only_llama_family_configs_take_the_shared_prefix_path():
     assert not shared_prefix.supported(None)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_a_batch_decodes_the_same_tokens_with_and_without_shared_prefix_attention(family, monkeypatch):
-    """Tiny random models of both families behind LocalHF: four episodes of one
-    system prompt (two of them open on the same prompt), two turns each; the
-    same ids and logprobs either way. With it, each turn's prompts are prefilled
-    in one forward, the repeated prompt once."""
+def tiny_model(family: str):
+    """A tiny random model of ``family`` with the embedded model's tokenizer."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from trace_gym.llm import GenerationRequest, local_hf
     from trace_gym.llm.embedded import ensure_embedded_model
-    from trace_gym.llm.local_hf import LocalHF
 
     tokenizer = AutoTokenizer.from_pretrained(str(ensure_embedded_model()))
     config = AutoConfig.for_model(family, vocab_size=len(tokenizer), hidden_size=96, intermediate_size=128,
@@ -108,17 +102,34 @@ def test_a_batch_decodes_the_same_tokens_with_and_without_shared_prefix_attentio
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.config._attn_implementation = "sdpa"
+    return model, tokenizer
+
+
+def chats_of(questions: list[str]) -> list[list[dict]]:
     system = "You are an agent. " + " ".join(f"Rule {i}: check order #{i}." for i in range(30))
-    chats = [[{"role": "system", "content": system}, {"role": "user", "content": q}]
-             for q in ["Hi.", "Where is order 7?", "Cancel #W1 now.", "Hi."]]
-    runs, prefills = {}, {}
-    for mode in ("off", "on", "on, 40 key slots per forward"):
+    return [[{"role": "system", "content": system}, {"role": "user", "content": q}] for q in questions]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_a_batch_decodes_the_same_tokens_with_and_without_shared_prefix_attention(family, monkeypatch):
+    """Tiny random models of both families behind LocalHF: four episodes of one
+    system prompt (two of them open on the same prompt), two turns each; the
+    same ids and logprobs either way. With it, each turn's prompts are prefilled
+    in one forward, the repeated prompt once."""
+    from trace_gym.llm import GenerationRequest, local_hf
+    from trace_gym.llm.local_hf import LocalHF
+
+    model, tokenizer = tiny_model(family)
+    chats = chats_of(["Hi.", "Where is order 7?", "Cancel #W1 now.", "Hi."])
+    runs, prefills, tokens, slots = {}, {}, local_hf.PREFILL_TOKENS, local_hf.PREFILL_SLOTS
+    for mode in ("off", "on", "on, 40 key slots per forward", "on, 1 new token per forward"):
         on = mode != "off"
         backend = LocalHF.from_model(model, tokenizer, shared_prefix_attention=on)
         assert backend.shared_prefix is on
         forward = backend._forward
         prefills[mode] = []
-        monkeypatch.setattr(local_hf, "PREFILL_SLOTS", 40 if "40" in mode else local_hf.PREFILL_SLOTS)
+        monkeypatch.setattr(local_hf, "PREFILL_SLOTS", 40 if "40 key" in mode else slots)
+        monkeypatch.setattr(local_hf, "PREFILL_TOKENS", 1 if "1 new" in mode else tokens)
 
         def spy(adapters, forward=forward, seen=prefills[mode], **inputs):
             if inputs["input_ids"].shape[1] > 1:
@@ -128,6 +139,10 @@ def test_a_batch_decodes_the_same_tokens_with_and_without_shared_prefix_attentio
         backend._forward = spy
         first = [GenerationRequest(c, max_new_tokens=6, temperature=1.0, seed=i, session=f"{i}") for i, c in enumerate(chats)]
         turn1 = backend.complete(first)
+        prompts = [c.tokens.prompt_ids for c in turn1]
+        prefix = first[0].prefix_len  # computed once; then three distinct prompts, the repeated one counted as cached
+        assert backend.last_stats["prefill_tokens"] == prefix + sum(len(p) - prefix for p in map(list, {tuple(p) for p in prompts}))
+        assert backend.last_stats["prefill_tokens"] + backend.last_stats["cached_tokens"] == sum(map(len, prompts))
         second = [GenerationRequest(r.messages, max_new_tokens=6, temperature=1.0, seed=9, session=r.session,
                                     prefix_len=r.prefix_len,
                                     prompt_ids=[*c.tokens.prompt_ids, *c.tokens.completion_ids,
@@ -142,11 +157,52 @@ def test_a_batch_decodes_the_same_tokens_with_and_without_shared_prefix_attentio
     assert prefills["off"] == [1] * 8  # one row at a time, the repeated prompt once
     split = prefills["on, 40 key slots per forward"]
     assert split[0] == 1 and max(split) < 4 and sum(split[1:]) == 7  # (a few rows fill 40 slots)
-    for mode in ("on", "on, 40 key slots per forward"):
+    assert prefills["on, 1 new token per forward"] == [1] * 8  # each row alone, though larger than the bound
+    for mode in ("on", "on, 40 key slots per forward", "on, 1 new token per forward"):
         assert [ids for ids, _ in runs[mode]] == [ids for ids, _ in runs["off"]], mode
         for (_, got), (_, off) in zip(runs[mode], runs["off"]):
             assert max(abs(a - b) for a, b in zip(got, off)) < 1e-4, mode
 
+
+
+@pytest.mark.parametrize("kv_cache", [True, False])  # (without a cache no row has a start to tell adapters apart)
+def test_one_prompt_under_different_adapters_is_prefilled_once_per_adapter(kv_cache):
+    """The same prompt for adapters x, y, the base model, x, y: the rows of one
+    adapter share a prefill, the adapters never do (each row gives what it gives
+    asked alone, on a fresh backend)."""
+    from peft import LoraConfig, get_peft_model
+
+    from trace_gym.llm import GenerationRequest
+    from trace_gym.llm.local_hf import LocalHF
+
+    model, tokenizer = tiny_model("llama")
+    lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj", "o_proj"], init_lora_weights=False)
+    torch.manual_seed(1)
+    model = get_peft_model(model, lora, adapter_name="x")
+    model.add_adapter("y", lora)
+    model.eval()
+    chat = chats_of(["Where is order 7?"])[0]
+    requests = [GenerationRequest(chat, max_new_tokens=4, temperature=1.0, seed=i, adapter=a)
+                for i, a in enumerate(["x", "y", None, "x", "y"])]
+    backend = LocalHF.from_model(model, tokenizer, kv_cache=kv_cache)
+    forward, prefills = backend._forward, []
+
+    def spy(adapters, **inputs):
+        if inputs["input_ids"].shape[1] > 1:
+            prefills.append(sorted(map(str, adapters)))
+        return forward(adapters, **inputs)
+
+    backend._forward = spy
+    together = backend.complete(requests)
+    if kv_cache:  # three prefixes, then one row per adapter
+        assert prefills == [["x"], ["y"], ["None"], ["None", "x", "y"]]
+    else:  # one row per adapter, each whole
+        assert sorted(prefills) == [["None"], ["x"], ["y"]]
+    alone = [LocalHF.from_model(model, tokenizer, shared_prefix_attention=False).complete([r])[0] for r in requests]
+    for got, want in zip(together, alone):
+        assert got.tokens.completion_ids == want.tokens.completion_ids
+        assert max(abs(a - b) for a, b in zip(got.tokens.logprobs, want.tokens.logprobs)) < 1e-4
+    assert together[0].tokens.logprobs != together[1].tokens.logprobs  # (the adapters do differ)
 
 def test_bf16_scores_are_summed_in_fp32():
     """bf16 inputs: the output is the fp64 reference of those inputs, rounded to bf16

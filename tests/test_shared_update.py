@@ -139,6 +139,30 @@ def test_group_rows_puts_each_prompts_rows_in_one_micro_batch_and_moves_every_fi
     assert all(int(b["num_items_in_batch"]) == 9 and b["old_per_token_logps"] is None for b in grouped)
 
 
+def test_a_wrapped_model_runs_through_its_wrapper():
+    """Under a wrapper that holds the model as ``.module`` (DDP, whose forward
+    prepares the gradient all-reduce), every forward goes through the wrapper, not
+    around it to the decoder; the values are the same."""
+    model = tiny_lora_model("llama")
+    ids, mask, keep = batch()
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self, module):
+            super().__init__()
+            self.module, self.calls = module, 0
+
+        def forward(self, **inputs):
+            self.calls += 1
+            return self.module(**inputs)
+
+    wrapped = Wrapper(model)
+    with torch.no_grad():
+        logps, _ = shared_prefix_logps(wrapped, ids, mask, keep, temperature=TEMPERATURE)
+        reference = whole_rows_logps(model, ids, mask, keep)
+    assert wrapped.calls == 2  # the shared prefix, then the rows
+    assert (logps - reference)[mask[:, -keep:].bool()].abs().max() < 1e-5
+
+
 def test_rows_sharing_too_little_are_left_to_trl():
     model = tiny_lora_model("llama")
     ids, mask, keep = batch()
@@ -191,13 +215,17 @@ def test_sampled_positions_are_found_by_completion_and_merged_for_equal_completi
     from trace_gym.training.shared_update import sampled_positions, scored_positions
 
     # row 0 and row 2 have one completion (e.g. a failed episode's [eos] beside a real one): either's samples count
-    table = sampled_positions([[5, 6, 7], [8, 9], [5, 6, 7]], [[1, 0, 0], [1, 1], [0, 0, 1]])
-    assert table == {(5, 6, 7): [1, 0, 1], (8, 9): [1, 1]}
+    table = sampled_positions([[5, 6, 7], [8, 9], [5, 6, 7]], [[1, 0, 0], [0, 1], [0, 0, 1]])
+    assert table == {(5, 6, 7): [1, 0, 1], (8, 9): [0, 1]}
     ids = torch.tensor([[1, 2, 5, 6, 7], [0, 3, 8, 9, 0]])  # completions right-padded inside 3 columns
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]])
+    assert scored_positions(table, ids, mask, 3).tolist() == [[True, False, True], [False, True, False]]
+    # a completion the generation did not make (e.g. masked as truncated): that row's real positions, the others as before
+    ids[1, 3] = 4
     assert scored_positions(table, ids, mask, 3).tolist() == [[True, False, True], [True, True, False]]
-    ids[1, 3] = 4  # a completion the generation did not make: every position is scored
-    assert scored_positions(table, ids, mask, 3) is None
+    mask[1, 3] = 0
+    assert scored_positions(table, ids, mask, 3).tolist() == [[True, False, True], [True, False, False]]
+    assert scored_positions(table, ids[:1], mask[:1], 3).tolist() == [[True, False, True]]  # whatever rows are beside
     assert scored_positions({}, ids, mask, 3) is None
 
 
@@ -221,3 +249,10 @@ def test_the_fallback_pass_is_zero_off_the_scored_positions_as_the_shared_pass_i
     assert not used
     assert not logps[~scored].any() and not entropy[~scored].any()
     assert (logps - shared)[scored].abs().max() < 1e-5
+
+    def impossible_tokens(m, i, a, k):  # -inf off the sampled tokens: still 0 there, not NaN
+        values = whole_rows_logps(m, i, a, k).detach().clone()
+        return values.masked_fill(~scored, float("-inf")), None
+
+    logps, _, _ = chunk_logps(model, ids, mask, keep, scored=scored, whole=impossible_tokens, temperature=TEMPERATURE)
+    assert bool(torch.isfinite(logps).all()) and not logps[~scored].any()

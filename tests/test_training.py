@@ -52,6 +52,7 @@ def test_defaults_are_the_papers():
     ({"hint_share": 0.9, "rollouts_per_group": 2}, "hints all"),
     ({"groups": 0}, "groups"),
     ({"device": "tpu"}, "device"),
+    ({"loss_type": "gpro"}, "loss_type must be one of grpo"),
     ({"micro_batch": 3}, "micro_batch"),
     ({"env_ids": []}, "--env"),
 ])

@@ -48,7 +48,7 @@ def tiny_config(out: Path, **change):
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """Two iterations on the two-replies env, with TRL's scored batches captured."""
-    from trace_gym.training import build_trainer, run_trainer
+    from trace_gym.training import build_trainer, run_trainer, shared_update
 
     config = tiny_config(tmp_path_factory.mktemp("grpo") / "run")
     trainer, parts = build_trainer(config, progress=False)
@@ -61,21 +61,45 @@ def trained(tmp_path_factory):
         return out
 
     trainer._generate_and_score_completions = spy
-    prepare, scored = trainer._prepare_inputs, trainer._scored
-    micro_batches, trainer.scored_seen = [], []
+    prepare, scored, regroup = trainer._prepare_inputs, trainer._scored, shared_update.group_rows
+    micro_batches, trainer.scored_seen, trainer.shuffled = [], [], []
+
+    def prompts_of(inputs):
+        return {tuple(ids[mask.bool()].tolist()) for ids, mask in zip(inputs["prompt_ids"], inputs["prompt_mask"])}
 
     def prepare_spy(batch):
         inputs = prepare(batch)
-        micro_batches.append({tuple(ids[mask.bool()].tolist()) for ids, mask in zip(inputs["prompt_ids"], inputs["prompt_mask"])})
+        micro_batches.append(prompts_of(inputs))
         return inputs
+
+    def regroup_spy(batches):  # what TRL's shuffle left: did it mix groups?
+        trainer.shuffled.append([len(prompts_of(b)) for b in batches])
+        return regroup(batches)
 
     def scored_spy(ids, mask, keep):
         out = scored(ids, mask, keep)
         trainer.scored_seen.append(out is not None and int(out.sum()) < int(mask[:, -keep:].sum()))
         return out
 
-    trainer._prepare_inputs, trainer._scored = prepare_spy, scored_spy
-    result = run_trainer(config, trainer, parts)
+    import torch
+    from trl.trainer import grpo_trainer
+
+    shuffle = grpo_trainer.shuffle_sequence_dict
+
+    def splitting_shuffle(rows):  # TRL's shuffle, with a permutation that parts every group (K = 2, rows come by group)
+        interleave = lambda n: torch.tensor(sorted(range(n), key=lambda i: (i % 2, i)))  # noqa: E731
+        original, torch.randperm = torch.randperm, interleave
+        try:
+            return shuffle(rows)
+        finally:
+            torch.randperm = original
+
+    trainer._prepare_inputs, trainer._scored, shared_update.group_rows = prepare_spy, scored_spy, regroup_spy
+    grpo_trainer.shuffle_sequence_dict = splitting_shuffle
+    try:
+        result = run_trainer(config, trainer, parts)
+    finally:
+        shared_update.group_rows, grpo_trainer.shuffle_sequence_dict = regroup, shuffle
     trainer.micro_batches = micro_batches
     return config, result, captured, trainer.processing_class, trainer.shared_prefix_chunks, trainer
 
@@ -100,11 +124,12 @@ def test_two_iterations_log_rewards_and_change_the_lora(trained):
 
 def test_each_micro_batch_is_one_group_and_only_sampled_tokens_are_scored(trained):
     """The update's micro-batches (K rows each) hold one group's prompt after TRL's
-    shuffle, and every pass scores the sampled tokens only (fewer than the
+    shuffle (here one that parts every group), and every pass scores the sampled tokens only (fewer than the
     completion's real tokens: the user's turn between replies is left out)."""
     *_, trainer = trained
     assert len(trainer.micro_batches) == 4  # 2 iterations x (G x K / micro-batch = 2)
     assert all(len(prompts) == 1 for prompts in trainer.micro_batches)
+    assert trainer.shuffled == [[2, 2], [2, 2]]  # (as TRL's shuffle left them: two groups in every micro-batch)
     assert trainer.scored_seen and all(trainer.scored_seen)
 
 

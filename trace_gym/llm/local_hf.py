@@ -412,18 +412,24 @@ class LocalHF:
         shared prefix, if it has one) and the last logits."""
         return self._prefill_rows([(ids, start, adapter)])[0]
 
-    def _prefill_rows(self, items: list[tuple[list[int], _KV | None, str | None]]) -> list[tuple[_KV, Any]]:
+    def _prefill_rows(self, items: list[tuple[list[int], _KV | None, str | None]],
+                      stats: dict[str, Any] | None = None) -> list[tuple[_KV, Any]]:
         """``_prefill`` for each (ids, start, adapter). Rows that continue a cached
         entry run together, up to ``PREFILL_TOKENS`` new tokens and
-        ``PREFILL_SLOTS`` key slots (padded) per forward,
-        attending to their shared prefixes in place; identical rows (the K
-        rollouts of a group opening on one prompt) run once and share the entry.
-        A row with nothing cached, or a model without shared-prefix attention,
-        runs alone under the model's own masks."""
+        ``PREFILL_SLOTS`` key slots (padded) per forward (a row larger than that
+        runs alone), attending to their shared prefixes in place; identical rows
+        (the K rollouts of a group opening on one prompt) run once and share the
+        entry, and ``stats`` (counted per request by ``_find_start``) then count
+        the repeats' tokens as cached. A row with nothing cached, or a model
+        without shared-prefix attention, runs alone under the model's own masks."""
         keys = [(adapter, id(start), tuple(ids)) for ids, start, adapter in items]
         firsts: dict[tuple, tuple[list[int], _KV | None, str | None]] = {}
-        for key, item in zip(keys, items):
-            firsts.setdefault(key, item)
+        for key, (ids, start, adapter) in zip(keys, items):
+            if key in firsts and stats is not None:
+                repeated = len(ids) - (len(start.ids) if start is not None else 0)
+                stats["prefill_tokens"] -= repeated
+                stats["cached_tokens"] += repeated
+            firsts.setdefault(key, (ids, start, adapter))
         results: dict[tuple, tuple[_KV, Any]] = {}
         batched = []
         for key, (ids, start, adapter) in firsts.items():
@@ -562,7 +568,7 @@ class LocalHF:
                 r.prefix_len = r.prefix_len or prefix_len
                 prompts.append(ids)
         starts = [self._find_start(r, ids, stats) for r, ids in zip(requests, prompts)]
-        rows = self._prefill_rows([(ids, start, r.adapter) for r, ids, start in zip(requests, prompts, starts)])
+        rows = self._prefill_rows([(ids, start, r.adapter) for r, ids, start in zip(requests, prompts, starts)], stats)
         logits = torch.stack([row[1] for row in rows])
         generators = []
         for r in requests:

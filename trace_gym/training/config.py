@@ -19,6 +19,8 @@ from typing import Any
 
 from trace_gym.errors import TraceGymError
 
+LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo", "luspo", "vespo")  # TRL 1.16's GRPO losses
+
 
 class TrainingError(TraceGymError):
     """A training run that cannot start or continue: a bad setting, a missing package, an out folder in use."""
@@ -104,7 +106,9 @@ class GRPOTrainingConfig:
     """Score the rows' shared prompt once per micro-batch in the update (its KL
     reference and policy passes) instead of once per row, put each group's rows
     into one micro-batch, and run only the sampled tokens through the output
-    layer; exact for the loss, see ``shared_update.py``. Off: TRL's own passes."""
+    layer; exact for the ``grpo``, ``dapo`` and ``dr_grpo`` losses (``bnpo`` and an
+    entropy bonus average per micro-batch, now per group), see ``shared_update.py``.
+    Off: TRL's own passes."""
     torch_threads: int | None = None
     """CPU threads of torch; None keeps torch's choice. On a shared machine 1 is often fastest."""
     save_every: int = 1
@@ -139,6 +143,8 @@ class GRPOTrainingConfig:
             raise TrainingError(f"hint_share {self.hint_share} hints all {self.rollouts_per_group} rollouts of a group; lower it")
         if self.learning_rate <= 0 or self.temperature <= 0:
             raise TrainingError("learning_rate and temperature must be positive")
+        if self.loss_type not in LOSS_TYPES:
+            raise TrainingError(f"loss_type must be one of {', '.join(LOSS_TYPES)} (TRL's), got {self.loss_type!r}")
         if self.device not in ("cpu", "cuda"):
             raise TrainingError(f"device must be cpu or cuda, got {self.device!r}")
         if self.micro_batch is not None and (self.micro_batch < 1 or self.rollouts_per_iteration % self.micro_batch):

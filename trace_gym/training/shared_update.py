@@ -109,7 +109,7 @@ def shared_prefix_logps(model: Any, input_ids: Any, attention_mask: Any, logits_
         return None
     rows, width = input_ids.shape
     device = input_ids.device
-    split = _decoder_and_head(inner)
+    split = _decoder_and_head(inner) if model is inner else None  # (a DDP wrapper's forward must run: it syncs)
     run = split[0] if split is not None else model  # the decoder alone, where the output layer can be applied apart
     prefix_ids = input_ids[:1, int(first[0]):int(first[0]) + length]
     prefix = run(input_ids=prefix_ids, position_ids=torch.arange(length, device=device)[None, :], use_cache=True,
@@ -159,7 +159,8 @@ def group_rows(batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
     depend on its micro-batch under the ``grpo``/``dapo``/``dr_grpo`` losses;
     ``bnpo``, an entropy bonus and TRL's per-micro-batch metrics (clip ratios'
     min/max) average per micro-batch, now over groups instead of a random
-    partition)."""
+    partition). The caller regroups only when one generation is one optimizer
+    step (TRL's ``steps_per_generation`` equal to its gradient accumulation)."""
     import torch
     from trl.trainer.utils import split_tensor_dict
 
@@ -197,19 +198,21 @@ def sampled_positions(completion_ids: list[list[int]], env_masks: list[list[int]
 def scored_positions(table: dict[tuple[int, ...], list[int]], input_ids: Any, attention_mask: Any,
                      logits_to_keep: int) -> Any:
     """[rows, logits_to_keep] bool: the positions of the tokens each row's model
-    sampled, found in ``table`` by the row's completion; None (score every
-    position) if any row's completion is not there."""
+    sampled, found in ``table`` by the row's completion; a row whose completion is
+    not there scores each of its real positions (so what a row gets never depends
+    on the rows it is scored beside: its policy and reference passes agree); None
+    (score every position) when there is no table."""
     import torch
 
     if not table:
         return None
-    scored = torch.zeros(input_ids.size(0), logits_to_keep, dtype=torch.bool)
-    for row, (ids, real) in enumerate(zip(input_ids[:, -logits_to_keep:].tolist(),
-                                          attention_mask[:, -logits_to_keep:].bool().tolist())):
-        mask = table.get(tuple(t for t, keep in zip(ids, real) if keep))
-        if mask is None:
-            return None
-        scored[row, :len(mask)] = torch.tensor(mask, dtype=torch.bool)
+    real = attention_mask[:, -logits_to_keep:].bool()
+    scored = real.clone().cpu()
+    for row, (ids, keep) in enumerate(zip(input_ids[:, -logits_to_keep:].tolist(), real.tolist())):
+        mask = table.get(tuple(t for t, k in zip(ids, keep) if k))
+        if mask is not None:
+            scored[row] = False
+            scored[row, :len(mask)] = torch.tensor(mask, dtype=torch.bool)
     return scored
 
 
@@ -226,9 +229,9 @@ def chunk_logps(model: Any, input_ids: Any, attention_mask: Any, logits_to_keep:
         return part[0], part[1], True
     logps, entropy = whole(model, input_ids, attention_mask, logits_to_keep)
     if scored is not None:
-        keep = scored.to(logps.device)
-        logps = logps * keep
-        entropy = entropy * keep if entropy is not None else None
+        off = ~scored.to(logps.device)  # (masked, not multiplied: a -inf there would give NaN)
+        logps = logps.masked_fill(off, 0.0)
+        entropy = entropy.masked_fill(off, 0.0) if entropy is not None else None
     return logps, entropy, False
 
 
@@ -244,14 +247,16 @@ def trainer_class() -> type:
 
         def _generate(self, prompts):
             result = super()._generate(prompts)
-            self._sampled = sampled_positions(result[1], result[2])  # (completion ids, env_mask)
+            if self.model.training:  # (an evaluation's generation must not replace the table a buffer is scored by)
+                self._sampled = sampled_positions(result[1], result[2])  # (completion ids, env_mask)
             return result
 
         def _prepare_inputs(self, generation_batch):
-            generate_every = self.args.steps_per_generation * self.num_iterations
-            fresh = self.model.training and (self._buffered_inputs is None or self._step % generate_every == 0)
+            before = self._buffered_inputs
             inputs = super()._prepare_inputs(generation_batch)
-            if fresh and self.shared_prefix_update:  # TRL has just shuffled a new generation into micro-batches
+            if (self.shared_prefix_update and self._buffered_inputs is not before
+                    and self.args.steps_per_generation == self.args.gradient_accumulation_steps):
+                # TRL has just shuffled a new generation into micro-batches that accumulate into one step
                 self._buffered_inputs = group_rows(self._buffered_inputs)
                 inputs = self._buffered_inputs[self._step % self.args.steps_per_generation]
             return inputs
