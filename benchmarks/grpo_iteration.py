@@ -81,6 +81,11 @@ def main() -> int:
           f"{'after warm-up' if len(rows) > 1 else 'one iteration, warm-up included'}): {per_iteration:.1f} s "
           f"(goal <= {GOAL_S:.0f} s: {'met' if per_iteration <= GOAL_S else 'NOT met'}); "
           f"40 iterations at this rate: {per_iteration * 40 / 60:.0f} min (an estimate); whole run incl. model load {total:.0f} s")
+    import resource
+
+    # (the trainer runs in this process; sandbox workers, where an env needs them, are other processes)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)  # (KiB on Linux)
+    print(f"peak resident memory of this process (rollout and update): {peak / 2**30:.2f} GiB")
     return 0
 
 

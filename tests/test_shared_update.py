@@ -123,6 +123,38 @@ def test_only_the_scored_positions_reach_the_output_layer_and_keep_their_values_
         assert torch.allclose(grads[name], ref_grads[name], atol=1e-5, rtol=1e-4), name
 
 
+@pytest.mark.parametrize("family", ["llama", "granite"])
+def test_interleaved_groups_a_lone_row_and_a_row_with_nothing_scored_equal_the_rows_run_whole(family):
+    """Rows of three prompts interleaved (as TRL's shuffle leaves them): a group of
+    two, a group of two in which one row scores nothing (it is left out of its
+    group's pass), a row alone; every group cut at its own last scored token."""
+    model = tiny_lora_model(family)
+    ids, mask, keep = batch()
+    ids, mask = torch.cat([ids, ids[:1]]), torch.cat([mask, mask[:1]])
+    ids[4, 4 + 24] = (ids[4, 4 + 24] + 1) % 97  # row 4: the first group's system prompt, a task of its own
+    order = torch.tensor([0, 2, 4, 1, 3])
+    ids, mask = ids[order], mask[order]
+    scored = mask[:, -keep:].bool().clone()
+    scored[1] = False  # a row of the second group: nothing sampled
+    scored[0, 4:] = False
+    scored[2, 2:] = False
+    weights = torch.randn(ids.shape[0], keep, generator=torch.Generator().manual_seed(2)) * scored
+    reference = whole_rows_logps(model, ids, mask, keep)
+    ref_grads = lora_grads(model, reference, weights)
+    logps, _ = shared_prefix_logps(model, ids, mask, keep, temperature=TEMPERATURE, scored=scored)
+    grads = lora_grads(model, logps, weights)
+    assert (logps - reference)[scored].abs().max() < 1e-5 and not logps[~scored].any()
+    for name in ref_grads:
+        assert torch.allclose(grads[name], ref_grads[name], atol=1e-5, rtol=1e-4), name
+
+
+def test_a_row_without_a_prompt_is_left_to_trl():
+    model = tiny_lora_model("llama")
+    ids, mask, keep = batch()
+    mask[0, :-keep] = 0  # (not TRL's layout: nothing predicts its first completion token)
+    assert shared_prefix_logps(model, ids, mask, keep, temperature=TEMPERATURE) is None
+
+
 def test_group_rows_puts_each_prompts_rows_in_one_micro_batch_and_moves_every_field_with_its_row():
     from trace_gym.training.shared_update import group_rows
 
@@ -159,7 +191,7 @@ def test_a_wrapped_model_runs_through_its_wrapper():
     with torch.no_grad():
         logps, _ = shared_prefix_logps(wrapped, ids, mask, keep, temperature=TEMPERATURE)
         reference = whole_rows_logps(model, ids, mask, keep)
-    assert wrapped.calls == 2  # the shared prefix, then the rows
+    assert wrapped.calls == 5  # the shared prefix, then per group: the rest of its prompt, its rows
     assert (logps - reference)[mask[:, -keep:].bool()].abs().max() < 1e-5
 
 
@@ -168,7 +200,52 @@ def test_rows_sharing_too_little_are_left_to_trl():
     ids, mask, keep = batch()
     ids[1, 4] = (ids[0, 4] + 1) % 97  # the second row differs from its first real token on
     assert shared_prefix_len(ids, mask, keep)[0] == 0
+    assert shared_prefix_logps(model, ids, mask, keep, temperature=TEMPERATURE) is not None  # rows 2, 3: one prompt
+    ids[3, 0] = (ids[2, 0] + 1) % 97  # now no two rows share a prompt, nor do all rows share a prefix
     assert shared_prefix_logps(model, ids, mask, keep, temperature=TEMPERATURE) is None
+    scored = torch.zeros(ids.shape[0], keep, dtype=torch.bool)  # nothing to score: TRL's pass keeps the loss attached
+    assert shared_prefix_logps(model, *batch()[:2], keep, temperature=TEMPERATURE, scored=scored) is None
+
+
+def test_groups_of_different_system_prompts_share_their_own_prompts_and_equal_the_rows_run_whole():
+    """A mixture of envs: the groups' prompts share no prefix worth a pass (a
+    different system prompt each), each group's prompt still runs once."""
+    model = tiny_lora_model("llama")
+    ids, mask, keep = batch()
+    ids[2:, 0:] = torch.where(mask[2:].bool(), (ids[2:] + 1) % 97, ids[2:])  # the second group: another prompt entirely
+    ids[2:, -keep:] = batch()[0][2:, -keep:]  # (its completions as before)
+    assert shared_prefix_len(ids, mask, keep)[0] == 0
+    weights = torch.randn(ids.shape[0], keep, generator=torch.Generator().manual_seed(2)) * mask[:, -keep:]
+    reference = whole_rows_logps(model, ids, mask, keep)
+    ref_grads = lora_grads(model, reference, weights)
+    shared, _ = shared_prefix_logps(model, ids, mask, keep, temperature=TEMPERATURE)
+    grads = lora_grads(model, shared, weights)
+    assert (shared - reference)[mask[:, -keep:].bool()].abs().max() < 1e-5
+    for name in ref_grads:
+        assert torch.allclose(grads[name], ref_grads[name], atol=1e-5, rtol=1e-4), name
+
+
+def test_each_prompt_runs_once_and_each_group_only_up_to_its_last_scored_token():
+    """The tokens through the model: the batch's shared prefix once, the rest of
+    each group's prompt once, then the group's rows that score anything, from
+    their last prompt token up to their last scored one (a trailing tool result
+    is never run); the values are those of the rows run whole."""
+    model = tiny_lora_model("llama")
+    ids, mask, keep = batch()  # prompts 24 + 5 and 24 + 9 tokens, completions 7 and 4 (padded to 7)
+    scored = mask[:, -keep:].bool().clone()
+    scored[:2, 5:] = False  # the first group's last two tokens are a tool result
+    scored[3] = False  # the second group's second row sampled nothing: its group runs one row
+    fed = []
+    hook = model.get_input_embeddings().register_forward_hook(lambda module, args, out: fed.append(tuple(args[0].shape)))
+    try:
+        with torch.no_grad():
+            logps, _ = shared_prefix_logps(model, ids, mask, keep, temperature=TEMPERATURE, scored=scored)
+    finally:
+        hook.remove()
+    # 24 shared; group 1: 4 more prompt tokens, then its last prompt token + completion tokens 1..4 (5 is scored last)
+    assert fed == [(1, 24), (1, 4), (2, 1 + 4), (1, 8), (1, 1 + 6)]
+    reference = whole_rows_logps(model, ids, mask, keep)
+    assert (logps - reference)[scored].abs().max() < 1e-5 and not logps[~scored].any()
 
 
 def test_sliding_window_models_are_left_to_trl():

@@ -7,12 +7,16 @@ on our envs (about 800 of 960 tokens on tool-precision), so most of the update's
 forward and backward work is the same prefix, repeated per row.
 
 ``shared_prefix_logps`` runs the longest prefix the rows share once (batch 1,
-with gradients), then runs each row's remaining tokens on top of it through the
-model's own attention and key/value cache, the prefix's keys and values
-broadcast to the rows. The backward pass flows into the prefix once, summed
-over the rows, which is exactly the gradient of the rows run whole. The
-completion tokens' log-probabilities are the same as TRL's (up to float
-rounding); the tests compare both passes and the LoRA gradients.
+with gradients), then, on top of it, the rest of each prompt once (a group's K
+rows share their whole prompt), then each row's remaining tokens on top of its
+prompt through the model's own attention and key/value cache, the prompt's
+keys and values broadcast to the group's rows. A group's rows run only up to
+the last token it scores: trailing tool results and padding are never
+computed. The backward pass flows into each prefix once, summed over the rows,
+which is exactly the gradient of the rows run whole. The completion tokens'
+log-probabilities are the same as TRL's (up to float rounding); the tests
+compare both passes and the LoRA gradients, also for a micro-batch of groups
+with no common system prompt (a mixture of envs).
 
 Differences, by design: LoRA dropout, if any, draws one mask for the shared
 prefix instead of one per row; positions count from each row's first real token
@@ -20,18 +24,18 @@ prefix instead of one per row; positions count from each row's first real token
 
 Two more savings, both exact for the loss:
 
-- only the tokens the model sampled go through the output layer and the
-  vocabulary-wide softmax (the trainer finds each row's env_mask by its
-  completion); tool results and user turns carry no loss weight, so their
-  log-probabilities are left at 0 (about a third of a tool-precision
-  completion);
+- only the tokens the model sampled go through the vocabulary-wide softmax,
+  and on Llama-family models (whose logits are the output layer alone) through
+  the output layer (the trainer finds each row's env_mask by its completion);
+  tool results and user turns carry no loss weight, so their log-probabilities
+  are left at 0 (about a third of a tool-precision completion);
 - ``group_rows`` puts the rows of one group into one micro-batch after TRL's
   shuffle, so a micro-batch shares its whole prompt, not only the system prompt.
 
 ``shared_prefix_logps`` returns None where it does not apply (no prefix worth
-sharing, gradient checkpointing, which disables the cache, a sliding-window
-model, whose cache keeps only the window); the caller then takes TRL's own
-path. Memory: the sampled positions' logits are held in full
+sharing, nothing scored, gradient checkpointing, which disables the cache, a
+sliding-window model, whose cache keeps only the window); the caller then takes
+TRL's own path. Memory: the sampled positions' logits are held in full
 (sampled tokens x vocabulary, in fp32), where TRL's fused head tiles them;
 on a large vocabulary with long completions, lower ``micro_batch`` or switch
 this off.
@@ -78,14 +82,30 @@ def _decoder_and_head(inner: Any) -> tuple[Any, Any] | None:
     return (decoder, head) if decoder is not None and head is not None else None
 
 
+def prompt_groups(input_ids: Any, attention_mask: Any, logits_to_keep: int) -> list[list[int]]:
+    """The rows grouped by their prompt (the real tokens before the completion
+    columns), groups in the order of their first row: the K rollouts of one seed."""
+    start = input_ids.shape[1] - logits_to_keep
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for row, (ids, keep) in enumerate(zip(input_ids[:, :start].tolist(), attention_mask[:, :start].tolist())):
+        groups.setdefault(tuple(t for t, k in zip(ids, keep) if k), []).append(row)
+    return list(groups.values())
+
+
 def shared_prefix_logps(model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int, *, temperature: float,
                         compute_entropy: bool = False, entropy_grad: bool = False,
                         min_shared: int = MIN_SHARED_TOKENS, scored: Any = None) -> tuple[Any, Any] | None:
     """Per-token log-probabilities [rows, logits_to_keep] of the last
     ``logits_to_keep`` tokens of each row (and their entropies, if asked; with
     gradient if ``entropy_grad``, for an entropy bonus), as TRL's
-    ``_get_per_token_logps_and_entropies`` returns them; None when the rows share
-    fewer than ``min_shared`` tokens or the model cannot keep a cache.
+    ``_get_per_token_logps_and_entropies`` returns them; None when no rows share
+    ``min_shared`` tokens, the model cannot keep a cache, or no position is scored.
+
+    Two levels of sharing: the prefix all rows share (the system prompt and tool
+    schemas) runs once; on top of it, each group of rows with one prompt runs the
+    rest of its prompt once; then the group's rows run their own tokens, only
+    up to the group's last scored position (trailing tool results and padding
+    are never computed).
 
     ``scored`` [rows, logits_to_keep] bool, if given, names the positions whose
     values are used (the tokens the model sampled: TRL's loss mask lies within
@@ -104,49 +124,85 @@ def shared_prefix_logps(model: Any, input_ids: Any, attention_mask: Any, logits_
     config = getattr(inner, "config", None)
     if config is None or not full_attention_only(config.get_text_config()):
         return None  # a sliding-window cache keeps only the window of the prefix
-    length, first = shared_prefix_len(input_ids, attention_mask, logits_to_keep)
-    if length < min_shared:
-        return None
     rows, width = input_ids.shape
     device = input_ids.device
-    split = _decoder_and_head(inner) if model is inner else None  # (a DDP wrapper's forward must run: it syncs)
-    run = split[0] if split is not None else model  # the decoder alone, where the output layer can be applied apart
-    prefix_ids = input_ids[:1, int(first[0]):int(first[0]) + length]
-    prefix = run(input_ids=prefix_ids, position_ids=torch.arange(length, device=device)[None, :], use_cache=True,
-                 **({} if split is not None else {"logits_to_keep": 1}))
-    layers = [(layer.keys, layer.values) for layer in prefix.past_key_values.layers]
-    del prefix
-
-    # each row's own tokens, aligned on the original columns: from the earliest row start after the prefix to the end
-    lo = int(first.min()) + length
-    columns = torch.arange(lo, width, device=device)
-    own = attention_mask[:, lo:].bool() & (columns[None, :] >= (first + length)[:, None])
-    cache = DynamicCache(ddp_cache_data=[(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in layers])
-    keys_mask = torch.cat([torch.ones(rows, length, dtype=torch.long, device=device), own.long()], dim=1)
-    positions = (columns[None, :] - first[:, None]).clamp(min=0)
-    output = run(input_ids=input_ids[:, lo:], attention_mask=keys_mask, position_ids=positions,
-                 past_key_values=cache, use_cache=True,
-                 **({} if split is not None else {"logits_to_keep": logits_to_keep + 1}))
-    del cache
-    pick = attention_mask[:, width - logits_to_keep:].bool()  # padded slots are 0, as TRL's pass gives
+    start = width - logits_to_keep  # the first completion column
+    length, first = shared_prefix_len(input_ids, attention_mask, logits_to_keep)
+    if bool((first >= start).any()):
+        return None  # a row without a prompt (not TRL's layout): nothing predicts its first token
+    length = length if length >= min_shared else 0  # (a chat template's few opening tokens are not worth a pass)
+    groups = []
+    for members in prompt_groups(input_ids, attention_mask, logits_to_keep):
+        index = torch.tensor(members, device=device)
+        groups.append((index, shared_prefix_len(input_ids[index], attention_mask[index], logits_to_keep)[0]))
+    if not length and not any(len(index) > 1 and shared >= min_shared for index, shared in groups):
+        return None
+    pick = attention_mask[:, start:].bool()  # padded slots are 0, as TRL's pass gives
     if scored is not None:
         pick = pick & scored.to(device=device, dtype=torch.bool)
+    if not bool(pick.any()):
+        return None  # (TRL's pass keeps the loss attached to the graph)
+    split = _decoder_and_head(inner) if model is inner else None  # (a DDP wrapper's forward must run: it syncs)
+    run = split[0] if split is not None else model  # the decoder alone, where the output layer can be applied apart
+
+    def extend(layers: list[tuple[Any, Any]] | None, ids: Any, positions: Any, **inputs: Any) -> Any:
+        cache = DynamicCache(ddp_cache_data=layers) if layers else None
+        return run(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True, **inputs)
+
+    def cached(output: Any) -> list[tuple[Any, Any]]:
+        return [(layer.keys, layer.values) for layer in output.past_key_values.layers]
+
+    one_logit = {} if split is not None else {"logits_to_keep": 1}
+    base = None
+    if length:
+        at = int(first[0])
+        base = cached(extend(None, input_ids[:1, at:at + length], torch.arange(length, device=device)[None, :],
+                             **one_logit))
+    states, where_rows, where_columns = [], [], []
+    for index, shared in groups:
+        need = pick[index]
+        live = need.any(dim=1)
+        if not bool(live.any()):
+            continue
+        index, need = index[live], need[live]
+        ids, mask, starts = input_ids[index], attention_mask[index], first[index]
+        layers = base
+        if shared > length:  # the rest of the group's prompt, once
+            at = int(starts[0])
+            layers = cached(extend(base, ids[:1, at + length:at + shared],
+                                   torch.arange(length, shared, device=device)[None, :], **one_logit))
+        # the rows' own tokens, aligned on the original columns, up to the last position the group scores
+        kept = int(need.any(dim=0).nonzero().max()) + 1  # completion columns up to the last scored one
+        lo, end = int(starts.min()) + shared, start + kept - 1  # (the last scored token is predicted, not fed)
+        columns = torch.arange(lo, end, device=device)
+        own = mask[:, lo:end].bool() & (columns[None, :] >= (starts + shared)[:, None])
+        n = len(index)
+        output = extend([(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) for k, v in layers] if layers else None,
+                        ids[:, lo:end], (columns[None, :] - starts[:, None]).clamp(min=0),
+                        attention_mask=torch.cat([torch.ones(n, shared, dtype=torch.long, device=device), own.long()],
+                                                 dim=1),
+                        **({} if split is not None else {"logits_to_keep": kept}))
+        need = need[:, :kept]
+        states.append((output.last_hidden_state if split is not None else output.logits)[:, -kept:][need])
+        del output
+        at_row, at_column = need.nonzero(as_tuple=True)
+        where_rows.append(index[at_row])
+        where_columns.append(at_column)
+    where = (torch.cat(where_rows), torch.cat(where_columns))
+    logits = torch.cat(states)
     if split is not None:
-        logits = split[1](output.last_hidden_state[:, -logits_to_keep - 1:-1][pick])
-    else:
-        logits = output.logits[:, :-1][pick]
-    del output
+        logits = split[1](logits)
     logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
     log_probs = torch.log_softmax(logits, dim=-1)
-    picked = log_probs.gather(-1, input_ids[:, width - logits_to_keep:][pick][:, None]).squeeze(-1)
-    token_logps = picked.new_zeros(rows, logits_to_keep).masked_scatter(pick, picked)
+    picked = log_probs.gather(-1, input_ids[:, start:][where][:, None]).squeeze(-1)
+    token_logps = picked.new_zeros(rows, logits_to_keep).index_put(where, picked)
     entropy = None
     if compute_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             values = -(log_probs.exp() * log_probs).sum(dim=-1)
-            entropy = values.new_zeros(rows, logits_to_keep).masked_scatter(pick, values)
+            entropy = values.new_zeros(rows, logits_to_keep).index_put(where, values)
     return token_logps, entropy
 
 
@@ -174,9 +230,7 @@ def group_rows(batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
             merged[key] = [v for b in batches for v in b[key]]
         else:
             merged[key] = value  # a scalar (num_items_in_batch) or None: the same in every micro-batch
-    prompts = [tuple(ids[mask.bool()].tolist()) for ids, mask in zip(merged["prompt_ids"], merged["prompt_mask"])]
-    first_seen: dict[tuple[int, ...], int] = {}
-    order = sorted(range(len(prompts)), key=lambda row: (first_seen.setdefault(prompts[row], row), row))
+    order = [row for group in prompt_groups(merged["prompt_ids"], merged["prompt_mask"], 0) for row in group]
     for key, value in merged.items():
         if isinstance(value, torch.Tensor) and value.ndim > 0:
             merged[key] = value[torch.tensor(order, device=value.device)]
