@@ -92,6 +92,7 @@ CASES = [
     (("train",), ["--env", "trace/nope-v0", "--out", "{root}/t"], "trace/nope-v0"),
     (("train",), ["--env", "trace/tau2-retail-v0", "--iterations", "many", "--out", "{root}/t"], "argument --iterations: invalid"),
     (("train",), ["--env", "trace/tau2-retail-v0", "--lr", "fast", "--out", "{root}/t"], "argument --lr: invalid"),
+    (("train",), ["--env", "trace/tau2-retail-v0", "--micro-batch", "3", "--out", "{root}/t"], "micro_batch must divide G x K = 16"),
     (("baseline", "gepa"), ["--env", "trace/nope-v0", "--budget", "20", "--out", "{root}/g"], "trace/nope-v0"),
     (("baseline", "gepa"), ["--env", "trace/tool-precision-v0", "--budget", "20", "--out", "{root}/g"], "is a training env"),
     (("baseline", "gepa"), ["--env", "trace/tau2-retail-v0", "--budget", "5", "--out", "{root}/g"], "cannot pay for"),

@@ -187,6 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--hint-share", type=float, default=None, help="share of each group played with a hint (default 0.25)")
     train.add_argument("--max-new-tokens", type=int, default=None, help="tokens per model turn (default 256)")
     train.add_argument("--max-steps", type=int, default=None, help="agent actions per episode (default: the env's own limit)")
+    train.add_argument("--micro-batch", type=int, default=None,
+                       help="episodes per forward/backward pass, dividing G x K (default K; larger: faster, more memory)")
     train.add_argument("--backend", default=None, help="sandbox backend of synthesized envs: auto, docker, bwrap")
     train.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     train.add_argument("--seed", type=int, default=None)
@@ -495,7 +497,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     options = {"iterations": args.iterations, "groups": args.groups, "rollouts_per_group": args.rollouts_per_group,
                "learning_rate": args.lr, "lora_rank": args.lora_rank, "hint_share": args.hint_share,
                "max_new_tokens": args.max_new_tokens, "max_steps": args.max_steps, "sandbox_backend": args.backend,
-               "torch_threads": args.threads, "seed": args.seed, "model": args.model}
+               "torch_threads": args.threads, "seed": args.seed, "model": args.model, "micro_batch": args.micro_batch}
     config = GRPOTrainingConfig(env_ids=[e.strip() for e in args.env.split(",") if e.strip()], out=args.out,
                                 device=args.device, use_vllm=args.use_vllm,
                                 **{k: v for k, v in options.items() if v is not None})
