@@ -14,7 +14,7 @@ The update scores the rows' shared prompt once per micro-batch
 passes, every row run whole, for comparison.
 
 Usage: python benchmarks/grpo_iteration.py [--env trace/tool-precision-v0]
-       [--iterations 3] [--max-new-tokens 64] [--threads N] [--device cpu] [--micro-batch N] [--whole-rows]
+       [--iterations 3] [--max-new-tokens 64] [--threads N] [--device cpu] [--micro-batch N] [--dtype auto|float32|bfloat16] [--whole-rows]
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--micro-batch", type=int, default=None, help="episodes per forward/backward pass (default: K)")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                        help="model weights (auto: bfloat16 where the CPU has bf16 instructions)")
     parser.add_argument("--whole-rows", action="store_true", help="TRL's own update passes (no shared prompt)")
     args = parser.parse_args()
 
@@ -54,7 +56,7 @@ def main() -> int:
             env_ids=[args.env], out=os.path.join(folder, "run"), iterations=args.iterations, groups=args.groups,
             rollouts_per_group=args.rollouts_per_group, max_new_tokens=args.max_new_tokens, max_steps=args.max_steps,
             torch_threads=args.threads, device=args.device, shared_prefix_update=not args.whole_rows,
-            micro_batch=args.micro_batch,
+            micro_batch=args.micro_batch, dtype=args.dtype,
         )
         t0 = time.perf_counter()
         try:
@@ -69,7 +71,7 @@ def main() -> int:
     print(f"GRPO iteration on {args.env}, embedded SmolLM2-135M, {args.device}, G{args.groups} x K{args.rollouts_per_group}, "
           f"max_new_tokens {args.max_new_tokens}, torch threads {torch.get_num_threads()}, {os.cpu_count()} CPUs, "
           f"update: {'every row whole (TRL)' if args.whole_rows else 'shared prompt once per micro-batch'}, "
-          f"micro-batch {args.micro_batch or args.rollouts_per_group}")
+          f"micro-batch {args.micro_batch or args.rollouts_per_group}, weights {config.resolved_dtype()} (--dtype {args.dtype})")
     print(f"{'iter':>4} {'wall s':>8} {'rollout s':>10} {'update s':>9} {'tokens':>7} {'reward':>7}")
     for r in rows:
         update = r["wall_s"] - r["rollout_s"]

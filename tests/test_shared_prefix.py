@@ -56,14 +56,51 @@ def attend(query, key, value, mask, spec):
     return out.transpose(1, 2)
 
 
+@pytest.fixture(params=["cpu-kernel", "matmul"])
+def path(request, monkeypatch):
+    """Both ways ``_attend`` computes: PyTorch's fused CPU attention joined by
+    log-sum-exps (CPU inference) and plain matrix products (other devices, gradients)."""
+    monkeypatch.setattr(shared_prefix, "CPU_KERNEL", request.param == "cpu-kernel")
+    return request.param
+
+
 @pytest.mark.parametrize("q_len", [1, 3])
 @pytest.mark.parametrize("prefixes", [[0, 0, 0], [0, 1, None], [None, None, 1]])
-def test_shared_prefix_attention_equals_attention_over_prefix_and_own_tokens(q_len, prefixes):
+def test_shared_prefix_attention_equals_attention_over_prefix_and_own_tokens(q_len, prefixes, path):
     inputs, expected = case(q_len, [4, 7, 5], prefixes)
     torch.testing.assert_close(attend(*inputs), expected, rtol=1e-5, atol=1e-5)
 
 
-def test_the_comparison_catches_a_padded_slot_made_visible():
+def test_the_cpu_kernel_is_taken_for_cpu_inference_only(monkeypatch):
+    calls = []
+    for name in ("_attend_cpu", "_attend_matmul"):
+        original = getattr(shared_prefix, name)
+        monkeypatch.setattr(shared_prefix, name, lambda *a, _n=name, _f=original: calls.append(_n) or _f(*a))
+    (query, key, value, mask, spec), expected = case(1, [4, 7], [0, 0])
+    attend(query, key, value, mask, spec)
+    attend(query.requires_grad_(), key, value, mask, spec)  # a gradient needs the differentiable path
+    attend(query.double(), key.double(), value.double(), mask, [([tuple(t.double() for t in spec[0][0][0])], None)])
+    assert calls == ["_attend_cpu", "_attend_matmul", "_attend_matmul"]
+
+
+@pytest.mark.parametrize("prefixes", [[0, 0], [None, None], [0, None]])
+def test_a_query_that_sees_none_of_its_own_tokens_attends_to_its_prefix_alone(prefixes, path):
+    """(The fused CPU kernel gives such a query a log-sum-exp of 0, as if it had seen
+    tokens of total weight 1; taken as it is, the prefix's share would be halved.)"""
+    (query, key, value, mask, spec), expected = case(2, [4, 7], prefixes)
+    mask[0, 0, 1] = False  # row 0's second query sees nothing of its own
+    got = attend(query, key, value, mask, spec)
+    if prefixes[0] is None:
+        torch.testing.assert_close(got[0, :, 1], torch.zeros_like(got[0, :, 1]))
+    else:
+        (prefix_keys, prefix_values), = spec[0][0]
+        alone = reference(query[0, :, 1:2], prefix_keys[0], prefix_values[0], torch.ones(1, 5, dtype=torch.bool))
+        torch.testing.assert_close(got[0, :, 1:2], alone, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[0, :, 0], expected[0, :, 0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[1], expected[1], rtol=1e-5, atol=1e-5)
+
+
+def test_the_comparison_catches_a_padded_slot_made_visible(path):
     (query, key, value, mask, spec), expected = case(1, [2, 7], [0, 0])
     leaky = shared_prefix.own_mask(2, 1, 7, [0, 0], [6, 6], "cpu")  # the first row's left padding made visible
     assert not torch.allclose(attend(query, key, value, leaky, spec)[0], expected[0], atol=1e-3)
@@ -204,7 +241,7 @@ def test_one_prompt_under_different_adapters_is_prefilled_once_per_adapter(kv_ca
         assert max(abs(a - b) for a, b in zip(got.tokens.logprobs, want.tokens.logprobs)) < 1e-4
     assert together[0].tokens.logprobs != together[1].tokens.logprobs  # (the adapters do differ)
 
-def test_bf16_scores_are_summed_in_fp32():
+def test_bf16_scores_are_summed_in_fp32(path):
     """bf16 inputs: the output is the fp64 reference of those inputs, rounded to bf16
     once (scores rounded to bf16 before the softmax were 4x further off)."""
     (query, key, value, mask, spec), _ = case(1, [300, 260], [1, 1])

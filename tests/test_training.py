@@ -46,6 +46,34 @@ def test_defaults_are_the_papers():
     assert args.use_cpu and not args.bf16 and args.optim == "adamw_torch"
 
 
+X86_CPUINFO = """processor	: 0
+vendor_id	: AuthenticAMD
+flags		: fpu sse2 avx2 avx512f avx512bw {extra}
+"""
+ARM_CPUINFO = """processor	: 0
+Features	: fp asimd sve {extra}
+CPU implementer	: 0x41
+"""
+
+
+@pytest.mark.parametrize("cpuinfo, extra, native", [
+    (X86_CPUINFO, "avx512_bf16", True), (X86_CPUINFO, "amx_bf16 amx_tile", True), (X86_CPUINFO, "", False),
+    (ARM_CPUINFO, "bf16 i8mm", True), (ARM_CPUINFO, "", False), ("", "", False),
+])
+def test_auto_dtype_is_bf16_on_cuda_and_on_cpus_with_bf16_instructions(cpuinfo, extra, native):
+    from trace_gym.training.config import cpu_flags, native_bf16
+
+    flags = cpu_flags(cpuinfo.format(extra=extra))
+    assert native_bf16(flags) is native
+    config = GRPOTrainingConfig(env_ids=[TWO_REPLIES], out="x")
+    assert config.resolved_dtype(flags) == ("bfloat16" if native else "float32")
+    assert GRPOTrainingConfig(env_ids=[TWO_REPLIES], out="x", device="cuda").resolved_dtype(flags) == "bfloat16"
+    for fixed in ("float32", "bfloat16"):
+        assert GRPOTrainingConfig(env_ids=[TWO_REPLIES], out="x", dtype=fixed).resolved_dtype(flags) == fixed
+    # TRL's bf16 (mixed precision) stays off on CPU whatever the weights are: TRL needs that there
+    assert not GRPOTrainingConfig(env_ids=[TWO_REPLIES], out="x", dtype="bfloat16").to_grpo_args().bf16
+
+
 @pytest.mark.parametrize("change, message", [
     ({"rollouts_per_group": 1}, "at least 2"),
     ({"hint_share": 1.0}, "hint-free"),
@@ -54,6 +82,7 @@ def test_defaults_are_the_papers():
     ({"device": "tpu"}, "device"),
     ({"loss_type": "gpro"}, "loss_type must be one of grpo"),
     ({"micro_batch": 3}, "micro_batch"),
+    ({"dtype": "float16"}, "dtype must be one of auto, float32, bfloat16"),
     ({"env_ids": []}, "--env"),
 ])
 def test_bad_settings_are_refused(change, message):
@@ -132,6 +161,7 @@ def test_a_void_row_carries_no_loss_weight():
     (["--env", TWO_REPLIES, "--device", "cuda"], "no CUDA device"),
     (["--env", TWO_REPLIES, "--model", "openai:gpt-4o"], "cannot train"),
     (["--env", TWO_REPLIES, "--model", "hf:/no/such/folder"], "no local model folder"),
+    (["--env", TWO_REPLIES, "--dtype", "half"], "invalid choice: 'half'"),
 ])
 def test_cli_mistakes_are_one_line(tmp_path, args, message):
     if "--use-vllm" in args:

@@ -6,6 +6,7 @@ env pool's replace-and-retry around dead sandbox workers."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -41,7 +42,7 @@ def tiny_config(out: Path, **change):
 
     # lr well above the paper's 1e-5 so that two steps visibly move a 135M model
     settings = dict(env_ids=[TWO_REPLIES], out=str(out), groups=2, rollouts_per_group=2, iterations=2, hint_share=0.5,
-                    max_new_tokens=12, learning_rate=1e-3, torch_threads=1)
+                    max_new_tokens=12, learning_rate=1e-3, torch_threads=1, dtype="float32")
     return GRPOTrainingConfig(**{**settings, **change})
 
 
@@ -169,6 +170,37 @@ def test_saved_adapter_reloads_through_local_hf_and_changes_generations(trained)
     requests = [GenerationRequest(messages=m, max_new_tokens=24, adapter=a) for m in prompts for a in (None, "trained")]
     base_a, tuned_a, base_b, tuned_b = backend.complete(requests)
     assert base_a.tokens.completion_ids != tuned_a.tokens.completion_ids or base_b.tokens.completion_ids != tuned_b.tokens.completion_ids
+
+
+def test_bf16_weights_train_a_float32_lora_that_reloads_and_changes_generations(tmp_path):
+    """--dtype bfloat16 on CPU (``auto`` picks it where the CPU has bf16 instructions;
+    this test runs it on any CPU): bf16 weights, a float32 LoRA and optimizer, TRL's
+    mixed precision off, finite KL and loss, and the adapter moves and reloads."""
+    import torch
+    from safetensors.torch import load_file
+
+    from trace_gym.llm import GenerationRequest, make_backend
+    from trace_gym.training import build_trainer, run_trainer
+
+    config = tiny_config(tmp_path / "run", dtype="bfloat16")
+    trainer, parts = build_trainer(config, progress=False)
+    assert not trainer.args.bf16 and trainer.args.use_cpu
+    weights = {p.dtype for n, p in trainer.model.named_parameters() if "lora_" not in n}
+    lora = {p.dtype for n, p in trainer.model.named_parameters() if "lora_" in n}
+    assert weights == {torch.bfloat16} and lora == {torch.float32}
+    result = run_trainer(config, trainer, parts)
+    rows = [json.loads(line) for line in result.log.read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [1, 2]
+    assert all(r["dtype"] == "bfloat16" and math.isfinite(r["kl"]) and math.isfinite(r["loss"]) for r in rows)
+    saved = load_file(str(result.adapter / "adapter_model.safetensors"))
+    assert {v.dtype for v in saved.values()} == {torch.float32}
+    assert any(float(v.abs().max()) > 0 for k, v in saved.items() if "lora_B" in k)
+    backend = make_backend("smollm2-135m-instruct", adapters={"trained": str(result.adapter)})
+    prompt = [{"role": "system", "content": "You are a retail support agent."},
+              {"role": "user", "content": "Hi! Where is my order #W1234567?"}]
+    base, tuned = backend.complete([GenerationRequest(messages=prompt, max_new_tokens=24, adapter=a, temperature=0.0)
+                                    for a in (None, "trained")])
+    assert base.tokens.completion_ids != tuned.tokens.completion_ids
 
 
 def test_kill_9_during_iteration_2_then_resume(tmp_path):

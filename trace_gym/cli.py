@@ -177,7 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--model", default=None, help="policy: the embedded smollm2-135m-instruct (default) or hf:<local folder>")
     train.add_argument("--out", required=True, help="run folder")
     train.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
-    train.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cpu (no bf16) or cuda (bf16)")
+    train.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cpu or cuda (default cpu)")
+    train.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default=None,
+                       help="model weights (default auto: bfloat16 on CUDA and on CPUs with bf16 instructions "
+                            "(AVX512-BF16, AMX), float32 elsewhere; the LoRA stays float32)")
     train.add_argument("--use-vllm", action="store_true", help="pass TRL's vLLM integration through (needs vllm installed)")
     train.add_argument("--iterations", type=int, default=None, help="GRPO iterations (default 40)")
     train.add_argument("--groups", type=int, default=None, help="G: seeds per iteration (default 4)")
@@ -497,7 +500,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     options = {"iterations": args.iterations, "groups": args.groups, "rollouts_per_group": args.rollouts_per_group,
                "learning_rate": args.lr, "lora_rank": args.lora_rank, "hint_share": args.hint_share,
                "max_new_tokens": args.max_new_tokens, "max_steps": args.max_steps, "sandbox_backend": args.backend,
-               "torch_threads": args.threads, "seed": args.seed, "model": args.model, "micro_batch": args.micro_batch}
+               "torch_threads": args.threads, "seed": args.seed, "model": args.model, "micro_batch": args.micro_batch,
+               "dtype": args.dtype}
     config = GRPOTrainingConfig(env_ids=[e.strip() for e in args.env.split(",") if e.strip()], out=args.out,
                                 device=args.device, use_vllm=args.use_vllm,
                                 **{k: v for k, v in options.items() if v is not None})

@@ -8,7 +8,10 @@ weights, is what a decode step costs on a CPU. Here the queries of all rows atte
 to the shared prefix in one matrix product (the prefix's keys and values are read
 once per batch; once per group where rows have different prefixes), the rows' own
 tokens in one batched product, and the parts are joined under one running maximum
-and one normaliser, so the result is exact attention over prefix + own tokens.
+and one normaliser, so the result is exact attention over prefix + own tokens. On
+CPU (inference, float32 or bfloat16) each part runs in PyTorch's fused attention
+kernel, which returns the parts' log-sum-exps to join them by; elsewhere, in
+plain matrix products.
 
 The model's own attention layers call ``shared_prefix_attention`` through
 transformers' ``AttentionInterface`` while ``use_shared_prefix`` is active; the
@@ -30,6 +33,7 @@ NAME = "trace_gym_shared_prefix"
 # logits are the output layer applied to the decoder's last hidden state (no soft-capping, no logit scale).
 PLAIN_DECODERS = frozenset({"llama", "qwen2", "qwen3", "mistral"})
 _registered = False
+CPU_KERNEL = True  # False: the matrix-product path on CPU too (the tests compare both)
 _switch_lock = threading.Lock()
 _switched: dict[int, list] = {}  # id(config) -> [blocks inside, the setting to restore]
 
@@ -55,7 +59,67 @@ def shared_prefix_attention(module: Any, query: Any, key: Any, value: Any, atten
 
 
 def _attend(query: Any, key: Any, value: Any, attention_mask: Any, groups: list[tuple[Any, Any]], scale: float) -> Any:
-    """[B, H, Q, D]: one softmax over each row's prefix (shared by the rows of its
+    """[B, H, Q, D]: attention of each row over its group's prefix and its own
+    ``key``/``value`` under ``attention_mask``, exact (one softmax over both). On
+    CPU, without gradients, in float32 or bfloat16: PyTorch's fused CPU attention
+    per part, joined by the parts' log-sum-exps (``_attend_cpu``); elsewhere in
+    matrix products (``_attend_matmul``)."""
+    import torch
+
+    if (CPU_KERNEL and query.device.type == "cpu" and query.dtype in (torch.float32, torch.bfloat16)
+            and not (torch.is_grad_enabled() and query.requires_grad)
+            and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")):
+        return _attend_cpu(query, key, value, attention_mask, groups, scale)
+    return _attend_matmul(query, key, value, attention_mask, groups, scale)
+
+
+def _attend_cpu(query: Any, key: Any, value: Any, attention_mask: Any, groups: list[tuple[Any, Any]], scale: float) -> Any:
+    """``_attend`` with PyTorch's fused CPU attention, which returns each query's
+    log-sum-exp beside its output: the rows' own tokens in one call, each group's
+    prefix in one call for its rows, and each row's two parts joined by their
+    log-sum-exps (as flash-decoding joins splits). Scores stay in float32 inside
+    the kernel, so bf16 keys and values are never copied to float32 (a copy per
+    layer and step that made the matrix-product path several times slower in bf16)."""
+    import torch
+
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    batch, heads, q_len, dim = query.shape
+    kv_heads = key.shape[1]
+    n = heads // kv_heads * q_len
+    q = query.reshape(batch, kv_heads, n, dim)  # the query heads that share one key head, side by side
+    mask, seen = None, None
+    if attention_mask is not None:
+        visible = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
+        visible = visible[:, :, None].expand(batch, 1, n // q_len, q_len, key.shape[2]).reshape(batch, 1, n, -1)
+        mask = torch.zeros(visible.shape, dtype=query.dtype, device=query.device).masked_fill_(~visible, float("-inf"))
+        seen = visible.any(dim=-1)  # [B, 1, n]
+    out, lse = flash(q, key.to(query.dtype), value.to(query.dtype), 0.0, False, attn_mask=mask, scale=scale)[:2]
+    out, lse = out.float(), lse.float()
+    if seen is not None:  # the kernel gives a query that sees none of its own tokens output 0 and log-sum-exp 0
+        lse = lse.masked_fill(~seen, float("-inf"))
+    for prefix, rows in groups:
+        if prefix is None:
+            continue
+        index = slice(None) if rows is None else torch.tensor(rows, device=q.device)
+        q_rows = q[index]
+        count = q_rows.shape[0]
+        part, part_lse = flash(q_rows.transpose(0, 1).reshape(1, kv_heads, count * n, dim), prefix[0].to(query.dtype),
+                               prefix[1].to(query.dtype), 0.0, False, scale=scale)[:2]
+        part = part.float().view(kv_heads, count, n, dim).transpose(0, 1)
+        part_lse = part_lse.float().view(kv_heads, count, n).transpose(0, 1)
+        own_lse = lse[index]
+        top = torch.maximum(own_lse, part_lse)
+        top = top.masked_fill(torch.isinf(top), 0.0)
+        own_w, part_w = torch.exp(own_lse - top), torch.exp(part_lse - top)
+        out[index] = (out[index] * own_w[..., None] + part * part_w[..., None]) / (own_w + part_w)[..., None]
+        lse[index] = top + torch.log(own_w + part_w)
+    if seen is not None:
+        out = out.masked_fill(torch.isneginf(lse)[..., None], 0.0)  # a query that sees nothing gets 0
+    return out.reshape(batch, heads, q_len, dim).to(query.dtype)
+
+
+def _attend_matmul(query: Any, key: Any, value: Any, attention_mask: Any, groups: list[tuple[Any, Any]], scale: float) -> Any:
+    """``_attend`` in plain matrix products (any device, differentiable): one softmax over each row's prefix (shared by the rows of its
     group, read once per group) and the row's own ``key``/``value`` under
     ``attention_mask``. The two parts are summed with a common running maximum
     (as flash attention joins blocks), so the rows' own tokens are attended to in

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from .config import GRPOTrainingConfig, TrainingError
+from .config import GRPOTrainingConfig, TrainingError, native_bf16
 from .log import TrainLog, plot_reward_curve
 from .pool import EnvPool
 from .rollouts import EnvRolloutFunc, env_reward, plan_groups
@@ -114,6 +114,9 @@ def _check_machine(config: GRPOTrainingConfig) -> None:
             raise TrainingError("--device cuda: no CUDA device is available here (this torch build or machine has none); use --device cpu")
     if config.use_vllm and importlib.util.find_spec("vllm") is None:
         raise TrainingError("--use-vllm: vllm is not installed here (pip install vllm on a CUDA machine); drop --use-vllm")
+    if config.device == "cpu" and config.dtype == "bfloat16" and not native_bf16():
+        print("trace-gym: --dtype bfloat16 on a CPU without bf16 matrix instructions (AVX512-BF16, AMX): its products "
+              "are emulated, slower than float32; --dtype auto picks float32 here", file=sys.stderr, flush=True)
 
 
 def _env_plan(config: GRPOTrainingConfig) -> tuple[dict[str, list[str] | None], dict[str, dict[str, Any]]]:
@@ -149,6 +152,7 @@ class _IterationLog:
         from tqdm.auto import tqdm
 
         self.config = config
+        self.dtype = config.resolved_dtype()
         self.rollout = rollout
         self.log = log
         self.episodes_played = sum(r.get("episodes_played", 0) for r in previous)
@@ -189,6 +193,7 @@ class _IterationLog:
             "rollouts": iteration * self.config.rollouts_per_iteration,
             "episodes_played": self.episodes_played,
             "pool": {k: v for k, v in vars(self.rollout.pool.stats).items() if k != "failures"},
+            "dtype": self.dtype,
             "wall_s": round(wall, 3),
             "elapsed_s": round(self.elapsed, 3),
             **{k: v for k, v in summary.items() if k not in ("mean_reward", "constant_reward_groups", "episodes_played")},
@@ -238,8 +243,8 @@ def build_trainer(config: GRPOTrainingConfig, *, resume: bool = False, progress:
         tokenizer.chat_template = chat_template
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    dtype = torch.bfloat16 if config.device == "cuda" else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(model_path, local_files_only=True, dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(model_path, local_files_only=True,
+                                                 dtype=getattr(torch, config.resolved_dtype()))
 
     pool = EnvPool(lambda env_id: make(env_id, **env_kwargs[env_id]), recycle_after=config.recycle_after)
     rollout = EnvRolloutFunc(config, pool, tokenizer)
