@@ -49,10 +49,12 @@ def case(q_len: int, held: list[int], prefixes: list[int | None]):
     return (query, key, value, mask, spec), torch.stack(expected)  # expected: [B, H, Q, D]
 
 
-def attend(query, key, value, mask, spec):
+def attend(query, key, value, mask, spec, grad=False):
+    """As ``LocalHF`` calls it: gradients off (``grad=True``: on)."""
     module = SimpleNamespace(layer_idx=0, num_key_value_groups=HEADS // KV_HEADS)
-    out, _ = shared_prefix.shared_prefix_attention(module, query, key, value, mask, scaling=DIM ** -0.5,
-                                                   shared_prefix=spec)
+    with torch.set_grad_enabled(grad):
+        out, _ = shared_prefix.shared_prefix_attention(module, query, key, value, mask, scaling=DIM ** -0.5,
+                                                       shared_prefix=spec)
     return out.transpose(1, 2)
 
 
@@ -78,9 +80,16 @@ def test_the_cpu_kernel_is_taken_for_cpu_inference_only(monkeypatch):
         monkeypatch.setattr(shared_prefix, name, lambda *a, _n=name, _f=original: calls.append(_n) or _f(*a))
     (query, key, value, mask, spec), expected = case(1, [4, 7], [0, 0])
     attend(query, key, value, mask, spec)
-    attend(query.requires_grad_(), key, value, mask, spec)  # a gradient needs the differentiable path
+    attend(query, key, value, mask, spec, grad=True)  # gradients on: the differentiable path
+    attend(query, key.clone().requires_grad_(), value, mask, spec, grad=True)  # (a LoRA on k_proj only, say)
     attend(query.double(), key.double(), value.double(), mask, [([tuple(t.double() for t in spec[0][0][0])], None)])
-    assert calls == ["_attend_cpu", "_attend_matmul", "_attend_matmul"]
+    assert calls == ["_attend_cpu", "_attend_matmul", "_attend_matmul", "_attend_matmul"]
+
+
+def test_an_empty_prefix_leaves_the_rows_own_attention(path):
+    (query, key, value, mask, spec), _ = case(1, [4, 7], [None, None])
+    empty = [([(torch.zeros(1, KV_HEADS, 0, DIM), torch.zeros(1, KV_HEADS, 0, DIM))], None)]
+    torch.testing.assert_close(attend(query, key, value, mask, empty), attend(query, key, value, mask, spec))
 
 
 @pytest.mark.parametrize("prefixes", [[0, 0], [None, None], [0, None]])

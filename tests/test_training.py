@@ -70,7 +70,7 @@ def test_auto_dtype_is_bf16_on_cuda_and_on_cpus_with_bf16_instructions(cpuinfo, 
     assert GRPOTrainingConfig(env_ids=[TWO_REPLIES], out="x", device="cuda").resolved_dtype(flags) == "bfloat16"
     for fixed in ("float32", "bfloat16"):
         assert GRPOTrainingConfig(env_ids=[TWO_REPLIES], out="x", dtype=fixed).resolved_dtype(flags) == fixed
-    # TRL's bf16 (mixed precision) stays off on CPU whatever the weights are: TRL needs that there
+    # TRL's bf16 (autocast mixed precision) stays off on CPU whatever the weights are: their dtype is the precision
     assert not GRPOTrainingConfig(env_ids=[TWO_REPLIES], out="x", dtype="bfloat16").to_grpo_args().bf16
 
 
@@ -189,3 +189,26 @@ def test_cli_refuses_to_overwrite_a_run_and_to_resume_nothing(tmp_path):
     result = run_cli("train", "--env", TWO_REPLIES, "--out", str(tmp_path / "used"), env=env)
     assert result.returncode == 2 and "already holds a training run" in result.stderr
     assert (tmp_path / "used" / "train_log.jsonl").read_text() == '{"iteration": 1}\n'  # never lost
+
+
+@pytest.mark.parametrize("saved, asked, continues_in", [
+    ({"dtype": "float32"}, "auto", "float32"),  # started in float32 here or elsewhere: auto does not switch it
+    ({"dtype": "bfloat16"}, "auto", "bfloat16"),
+    ({}, "auto", "float32"),  # a run.json from before the dtype setting: CPU runs were float32
+    ({"device": "cuda"}, "auto", "bfloat16"),
+    ({"dtype": "float32"}, "float32", "float32"),
+    ({"dtype": "float32"}, "bfloat16", None),  # refused
+])
+def test_resume_continues_in_the_dtype_the_run_started_in(tmp_path, saved, asked, continues_in):
+    from trace_gym.training.trainer import _check_run_folder
+
+    device = saved.get("device", "cpu")
+    first = GRPOTrainingConfig(env_ids=[TWO_REPLIES], out=str(tmp_path), device=device)
+    (tmp_path / "run.json").write_text(json.dumps({**first.as_dict(), "dtype": None, **saved}))
+    config = GRPOTrainingConfig(env_ids=[TWO_REPLIES], out=str(tmp_path), device=device, dtype=asked)
+    if continues_in is None:
+        with pytest.raises(TrainingError, match="dtype differs"):
+            _check_run_folder(config, resume=True)
+    else:
+        _check_run_folder(config, resume=True)
+        assert config.resolved_dtype() == continues_in

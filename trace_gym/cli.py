@@ -180,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cpu or cuda (default cpu)")
     train.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default=None,
                        help="model weights (default auto: bfloat16 on CUDA and on CPUs with bf16 instructions "
-                            "(AVX512-BF16, AMX), float32 elsewhere; the LoRA stays float32)")
+                            "(AVX512-BF16, AMX, Arm BF16), float32 elsewhere; the LoRA stays float32; --resume keeps the run's)")
     train.add_argument("--use-vllm", action="store_true", help="pass TRL's vLLM integration through (needs vllm installed)")
     train.add_argument("--iterations", type=int, default=None, help="GRPO iterations (default 40)")
     train.add_argument("--groups", type=int, default=None, help="G: seeds per iteration (default 4)")

@@ -61,13 +61,13 @@ def shared_prefix_attention(module: Any, query: Any, key: Any, value: Any, atten
 def _attend(query: Any, key: Any, value: Any, attention_mask: Any, groups: list[tuple[Any, Any]], scale: float) -> Any:
     """[B, H, Q, D]: attention of each row over its group's prefix and its own
     ``key``/``value`` under ``attention_mask``, exact (one softmax over both). On
-    CPU, without gradients, in float32 or bfloat16: PyTorch's fused CPU attention
+    CPU, with gradients off (``LocalHF`` runs under inference mode), in float32 or bfloat16: PyTorch's fused CPU attention
     per part, joined by the parts' log-sum-exps (``_attend_cpu``); elsewhere in
     matrix products (``_attend_matmul``)."""
     import torch
 
-    if (CPU_KERNEL and query.device.type == "cpu" and query.dtype in (torch.float32, torch.bfloat16)
-            and not (torch.is_grad_enabled() and query.requires_grad)
+    if (CPU_KERNEL and not torch.is_grad_enabled() and query.device.type == "cpu"
+            and query.dtype in (torch.float32, torch.bfloat16)
             and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")):
         return _attend_cpu(query, key, value, attention_mask, groups, scale)
     return _attend_matmul(query, key, value, attention_mask, groups, scale)
@@ -95,10 +95,11 @@ def _attend_cpu(query: Any, key: Any, value: Any, attention_mask: Any, groups: l
         seen = visible.any(dim=-1)  # [B, 1, n]
     out, lse = flash(q, key.to(query.dtype), value.to(query.dtype), 0.0, False, attn_mask=mask, scale=scale)[:2]
     out, lse = out.float(), lse.float()
-    if seen is not None:  # the kernel gives a query that sees none of its own tokens output 0 and log-sum-exp 0
+    if seen is not None:  # a query that sees none of its own tokens: the kernel gives it log-sum-exp 0
         lse = lse.masked_fill(~seen, float("-inf"))
+        out = out.masked_fill(~seen[..., None], 0.0)
     for prefix, rows in groups:
-        if prefix is None:
+        if prefix is None or prefix[0].shape[2] == 0:  # (the kernel dies on an empty key sequence)
             continue
         index = slice(None) if rows is None else torch.tensor(rows, device=q.device)
         q_rows = q[index]
@@ -143,7 +144,7 @@ def _attend_matmul(query: Any, key: Any, value: Any, attention_mask: Any, groups
     parts = []
     top = scores.amax(dim=-1, keepdim=True).detach()  # (a shift: it carries no gradient)
     for prefix, rows in groups:
-        if prefix is None:
+        if prefix is None or prefix[0].shape[2] == 0:
             continue
         index = slice(None) if rows is None else torch.tensor(rows, device=q.device)
         q_rows = q[index]

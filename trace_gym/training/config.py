@@ -94,14 +94,16 @@ class GRPOTrainingConfig:
 
     # --- machine --------------------------------------------------------------------------
     device: str = "cpu"
-    """``cpu`` or ``cuda``. On CPU: ``use_cpu`` and no TRL ``bf16`` (mixed
-    precision), whatever ``dtype`` is; on CUDA: TRL ``bf16`` with bfloat16 weights."""
+    """``cpu`` or ``cuda``. On CPU: ``use_cpu`` and TRL's ``bf16`` (autocast mixed
+    precision) off, whatever ``dtype`` is: the weights' dtype is the precision; on
+    CUDA: TRL's ``bf16`` on when the weights are bfloat16."""
     dtype: str = "auto"
     """The model weights' dtype: ``auto``, ``float32`` or ``bfloat16``. ``auto``:
     bfloat16 on CUDA and on a CPU with bf16 matrix instructions (AVX512-BF16 or
     AMX on x86, the BF16 extension on Arm), float32 on other CPUs, where bf16
     products are emulated and slower. The LoRA weights, their gradients and the
-    optimizer state stay float32 either way (peft keeps adapters in float32), and
+    optimizer state stay float32 either way (peft keeps adapters in float32), a
+    resumed run continues in the dtype it started in (``run.json``), and
     log-probabilities and the loss are taken in float32 from bf16 logits, as TRL
     does on a GPU. On a 2-core CPU with AVX512-BF16 a GRPO iteration on
     tool-precision took 48 s in bf16 against 81 s in float32

@@ -101,6 +101,14 @@ def _check_run_folder(config: GRPOTrainingConfig, resume: bool) -> None:
     if changed:
         raise TrainingError(f"--resume with other settings than the run in {out}: {', '.join(changed)} differ "
                             f"(was {', '.join(f'{k}={before.get(k)!r}' for k in changed)})")
+    # run.json holds the dtype the run resolved to (a run written before it did: float32 on CPU, bf16 on CUDA);
+    # `auto` continues in it, whatever this machine would pick; another explicit dtype is refused
+    dtype = before.get("dtype") or ("bfloat16" if before.get("device") == "cuda" else "float32")
+    if config.dtype == "auto":
+        config.dtype = dtype
+    elif config.dtype != dtype:
+        raise TrainingError(f"--resume with other settings than the run in {out}: dtype differs (was {dtype!r}); "
+                            "drop --dtype to continue in it")
 
 
 def _check_machine(config: GRPOTrainingConfig) -> None:
@@ -115,8 +123,8 @@ def _check_machine(config: GRPOTrainingConfig) -> None:
     if config.use_vllm and importlib.util.find_spec("vllm") is None:
         raise TrainingError("--use-vllm: vllm is not installed here (pip install vllm on a CUDA machine); drop --use-vllm")
     if config.device == "cpu" and config.dtype == "bfloat16" and not native_bf16():
-        print("trace-gym: --dtype bfloat16 on a CPU without bf16 matrix instructions (AVX512-BF16, AMX): its products "
-              "are emulated, slower than float32; --dtype auto picks float32 here", file=sys.stderr, flush=True)
+        print("trace-gym: --dtype bfloat16 on a CPU without bf16 matrix instructions (AVX512-BF16, AMX, Arm BF16): "
+              "its products are emulated, slower than float32; --dtype auto picks float32 here", file=sys.stderr, flush=True)
 
 
 def _env_plan(config: GRPOTrainingConfig) -> tuple[dict[str, list[str] | None], dict[str, dict[str, Any]]]:
@@ -236,7 +244,8 @@ def build_trainer(config: GRPOTrainingConfig, *, resume: bool = False, progress:
     previous = log.truncate_to(start) if resume else []
     if config.iterations <= start:
         raise TrainingError(f"the run in {out} already finished {start} iterations; raise --iterations to train further")
-    (out / "run.json").write_text(json.dumps(config.as_dict(), indent=2) + "\n", encoding="utf-8")
+    run = {**config.as_dict(), "dtype": config.resolved_dtype()}  # (what `auto` became: a resumed run keeps it)
+    (out / "run.json").write_text(json.dumps(run, indent=2) + "\n", encoding="utf-8")
 
     tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
     if chat_template is not None:
