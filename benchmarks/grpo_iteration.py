@@ -71,7 +71,7 @@ def main() -> int:
     print(f"GRPO iteration on {args.env}, embedded SmolLM2-135M, {args.device}, G{args.groups} x K{args.rollouts_per_group}, "
           f"max_new_tokens {args.max_new_tokens}, torch threads {torch.get_num_threads()}, {os.cpu_count()} CPUs, "
           f"update: {'every row whole (TRL)' if args.whole_rows else 'shared prompt once per micro-batch'}, "
-          f"micro-batch {args.micro_batch or args.rollouts_per_group}, weights {config.resolved_dtype()} (--dtype {args.dtype})")
+          f"micro-batch {args.micro_batch or args.rollouts_per_group}, weights {rows[0]['dtype'] if rows else '?'} (--dtype {args.dtype})")
     print(f"{'iter':>4} {'wall s':>8} {'rollout s':>10} {'update s':>9} {'tokens':>7} {'reward':>7}")
     for r in rows:
         update = r["wall_s"] - r["rollout_s"]

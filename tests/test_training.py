@@ -210,5 +210,13 @@ def test_resume_continues_in_the_dtype_the_run_started_in(tmp_path, saved, asked
         with pytest.raises(TrainingError, match="dtype differs"):
             _check_run_folder(config, resume=True)
     else:
-        _check_run_folder(config, resume=True)
-        assert config.resolved_dtype() == continues_in
+        assert _check_run_folder(config, resume=True) == continues_in
+
+
+def test_bf16_asked_on_a_cpu_without_bf16_instructions_is_warned_of(monkeypatch, capsys):
+    from trace_gym.training import trainer
+
+    monkeypatch.setattr(trainer, "native_bf16", lambda: False)
+    for dtype, warned in (("bfloat16", True), ("float32", False), ("auto", False)):
+        trainer._check_machine(GRPOTrainingConfig(env_ids=[TWO_REPLIES], out="x", dtype=dtype))
+        assert ("emulated, slower than float32" in capsys.readouterr().err) is warned

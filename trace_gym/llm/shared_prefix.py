@@ -89,14 +89,13 @@ def _attend_cpu(query: Any, key: Any, value: Any, attention_mask: Any, groups: l
     q = query.reshape(batch, kv_heads, n, dim)  # the query heads that share one key head, side by side
     mask, seen = None, None
     if attention_mask is not None:
-        visible = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
-        visible = visible[:, :, None].expand(batch, 1, n // q_len, q_len, key.shape[2]).reshape(batch, 1, n, -1)
+        visible = _grouped_visible(attention_mask, batch, n, q_len)
         mask = torch.zeros(visible.shape, dtype=query.dtype, device=query.device).masked_fill_(~visible, float("-inf"))
         seen = visible.any(dim=-1)  # [B, 1, n]
     out, lse = flash(q, key.to(query.dtype), value.to(query.dtype), 0.0, False, attn_mask=mask, scale=scale)[:2]
     out, lse = out.float(), lse.float()
-    if seen is not None:  # a query that sees none of its own tokens: the kernel gives it log-sum-exp 0
-        lse = lse.masked_fill(~seen, float("-inf"))
+    if seen is not None:  # a query that sees none of its own tokens gets 0 from its own part, and no weight in the join
+        lse = lse.masked_fill(~seen, float("-inf"))  # (the kernel gives it log-sum-exp 0, as if it had seen weight 1)
         out = out.masked_fill(~seen[..., None], 0.0)
     for prefix, rows in groups:
         if prefix is None or prefix[0].shape[2] == 0:  # (the kernel dies on an empty key sequence)
@@ -109,14 +108,19 @@ def _attend_cpu(query: Any, key: Any, value: Any, attention_mask: Any, groups: l
         part = part.float().view(kv_heads, count, n, dim).transpose(0, 1)
         part_lse = part_lse.float().view(kv_heads, count, n).transpose(0, 1)
         own_lse = lse[index]
-        top = torch.maximum(own_lse, part_lse)
-        top = top.masked_fill(torch.isinf(top), 0.0)
+        top = torch.maximum(own_lse, part_lse)  # (finite: a non-empty prefix is seen by every query)
         own_w, part_w = torch.exp(own_lse - top), torch.exp(part_lse - top)
         out[index] = (out[index] * own_w[..., None] + part * part_w[..., None]) / (own_w + part_w)[..., None]
-        lse[index] = top + torch.log(own_w + part_w)
-    if seen is not None:
-        out = out.masked_fill(torch.isneginf(lse)[..., None], 0.0)  # a query that sees nothing gets 0
     return out.reshape(batch, heads, q_len, dim).to(query.dtype)
+
+
+def _grouped_visible(attention_mask: Any, batch: int, n: int, q_len: int) -> Any:
+    """[B, 1, G*Q, S] bool: ``attention_mask`` [B, 1, Q, S] (bool, or additive with
+    0 = visible) repeated for the G query heads that share one key head."""
+    import torch
+
+    visible = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
+    return visible[:, :, None].expand(batch, 1, n // q_len, q_len, visible.shape[-1]).reshape(batch, 1, n, -1)
 
 
 def _attend_matmul(query: Any, key: Any, value: Any, attention_mask: Any, groups: list[tuple[Any, Any]], scale: float) -> Any:
@@ -137,9 +141,7 @@ def _attend_matmul(query: Any, key: Any, value: Any, attention_mask: Any, groups
     # each row's own tokens: [B, KVH, G*Q, D] @ [B, KVH, D, S]
     scores = torch.matmul(q, key.transpose(2, 3)).mul_(scale)
     if attention_mask is not None:
-        visible = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
-        visible = visible[:, :, None].expand(batch, 1, n // q_len, q_len, key.shape[2]).reshape(batch, 1, n, -1)
-        scores = scores.masked_fill(~visible, float("-inf"))
+        scores = scores.masked_fill(~_grouped_visible(attention_mask, batch, n, q_len), float("-inf"))
     # each group's prefix, once for its rows: [KVH, rows*G*Q, D] @ [KVH, D, P]
     parts = []
     top = scores.amax(dim=-1, keepdim=True).detach()  # (a shift: it carries no gradient)

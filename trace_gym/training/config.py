@@ -182,14 +182,14 @@ class GRPOTrainingConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 
-    def resolved_dtype(self, cpu_flags: set[str] | None = None) -> str:
+    def resolved_dtype(self, flags: set[str] | None = None) -> str:
         """``dtype`` with ``auto`` decided for ``device``: ``bfloat16`` or ``float32``
-        (``cpu_flags``: the CPU's feature flags; None reads this machine's)."""
+        (``flags``: the CPU's feature flags; None reads this machine's)."""
         if self.dtype != "auto":
             return self.dtype
         if self.device == "cuda":
             return "bfloat16"
-        return "bfloat16" if native_bf16(cpu_flags) else "float32"
+        return "bfloat16" if native_bf16(flags) else "float32"
 
     @property
     def checkpoint_dir(self) -> Path:

@@ -25,6 +25,7 @@ episodes itself (``rollouts.py`` and the model layer do) or score them (the env 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -86,13 +87,17 @@ def last_checkpoint(folder: Path) -> Path | None:
     return best
 
 
-def _check_run_folder(config: GRPOTrainingConfig, resume: bool) -> None:
+def _check_run_folder(config: GRPOTrainingConfig, resume: bool) -> str:
+    """Refuse a fresh run over an old one, and a resume with other settings;
+    returns the dtype the run trains in: what ``auto`` resolves to here, or on
+    resume the one ``run.json`` records (``auto`` continues in it whatever this
+    machine would pick; another explicit dtype is refused)."""
     out = Path(config.out)
     run_file = out / "run.json"
     if not resume:
         if run_file.exists() or (out / "train_log.jsonl").exists():
             raise TrainingError(f"{out} already holds a training run; pass --resume to continue it, or choose another --out")
-        return
+        return config.resolved_dtype()
     if not run_file.exists():
         raise TrainingError(f"nothing to resume in {out} (no run.json); start the run without --resume")
     before = json.loads(run_file.read_text(encoding="utf-8"))
@@ -101,14 +106,12 @@ def _check_run_folder(config: GRPOTrainingConfig, resume: bool) -> None:
     if changed:
         raise TrainingError(f"--resume with other settings than the run in {out}: {', '.join(changed)} differ "
                             f"(was {', '.join(f'{k}={before.get(k)!r}' for k in changed)})")
-    # run.json holds the dtype the run resolved to (a run written before it did: float32 on CPU, bf16 on CUDA);
-    # `auto` continues in it, whatever this machine would pick; another explicit dtype is refused
+    # (a run.json written before runs recorded their dtype: float32 on CPU, bf16 on CUDA)
     dtype = before.get("dtype") or ("bfloat16" if before.get("device") == "cuda" else "float32")
-    if config.dtype == "auto":
-        config.dtype = dtype
-    elif config.dtype != dtype:
+    if config.dtype not in ("auto", dtype):
         raise TrainingError(f"--resume with other settings than the run in {out}: dtype differs (was {dtype!r}); "
                             "drop --dtype to continue in it")
+    return dtype
 
 
 def _check_machine(config: GRPOTrainingConfig) -> None:
@@ -160,7 +163,6 @@ class _IterationLog:
         from tqdm.auto import tqdm
 
         self.config = config
-        self.dtype = config.resolved_dtype()
         self.rollout = rollout
         self.log = log
         self.episodes_played = sum(r.get("episodes_played", 0) for r in previous)
@@ -201,7 +203,7 @@ class _IterationLog:
             "rollouts": iteration * self.config.rollouts_per_iteration,
             "episodes_played": self.episodes_played,
             "pool": {k: v for k, v in vars(self.rollout.pool.stats).items() if k != "failures"},
-            "dtype": self.dtype,
+            "dtype": self.config.dtype,
             "wall_s": round(wall, 3),
             "elapsed_s": round(self.elapsed, 3),
             **{k: v for k, v in summary.items() if k not in ("mean_reward", "constant_reward_groups", "episodes_played")},
@@ -217,7 +219,7 @@ def build_trainer(config: GRPOTrainingConfig, *, resume: bool = False, progress:
     rollout function, log, checkpoint). Checks everything a user can get wrong
     before loading the model."""
     config.check()
-    _check_run_folder(config, resume)
+    config = dataclasses.replace(config, dtype=_check_run_folder(config, resume))  # `auto` decided once, here
     _check_machine(config)
     tasks, env_kwargs = _env_plan(config)
     model_path, chat_template = resolve_model(config.model)
@@ -244,8 +246,7 @@ def build_trainer(config: GRPOTrainingConfig, *, resume: bool = False, progress:
     previous = log.truncate_to(start) if resume else []
     if config.iterations <= start:
         raise TrainingError(f"the run in {out} already finished {start} iterations; raise --iterations to train further")
-    run = {**config.as_dict(), "dtype": config.resolved_dtype()}  # (what `auto` became: a resumed run keeps it)
-    (out / "run.json").write_text(json.dumps(run, indent=2) + "\n", encoding="utf-8")
+    (out / "run.json").write_text(json.dumps(config.as_dict(), indent=2) + "\n", encoding="utf-8")
 
     tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
     if chat_template is not None:
@@ -253,7 +254,7 @@ def build_trainer(config: GRPOTrainingConfig, *, resume: bool = False, progress:
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(model_path, local_files_only=True,
-                                                 dtype=getattr(torch, config.resolved_dtype()))
+                                                 dtype=getattr(torch, config.dtype))
 
     pool = EnvPool(lambda env_id: make(env_id, **env_kwargs[env_id]), recycle_after=config.recycle_after)
     rollout = EnvRolloutFunc(config, pool, tokenizer)
