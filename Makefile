@@ -20,7 +20,7 @@ TOOLSANDBOX_GIT := tool_sandbox @ git+https://github.com/apple/ToolSandbox@16584
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup quickstart test test-fast bench clean
+.PHONY: setup quickstart test test-fast bench clean warm-start
 
 $(VENV)/.stamp: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +67,24 @@ test: setup
 # Everything but the tests marked slow (CI still runs them through `make test`).
 test-fast: setup
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow" tests
+
+# The quickstart's policy (trace_gym/llm/warm_starts/): the embedded model warm-started on
+# τ²-retail's oracle (train split; the first agent turns of each demonstration, for time),
+# then on the oracles of six reference envs (8 seeds each; tool-precision, which the learning
+# benchmark trains on, left out). Rebuilds and re-ships both adapters (about 55 min on 2 cores).
+WARM_START := trace_gym/llm/warm_starts/smollm2-135m-tau2-retail-sft
+WARM_ENVS := structured-data verify-preconditions complete-actions no-unrequested-writes well-formed-calls policy-adherence
+warm-start: setup
+	rm -rf runs/warm-start && mkdir -p runs/warm-start
+	$(VENV)/bin/trace-gym rollout --env trace/tau2-retail-v0 --agent oracle --split train --out runs/warm-start/tau2.jsonl --no-progress
+	$(VENV)/bin/trace-gym sft --trajectories runs/warm-start/tau2.jsonl --out runs/warm-start/1 --max-tokens 6656
+	for e in $(WARM_ENVS); do $(VENV)/bin/trace-gym rollout --env trace/$$e-v0 --agent oracle --seeds 8 \
+		--out runs/warm-start/$$e.jsonl --no-progress || exit 1; done
+	$(VENV)/bin/trace-gym sft --trajectories $$(ls runs/warm-start/*-*.jsonl | paste -sd,) --model hf:runs/warm-start/1/model \
+		--out runs/warm-start/2
+	$(PY) -c "from trace_gym.training.sft import export_adapter as x; \
+		x('runs/warm-start/1/adapter', '$(WARM_START)/1-tau2-retail-oracle'); \
+		x('runs/warm-start/2/adapter', '$(WARM_START)/2-reference-envs-oracle')"
 
 bench: setup
 	for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

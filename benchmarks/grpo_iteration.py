@@ -57,6 +57,8 @@ def main() -> int:
             rollouts_per_group=args.rollouts_per_group, max_new_tokens=args.max_new_tokens, max_steps=args.max_steps,
             torch_threads=args.threads, device=args.device, shared_prefix_update=not args.whole_rows,
             micro_batch=args.micro_batch, dtype=args.dtype,
+            # the iteration's own work, as timed since the first version: no calibration, no redraws
+            calibrate=False, train_anyway=True, max_draws=1,
         )
         t0 = time.perf_counter()
         try:

@@ -39,6 +39,9 @@ class SandboxedEnv(TextEnv):
         path: the env folder (manifest.toml, env.py).
         backend: sandbox backend (auto, docker, bwrap; subprocess only for trusted code).
         hint: pass ``hint=True`` to the env's reset (expert guidance in the system prompt).
+        level: the difficulty level to reset at, for an env that declares ``LEVELS``
+            (0 easiest .. LEVELS - 1 hardest); None: the env's own default. Calibration
+            moves it until the policy being trained is in band.
         limits: sandbox resource limits.
     """
 
@@ -47,6 +50,7 @@ class SandboxedEnv(TextEnv):
         path: str | Path,
         backend: Backend | str = "auto",
         hint: bool = False,
+        level: int | None = None,
         limits: Limits | None = None,
         max_steps: int | None = None,
         render_mode: str | None = None,
@@ -68,6 +72,12 @@ class SandboxedEnv(TextEnv):
         super().__init__(max_steps=steps, render_mode=render_mode)
         self._tools = select_tools(self.target_tools, names)
         self.hint = hint
+        self.levels: int | None = self.worker.info.get("levels")
+        try:
+            self.level = self._check_level(level)
+        except EnvContractError:
+            self.worker.close()
+            raise
         self._seed: int | None = None
         self.tool_exceptions: list[dict[str, Any]] = []
 
@@ -82,20 +92,32 @@ class SandboxedEnv(TextEnv):
             )
         return list(dict.fromkeys(names))
 
+    def _check_level(self, level: Any) -> int | None:
+        if level is None:
+            return None
+        if not self.levels:
+            raise EnvContractError(f"{self.path.name} has no difficulty levels (env.py declares no LEVELS); drop level={level!r}")
+        if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level < self.levels:
+            raise EnvContractError(f"{self.path.name}: level must be an integer in 0..{self.levels - 1}, got {level!r}")
+        return level
+
     # --- TextEnv hooks ------------------------------------------------------------
     def _start(self, seed: int | None, options: dict[str, Any]) -> Start:
         if seed is None:
             seed = int(self.np_random.integers(2**31 - 1))
         self._seed = int(seed)
         hint = bool(options.get("hint", self.hint))
-        result = self.worker.call("reset", seed=self._seed, hint=hint)
+        level = self.level if options.get("level") is None else options["level"]
+        if level is not None and level != self.level:
+            level = self._check_level(level)
+        result = self.worker.call("reset", seed=self._seed, hint=hint, **({} if level is None else {"level": level}))
         if not (isinstance(result, dict) and isinstance(result.get("system_prompt"), str) and isinstance(result.get("user_message"), str)):
             raise EnvContractError(f"reset() must return {{'system_prompt': str, 'user_message': str}}, got {_short(result)}")
         return Start(
             observation=result["user_message"],
             system_prompt=result["system_prompt"],
             task_id=f"seed-{self._seed}",
-            info={"seed": self._seed, "hint": hint, "capability": self.entry.capability.get("name")},
+            info={"seed": self._seed, "hint": hint, "level": level, "capability": self.entry.capability.get("name")},
         )
 
     def _call_tools(self, calls: list[tuple[ToolCall, str]]) -> list[ToolResult]:

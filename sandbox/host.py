@@ -156,7 +156,8 @@ def check_reply(body: bytes, kind: str) -> dict[str, Any]:
         expected = {"error": (str,), "where": (str, type(None)), "printed": (str, type(None)),
                     "exception": (dict, type(None)), "traceback": (str, type(None))}
     elif kind == "load":
-        expected = {"tools": (list, type(None)), "max_steps": (int, type(None)), "has_oracle": (bool,), "seccomp": (str,),
+        expected = {"tools": (list, type(None)), "max_steps": (int, type(None)), "levels": (int, type(None)),
+                    "has_oracle": (bool,), "seccomp": (str,),
                     "uid": (int, type(None)), "proc_sys_writable": (bool, type(None))}
     else:
         expected = {}

@@ -63,10 +63,12 @@ def main():
         env = cls()
         tools = namespace.get("TOOLS")
         max_steps = getattr(env, "max_steps", None)
+        levels = namespace.get("LEVELS")
         info = {
             "ok": True,
             "tools": [str(t) for t in tools] if isinstance(tools, (list, tuple)) else None,
             "max_steps": max_steps if type(max_steps) is int else None,
+            "levels": levels if type(levels) is int and 2 <= levels <= 10 else None,
             "has_oracle": callable(getattr(env, "oracle", None)),
             "seccomp": seccomp_status,
             "uid": os.getuid(),
@@ -83,7 +85,10 @@ def main():
             request = json.loads(line)
             op = request.get("op")
             if op == "reset":
-                result = env.reset(int(request["seed"]), bool(request.get("hint", False)))
+                if request.get("level") is None:
+                    result = env.reset(int(request["seed"]), bool(request.get("hint", False)))
+                else:  # only for an env that declares LEVELS (checked by the host)
+                    result = env.reset(int(request["seed"]), bool(request.get("hint", False)), int(request["level"]))
             elif op == "step":
                 result = env.step(request["action"])
             elif op == "reward":

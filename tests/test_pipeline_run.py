@@ -37,6 +37,9 @@ groups = 2
 rollouts_per_group = 2
 max_new_tokens = 24
 max_steps = 4
+calibrate = false     # the base model scores 0 on every env: calibration would refuse it (test_calibration.py)
+train_anyway = true
+max_draws = 1
 """
 
 

@@ -138,7 +138,8 @@ def test_log_keeps_each_iteration_once_up_to_the_checkpoint(tmp_path):
 
 
 def test_constant_reward_groups_and_void_rows_are_counted():
-    record = IterationRecord(rewards=[0.5, 0.5, 0.2, None], groups=[[0.5, 0.5], [0.2, None]])
+    record = IterationRecord(rewards=[0.5, 0.5, 0.2, None], groups=[[0.5, 0.5], [0.2, None]],
+                             first_rewards=[0.5, 0.5, 0.2, None])
     summary = record.summary()
     assert summary["mean_reward"] == pytest.approx(0.4)
     assert summary["constant_reward_groups"] == 1.0  # a group with one scored rollout cannot be compared either

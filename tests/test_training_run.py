@@ -42,7 +42,8 @@ def tiny_config(out: Path, **change):
 
     # lr well above the paper's 1e-5 so that two steps visibly move a 135M model
     settings = dict(env_ids=[TWO_REPLIES], out=str(out), groups=2, rollouts_per_group=2, iterations=2, hint_share=0.5,
-                    max_new_tokens=12, learning_rate=1e-3, torch_threads=1, dtype="float32")
+                    max_new_tokens=12, learning_rate=1e-3, torch_threads=1, dtype="float32",
+                    calibrate=False, train_anyway=True, max_draws=1)  # (calibration and redraws: test_calibration.py)
     return GRPOTrainingConfig(**{**settings, **change})
 
 

@@ -192,11 +192,39 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--max-steps", type=int, default=None, help="agent actions per episode (default: the env's own limit)")
     train.add_argument("--micro-batch", type=int, default=None,
                        help="episodes per forward/backward pass, dividing G x K (default K; larger: faster, more memory)")
+    train.add_argument("--max-draws", type=int, default=None,
+                       help="dynamic sampling: draws per constant-reward group per iteration (default 3; 1: off)")
+    train.add_argument("--level", type=int, default=None, help="difficulty level of an env with LEVELS (default: calibration's choice)")
+    train.add_argument("--no-calibrate", action="store_true",
+                       help="skip calibrating the envs for the policy (refused unless --train-anyway)")
+    train.add_argument("--train-anyway", action="store_true",
+                       help="train an env that calibration found untrainable for this policy, or that was not calibrated")
     train.add_argument("--backend", default=None, help="sandbox backend of synthesized envs: auto, docker, bwrap")
     train.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     train.add_argument("--seed", type=int, default=None)
     train.add_argument("--json", action="store_true", help="print the result as JSON")
     train.set_defaults(func=cmd_train)
+
+    warm = sub.add_parser("sft", help="warm-start a policy: LoRA fine-tuning (TRL SFTTrainer) on successful trajectories",
+                          description="Fine-tune the policy on trajectories that succeeded (a target's oracle on its train "
+                                      "split, your own logs, or the policy's own successes), with loss on the agent's "
+                                      "tokens only. Writes adapter/, model/ (merged: use it as --model hf:OUT/model), "
+                                      "sft_log.jsonl and run.json into --out. A file holding a held-out task is refused.")
+    warm.add_argument("--trajectories", required=True, help="trajectory file(s), comma-separated")
+    warm.add_argument("--out", required=True, help="run folder")
+    warm.add_argument("--model", default=None, help="policy to warm-start: the embedded smollm2-135m-instruct (default) or hf:<local folder>")
+    warm.add_argument("--min-reward", type=float, default=None, help="learn from episodes with at least this reward (default 1.0)")
+    warm.add_argument("--epochs", type=int, default=None, help="passes over the demonstrations (default 2)")
+    warm.add_argument("--lr", type=float, default=None, help="AdamW learning rate (default 2e-4)")
+    warm.add_argument("--batch-size", type=int, default=None, help="demonstrations per optimizer step (default 8)")
+    warm.add_argument("--micro-batch", type=int, default=None, help="demonstrations per forward pass (default 4)")
+    warm.add_argument("--lora-rank", type=int, default=None, help="LoRA rank (default 8)")
+    warm.add_argument("--max-tokens", type=int, default=None, help="tokens per demonstration (default: the model's context)")
+    warm.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default=None, help="training weights (default auto)")
+    warm.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cpu or cuda (default cpu)")
+    warm.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    warm.add_argument("--seed", type=int, default=None)
+    warm.set_defaults(func=cmd_sft)
 
     baseline = sub.add_parser("baseline", help="baselines TRACE is compared with at equal rollouts (gepa)")
     baseline_sub = baseline.add_subparsers(title="baselines", metavar="BASELINE")
@@ -501,7 +529,11 @@ def cmd_train(args: argparse.Namespace) -> int:
                "learning_rate": args.lr, "lora_rank": args.lora_rank, "hint_share": args.hint_share,
                "max_new_tokens": args.max_new_tokens, "max_steps": args.max_steps, "sandbox_backend": args.backend,
                "torch_threads": args.threads, "seed": args.seed, "model": args.model, "micro_batch": args.micro_batch,
-               "dtype": args.dtype}
+               "dtype": args.dtype, "max_draws": args.max_draws, "level": args.level}
+    if args.no_calibrate:
+        options["calibrate"] = False
+    if args.train_anyway:
+        options["train_anyway"] = True
     config = GRPOTrainingConfig(env_ids=[e.strip() for e in args.env.split(",") if e.strip()], out=args.out,
                                 device=args.device, use_vllm=args.use_vllm,
                                 **{k: v for k, v in options.items() if v is not None})
@@ -512,6 +544,21 @@ def cmd_train(args: argparse.Namespace) -> int:
         reward = "n/a" if result.final_mean_reward is None else f"{result.final_mean_reward:.3f}"
         print(f"adapter: {result.adapter}  iterations {result.iterations}, rollouts {result.rollouts}, "
               f"last mean reward {reward}, log {result.log}")
+    return 0
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    from .training.sft import SFTTrainingConfig, sft
+
+    options = {"model": args.model, "min_reward": args.min_reward, "epochs": args.epochs, "learning_rate": args.lr,
+               "batch_size": args.batch_size, "micro_batch": args.micro_batch, "lora_rank": args.lora_rank,
+               "max_tokens": args.max_tokens, "dtype": args.dtype, "torch_threads": args.threads, "seed": args.seed}
+    config = SFTTrainingConfig(trajectories=[p.strip() for p in args.trajectories.split(",") if p.strip()], out=args.out,
+                               device=args.device, **{k: v for k, v in options.items() if v is not None})
+    result = sft(config)
+    losses = "n/a" if result.first_loss is None else f"{result.first_loss:.3f} -> {result.last_loss:.3f}"
+    print(f"policy: {result.policy}  ({result.episodes} demonstrations, {result.steps} steps, loss {losses}, "
+          f"{result.wall_s:.0f} s; adapter {result.adapter})")
     return 0
 
 

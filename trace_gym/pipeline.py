@@ -98,6 +98,13 @@ class RolloutStage:
     trajectories: str | None = None
     """An existing trajectory file (JSONL, e.g. your agent's logs) to identify from instead of
     rolling the policy out; its episodes must be of ``[run] target``."""
+    min_contrast: int = 3
+    """Successes and failures (each) the policy's own rollouts need for identification to contrast
+    them; with fewer, ``fallback`` (if set) plays instead."""
+    fallback: str | None = None
+    """An agent (e.g. ``planted``, with ``deficits``) whose trajectories identification contrasts
+    when the policy's own hold fewer than ``min_contrast`` successes or failures; the report says
+    so and keeps the policy's figures. None: contrast what the policy did."""
 
 
 @dataclass
@@ -252,8 +259,18 @@ def check_config(config: PipelineConfig) -> None:
         if config.rollout.agent not in AGENTS:
             raise ConfigError(f"[rollout] agent: unknown agent '{config.rollout.agent}'; use policy or one of "
                               f"{', '.join(sorted(AGENTS))}")
-    if config.rollout.deficits and config.rollout.agent != "planted":
-        raise ConfigError('[rollout] deficits: only apply with agent = "planted"')
+    if config.rollout.fallback is not None:
+        from trace_gym.agents import AGENTS
+
+        if config.rollout.fallback not in AGENTS:
+            raise ConfigError(f"[rollout] fallback: unknown agent '{config.rollout.fallback}'; use one of "
+                              f"{', '.join(sorted(AGENTS))}")
+        if config.rollout.agent != "policy":
+            raise ConfigError('[rollout] fallback: only applies when the policy plays (agent = "policy")')
+    if config.rollout.min_contrast < 0:
+        raise ConfigError(f"[rollout] min_contrast: must be at least 0, got {config.rollout.min_contrast}")
+    if config.rollout.deficits and "planted" not in (config.rollout.agent, config.rollout.fallback):
+        raise ConfigError('[rollout] deficits: only apply with agent = "planted" (or fallback = "planted")')
     if config.rollout.trajectories and not Path(config.rollout.trajectories).is_file():
         raise ConfigError(f"[rollout] trajectories: no file at {config.rollout.trajectories}")
     for name, value in (("[rollout] samples", config.rollout.samples), ("[evaluate] samples", config.evaluate.samples),
@@ -294,9 +311,9 @@ def gepa_config(config: PipelineConfig, budget: int) -> Any:
 def _check_model(spec: str, where: str) -> None:
     import os
 
-    from .llm import EMBEDDED_DEFAULT
+    from .llm.embedded import EMBEDDED_MODELS
 
-    if spec == EMBEDDED_DEFAULT:
+    if spec in EMBEDDED_MODELS:
         return
     if spec.startswith("hf:"):
         if not Path(spec[3:]).exists():
@@ -306,7 +323,7 @@ def _check_model(spec: str, where: str) -> None:
         if not os.environ.get("OPENAI_BASE_URL") and not os.environ.get("OPENAI_API_KEY"):
             raise ConfigError(f"{where}: {spec} needs an endpoint: set OPENAI_BASE_URL (and OPENAI_API_KEY)")
         return
-    raise ConfigError(f"{where}: unknown model '{spec}'; use {EMBEDDED_DEFAULT}, hf:<path> or openai:<model>")
+    raise ConfigError(f"{where}: unknown model '{spec}'; use {', '.join(EMBEDDED_MODELS)}, hf:<path> or openai:<model>")
 
 
 def _check_analyst(spec: str, where: str, offline: tuple[str, ...]) -> None:
@@ -425,20 +442,34 @@ def stage_rollout(config: PipelineConfig, state: RunState, say: Callable[[str], 
     out = config.run_dir / "rollouts" / f"trajectories-{stage_inputs_hash(config, 'rollout', state)[:10]}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     env_kwargs = {"max_steps": config.rollout.max_steps} if config.rollout.max_steps else {}
-    if config.rollout.agent == "policy":
-        agent, agent_kwargs = "llm", _agent_kwargs(config)
-    else:
-        agent, agent_kwargs = config.rollout.agent, ({"deficits": config.rollout.deficits} if config.rollout.deficits else {})
-    summary = rollout(config.run.target, agent, out, agent_kwargs=agent_kwargs, split=config.rollout.split,
-                      limit=config.rollout.tasks, samples=config.rollout.samples, seed=config.run.seed, resume=True,
-                      env_kwargs=env_kwargs, executor=config.rollout.executor,
-                      workers=config.policy.workers if agent == "llm" else 1,
-                      batch=config.policy.batch if agent == "llm" else 1)  # batching is for model generation
-    return {"trajectories": str(out), "sha256": content_hash(out), "agent": config.rollout.agent,
-            "deficits": config.rollout.deficits, "episodes": summary.episodes, "successes": summary.successes,
-            "pass_rate": summary.successes / max(summary.episodes, 1), "mean_reward": summary.mean_reward,
-            "wall_s": summary.wall_s,
-            "summary": f"{summary.episodes} episodes, pass rate {summary.successes / max(summary.episodes, 1):.3f}"}
+    def play(who: str, path: Path) -> dict[str, Any]:
+        if who == "policy":
+            agent, agent_kwargs = "llm", _agent_kwargs(config)
+        else:
+            agent, agent_kwargs = who, ({"deficits": config.rollout.deficits} if config.rollout.deficits else {})
+        summary = rollout(config.run.target, agent, path, agent_kwargs=agent_kwargs, split=config.rollout.split,
+                          limit=config.rollout.tasks, samples=config.rollout.samples, seed=config.run.seed, resume=True,
+                          env_kwargs=env_kwargs, executor=config.rollout.executor,
+                          workers=config.policy.workers if agent == "llm" else 1,
+                          batch=config.policy.batch if agent == "llm" else 1)  # batching is for model generation
+        return {"trajectories": str(path), "sha256": content_hash(path), "agent": who,
+                "deficits": config.rollout.deficits if who != "policy" else {}, "episodes": summary.episodes,
+                "successes": summary.successes, "pass_rate": summary.successes / max(summary.episodes, 1),
+                "mean_reward": summary.mean_reward, "wall_s": summary.wall_s,
+                "summary": f"{summary.episodes} episodes, pass rate {summary.successes / max(summary.episodes, 1):.3f}"}
+
+    played = play(config.rollout.agent, out)
+    failures = played["episodes"] - played["successes"]
+    short = min(played["successes"], failures) < config.rollout.min_contrast
+    if config.rollout.agent == "policy" and config.rollout.fallback and short:
+        reason = (f"the policy's {played['episodes']} episodes hold {played['successes']} successes and {failures} "
+                  f"failures, fewer than {config.rollout.min_contrast} of each to contrast")
+        say(f"{reason}: identification contrasts the {config.rollout.fallback} agent's trajectories instead")
+        fallback = play(config.rollout.fallback, out.with_name(out.stem + f"-{config.rollout.fallback}.jsonl"))
+        fallback["wall_s"] += played["wall_s"]
+        return {**fallback, "policy": played, "fallback_reason": reason,
+                "summary": f"policy: {played['summary']}; too few to contrast, {config.rollout.fallback}: {fallback['summary']}"}
+    return played
 
 
 def _given_trajectories(config: PipelineConfig) -> dict[str, Any]:
@@ -580,6 +611,7 @@ def training_plan(config: PipelineConfig, envs: dict[str, str]) -> list[dict[str
 
 
 def stage_train(config: PipelineConfig, state: RunState, say: Callable[[str], None]) -> dict[str, Any]:
+    from .training.calibration import UntrainableEnvError
     from .training.log import TrainLog
     from .training.trainer import train
 
@@ -587,7 +619,7 @@ def stage_train(config: PipelineConfig, state: RunState, say: Callable[[str], No
     _expose_registry(synthesized["registry"])
     out = config.run_dir / "adapters"
     out.mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows, untrainable = [], []
     plan = training_plan(config, synthesized["envs"])
     if not plan:
         say("no capability env to train on")
@@ -601,19 +633,29 @@ def stage_train(config: PipelineConfig, state: RunState, say: Callable[[str], No
             resume = (folder / "run.json").exists()
             say(f"({i}/{len(plan)}) {job['name']} on {', '.join(job['envs'])}: {run.iterations} iterations of "
                 f"{run.groups}x{run.rollouts_per_group} rollouts" + (" (resuming)" if resume else ""))
-            train(run, resume=resume)
+            try:
+                train(run, resume=resume)
+            except UntrainableEnvError as exc:  # the run goes on without this adapter; the report says why
+                say(f"({i}/{len(plan)}) {job['name']}: not trained: {exc}")
+                untrainable.append({"name": job["name"], "envs": job["envs"], "reason": str(exc),
+                                    "calibration": str(folder / "calibration.json")})
+                continue
         log = TrainLog(folder / "train_log.jsonl").read()
         rows.append({**{k: v for k, v in job.items() if k != "scale"}, "adapter": str(folder / "adapter"),
                      "train_log": str(folder / "train_log.jsonl"), "iterations": run.iterations,
                      "rollouts": log[-1]["rollouts"] if log else 0,
+                     "episodes_played": (log[-1].get("episodes_played", 0) + log[-1].get("calibration_episodes", 0))
+                     if log else 0,
+                     "calibration": str(folder / "calibration.json") if (folder / "calibration.json").exists() else None,
                      "wall_s": log[-1].get("elapsed_s") if log else None,
                      "reward_curve": str(folder / "reward_curve.png") if (folder / "reward_curve.png").exists() else None})
     adapters_json = out / "adapters.json"
     adapters_json.write_text(json.dumps(rows, indent=2) + "\n")
     trace_rollouts = sum(r["rollouts"] for r in rows if r["kind"] == "capability")
     return {"adapters_json": str(adapters_json), "sha256": content_hash(adapters_json, *[Path(r["adapter"]) for r in rows]),
-            "curves": {r["name"]: r["reward_curve"] for r in rows if r["reward_curve"]},
-            "summary": f"{len(rows)} adapters; the TRACE adapters used {trace_rollouts} rollouts"}
+            "curves": {r["name"]: r["reward_curve"] for r in rows if r["reward_curve"]}, "untrainable": untrainable,
+            "summary": f"{len(rows)} adapters; the TRACE adapters used {trace_rollouts} rollouts"
+                       + (f"; untrainable for this policy: {', '.join(u['name'] for u in untrainable)}" if untrainable else "")}
 
 
 def stage_gepa(config: PipelineConfig, state: RunState, say: Callable[[str], None]) -> dict[str, Any]:

@@ -45,6 +45,14 @@ def write_report(config: Any, state: Any) -> Path:
         if who not in ("policy", None) and not r.get("given"):
             where += (f", played by the `{who}` agent, not by the policy: its failures are the ones identification "
                       f"explains" + (f" (deficits {r.get('deficits')})" if r.get("deficits") else ""))
+        if r.get("policy"):
+            p = r["policy"]
+            out += ["## 1. The base policy on the target", "",
+                    f"{p['episodes']} episodes on the `{config.rollout.split}` split: pass rate **{p['pass_rate']:.3f}** "
+                    f"({p['successes']} successes), mean reward {p['mean_reward']:.3f}, {p['wall_s']:.0f} s "
+                    f"(`{_rel(p['trajectories'], run_dir)}`).", "",
+                    f"**Too few to contrast**: {r['fallback_reason']}; identification uses the trajectories below instead.", ""]
+            heading = "### The trajectories identification contrasts instead"
         out += [heading, "",
                 f"{r['episodes']} episodes {where}: pass rate **{r['pass_rate']:.3f}** "
                 f"({r['successes']} successes), mean reward {r['mean_reward']:.3f}, {r['wall_s']:.0f} s "
@@ -113,20 +121,33 @@ def _train_section(outputs: dict[str, Any], run_dir: Path) -> list[str]:
     out = ["## 4. Training (GRPO, one LoRA adapter per capability)", ""]
     if not adapters:
         return out + [outputs.get("summary", "none"), ""]
-    out += ["| adapter | trained on | iterations | rollouts | first mean reward | last mean reward | wall s |",
-            "| --- | --- | --- | --- | --- | --- | --- |"]
+    out += ["| adapter | trained on | level | calibration: mean reward, informative groups | iterations | rollouts "
+            "| episodes played | informative groups, iteration 1 | first mean reward | last mean reward | wall s |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in adapters:
         log = [json.loads(line) for line in Path(row["train_log"]).read_text().splitlines() if line.strip()] \
             if row.get("train_log") and Path(row["train_log"]).exists() else []
-        first = f"{log[0]['mean_reward']:.3f}" if log else "-"
-        last = f"{log[-1]['mean_reward']:.3f}" if log else "-"
+        first = _fmt(log[0].get("mean_reward")) if log else "-"
+        last = _fmt(log[-1].get("mean_reward")) if log else "-"
         rollouts = log[-1].get("rollouts", "-") if log else "-"
         wall = f"{log[-1].get('elapsed_s', 0):.0f}" if log else "-"
-        out.append(f"| {row['name']} | {', '.join(row.get('envs', []))} | {len(log)} | {rollouts} | {first} | {last} | {wall} |")
+        calibrations = (_read_json(Path(row["calibration"])) or {}).get("calibrations", []) if row.get("calibration") else []
+        levels = ", ".join("-" if c.get("level") is None else str(c["level"]) for c in calibrations) or "-"
+        chosen = [next((f for f in c.get("figures", []) if f.get("level") == c.get("level")), None) for c in calibrations]
+        calibrated = "; ".join(f"{_fmt(f.get('mean_reward'))}, {f.get('informative_groups', 0):.0%}" for f in chosen if f) or "-"
+        informative = f"{log[0].get('informative_groups', '-')}/{len(log[0].get('first_draw_groups', [])) or '-'}" if log else "-"
+        out.append(f"| {row['name']} | {', '.join(row.get('envs', []))} | {levels} | {calibrated} | {len(log)} | {rollouts} | "
+                   f"{row.get('episodes_played', '-')} | {informative} | {first} | {last} | {wall} |")
+    for skipped in outputs.get("untrainable", []):
+        out.append(f"| {skipped['name']} | {', '.join(skipped['envs'])} | - | untrainable: {skipped['reason']} "
+                   "| 0 | 0 | - | - | - | - | - |")
     if outputs.get("curves"):
         out += ["", *[f"![{name}]({_rel(path, run_dir)})" for name, path in sorted(outputs["curves"].items())]]
-    out += ["", "*rollouts*: episodes played for the update (G groups x K samples per iteration), the budget "
-            "by which the methods are compared.", ""]
+    out += ["", "*rollouts*: the update's planned episodes (G groups x K samples per iteration), the budget by which "
+            "the methods are compared; *episodes played*: every episode, calibration and the redraws of constant "
+            "groups (dynamic sampling) included; *level*: the env's difficulty calibration chose for this policy; "
+            "*informative groups*: groups whose rewards differ (GRPO learns from no other); *mean reward*: over the "
+            "first draw of every group.", ""]
     return out
 
 
@@ -157,3 +178,7 @@ def _eval_section(outputs: dict[str, Any], run_dir: Path) -> list[str]:
             "capability (gold labels); *routing acc.*: share of tasks routed to a capability the base model lacked "
             "there (or to none when it lacked none); cost columns: training rollouts, analyst calls, wall time.", ""]
     return out
+
+
+def _fmt(value: Any) -> str:
+    return "-" if value is None else f"{value:.3f}"

@@ -10,6 +10,7 @@ import json
 import random
 
 TOOLS = ["find_user_id_by_email", "get_user_details", "get_order_details", "return_delivered_order_items"]
+LEVELS = 3  # 0: one item, the '#' given, refund to the original method; 1 (default): look-alikes; 2: every look-alike, two items
 FIRST = ["Yusuf", "Mia", "Noah", "Aarav", "Olivia", "Lucas", "Fatima", "Chen", "Sofia", "Ivan", "Amara", "Mateo"]
 LAST = ["Rossi", "Garcia", "Kim", "Patel", "Smith", "Novak", "Okafor", "Silva", "Muller", "Tanaka", "Haddad", "Lopez"]
 PRODUCTS = {
@@ -24,7 +25,7 @@ PRODUCTS = {
 class Environment:
     max_steps = 15
 
-    def reset(self, seed, hint=False):
+    def reset(self, seed, hint=False, level=1):
         rng = random.Random(seed)
         self.first, self.last = rng.choice(FIRST), rng.choice(LAST)
         self.email = "%s.%s%d@example.com" % (self.first.lower(), self.last.lower(), rng.randrange(1000, 9999))
@@ -39,19 +40,19 @@ class Environment:
             gift: {"source": "gift_card", "id": gift, "balance": round(rng.uniform(0, 200), 2)},
         }
         original = rng.choice([card, paypal])
-        self.refund_to = rng.choice([original, gift])
+        self.refund_to = rng.choice([original, gift]) if level else original
         self.described = {card: "my %s card" % brand.capitalize(), paypal: "my PayPal", gift: "my gift card"}[self.refund_to]
         self.order_id = "#W%07d" % rng.randrange(10**7)
         product = rng.choice(sorted(PRODUCTS))
         option, values = PRODUCTS[product]
-        picked = rng.sample(values, rng.randint(2, len(values)))
+        picked = rng.sample(values, [1, rng.randint(2, len(values)), len(values)][level])
         items = [{"name": product, "product_id": "%010d" % (sum(map(ord, product)) * 7919), "item_id": "%010d" % rng.randrange(10**10),
                   "price": round(rng.uniform(15, 300), 2), "options": {option: value}} for value in picked]
         other = rng.choice([p for p in sorted(PRODUCTS) if p != product])
         items.append({"name": other, "product_id": "%010d" % (sum(map(ord, other)) * 7919), "item_id": "%010d" % rng.randrange(10**10),
                       "price": round(rng.uniform(15, 300), 2), "options": {PRODUCTS[other][0]: rng.choice(PRODUCTS[other][1])}})
         rng.shuffle(items)
-        self.wanted = [i for i in items if i["name"] == product][: rng.randint(1, 2)]
+        self.wanted = [i for i in items if i["name"] == product][: [1, rng.randint(1, 2), 2][level]]
         total = round(sum(i["price"] for i in items), 2)
         self.order = {"order_id": self.order_id, "user_id": self.user_id,
                       "address": {"address1": "%d Oak Avenue" % rng.randrange(1, 999), "address2": "", "city": "Denver", "country": "USA", "state": "CO", "zip": "%05d" % rng.randrange(10000, 99999)},
@@ -70,7 +71,7 @@ class Environment:
                        "from get_order_details and get_user_details, and match each item by its options.")
         wanted = " and the ".join("%s %s" % (i["options"][option], product) for i in self.wanted)
         message = "Hello, my email is %s. I'd like to return the %s from order %s and get the refund on %s." % (
-            self.email, wanted, self.order_id[1:], self.described)
+            self.email, wanted, self.order_id if level == 0 else self.order_id[1:], self.described)
         return {"system_prompt": prompt, "user_message": message}
 
     def step(self, action):

@@ -114,16 +114,100 @@ def _convert(target: Path) -> Path:
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     plain.load_state_dict(quantized.state_dict())
     tokenizer.chat_template = TOOL_CHAT_TEMPLATE
+    save_model_folder(plain, tokenizer, target)
+    print(f"trace-gym: saved to {target}", file=sys.stderr, flush=True)
+    return target
+
+
+def save_model_folder(model, tokenizer, target: Path, files: dict[str, str] | None = None) -> Path:
+    """A local model folder (safetensors weights, the tokenizer with its chat
+    template, ``files`` beside them), written into a staging folder and renamed,
+    so that a killed process never leaves a half-written model."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix="convert-", dir=target.parent))
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
     try:
-        plain.save_pretrained(staging, safe_serialization=True)
+        model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
+        for name, text in (files or {}).items():
+            (staging / name).write_text(text, encoding="utf-8")
         if target.exists():
             shutil.rmtree(target)
         staging.rename(target)
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
-    print(f"trace-gym: saved to {target}", file=sys.stderr, flush=True)
     return target
+
+
+def merge_adapter(base: Path, adapter: Path | list[Path], target: Path, chat_template: str | None = None,
+                  files: dict[str, str] | None = None) -> Path:
+    """The model at ``base`` with the LoRA at ``adapter`` (or each of a list, in
+    order) merged in, in float32, saved as a local model folder at ``target`` with
+    the base's tokenizer (and ``chat_template``, if given): a policy usable
+    wherever a model is."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    merged = AutoModelForCausalLM.from_pretrained(str(base), local_files_only=True, dtype=torch.float32)
+    for stage in adapter if isinstance(adapter, list) else [adapter]:
+        merged = PeftModel.from_pretrained(merged, str(stage)).merge_and_unload()
+    tokenizer = AutoTokenizer.from_pretrained(str(base), local_files_only=True)
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
+    return save_model_folder(merged, tokenizer, target, files)
+
+
+# --- warm starts: the embedded model with a shipped LoRA merged in ----------------------------
+
+WARM_STARTS_DIR = Path(__file__).with_name("warm_starts")
+WARM_STARTS = {
+    "smollm2-135m-tau2-retail-sft": "the embedded model warm-started (LoRA SFT) on τ²-retail's oracle (train split), "
+                                    "then on six reference envs' oracles",
+}
+"""Name -> what it is. Each has ``warm_starts/<name>/``: one folder per stage, a PEFT
+adapter each, merged in name order over the embedded model (each stage was trained on the
+model the stages before it made), and a README with the commands that rebuild them and
+what the runs measured."""
+EMBEDDED_MODELS = (EMBEDDED_NAME, *WARM_STARTS)
+
+
+def local_model(spec: str) -> Path | None:
+    """The local folder of an embedded model name (the base or a warm start), made
+    on first use; None for any other spec."""
+    if spec == EMBEDDED_NAME:
+        return ensure_embedded_model()
+    if spec in WARM_STARTS:
+        return ensure_warm_start(spec)
+    return None
+
+
+def ensure_warm_start(name: str) -> Path:
+    """The embedded model with the shipped adapter ``name`` merged in, in the user
+    cache; merged once (again when the shipped adapter changes: its hash is kept
+    beside the weights), one process at a time."""
+    import fcntl
+    import hashlib
+
+    stages = sorted(p.parent for p in (WARM_STARTS_DIR / name).glob("*/adapter_model.safetensors"))
+    if not stages:
+        raise LLMError(f"the warm start {name} is not installed (no adapter under {WARM_STARTS_DIR / name})")
+    digest = hashlib.sha256(b"".join(p.name.encode() + (p / "adapter_model.safetensors").read_bytes()
+                                     + (p / "adapter_config.json").read_bytes() for p in stages)).hexdigest()
+    target = cache_dir().parent / name
+    stamp = target / "adapter.sha256"
+
+    def current() -> bool:
+        return _converted(target) and stamp.exists() and stamp.read_text().strip() == digest
+
+    if current():
+        return target
+    base = ensure_embedded_model()
+    with open(target.parent / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if current():
+            return target
+        print(f"trace-gym: merging the warm start {name} into the embedded model (once, ~10 s)...", file=sys.stderr, flush=True)
+        return merge_adapter(base, stages, target, TOOL_CHAT_TEMPLATE, {"adapter.sha256": digest + "\n"})

@@ -340,6 +340,28 @@ class LocalHF:
             close = ""
         return self._encode(close + after[len(before):])
 
+    def encode_reply(self, message: dict[str, Any]) -> list[int]:
+        """The ids the model would sample to write ``message`` (an assistant turn,
+        OpenAI format) after a generation prompt: the template's rendering of it, up
+        to and including the end-of-turn token the model stops on. A demonstration
+        turn taught with these ids is what a rollout's own turn looks like."""
+        head = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+        before = self._render(head, None, True)
+        after = self._render([*head, message], None, False)
+        if not after.startswith(before):
+            raise LLMError(f"the chat template of {self.name} renders an assistant turn differently after a generation "
+                           "prompt, so a demonstration cannot be written as sampled tokens")
+        text = after[len(before):]
+        close = self._close
+        if close and text.endswith(close):
+            text = text[:-len(close)]
+        ids = self._encode(text)
+        stop = self._encode(close)[:1] if close else []
+        if stop and stop[0] in self.stop_ids:
+            return [*ids, stop[0]]
+        eos = self.tokenizer.eos_token_id
+        return [*ids, eos] if isinstance(eos, int) else ids
+
     # --- generation -----------------------------------------------------------------
     def generate(self, conversations: list[list[dict[str, Any]]], *, tools: list[dict[str, Any]] | None = None,
                  max_new_tokens: int = 256, temperature: float = 0.0, seed: int | None = None,

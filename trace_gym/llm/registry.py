@@ -5,18 +5,18 @@ from __future__ import annotations
 from typing import Any
 
 from .base import LLMBackend, LLMError
-from .embedded import EMBEDDED_NAME
+from .embedded import EMBEDDED_MODELS, EMBEDDED_NAME
 
 EMBEDDED_DEFAULT = EMBEDDED_NAME
 
 
 def make_backend(spec: str, **kwargs: Any) -> LLMBackend:
-    if spec == EMBEDDED_NAME:
-        from .embedded import TOOL_CHAT_TEMPLATE, ensure_embedded_model
+    if spec in EMBEDDED_MODELS:
+        from .embedded import TOOL_CHAT_TEMPLATE, local_model
         from .local_hf import LocalHF
 
         # The template is set here too, so a model cached by an older version gets the current one.
-        return LocalHF(str(ensure_embedded_model()), name=EMBEDDED_NAME, chat_template=TOOL_CHAT_TEMPLATE, **kwargs)
+        return LocalHF(str(local_model(spec)), name=spec, chat_template=TOOL_CHAT_TEMPLATE, **kwargs)
     if spec.startswith("openai:"):
         from .openai_compat import OpenAICompatible
 
@@ -25,4 +25,4 @@ def make_backend(spec: str, **kwargs: Any) -> LLMBackend:
         from .local_hf import LocalHF
 
         return LocalHF(spec.removeprefix("hf:"), **kwargs)
-    raise LLMError(f"unknown model '{spec}'; use {EMBEDDED_NAME}, openai:<model> or hf:<local path>")
+    raise LLMError(f"unknown model '{spec}'; use {', '.join(EMBEDDED_MODELS)}, openai:<model> or hf:<local path>")

@@ -68,6 +68,34 @@ class GRPOTrainingConfig:
     seed: int = 0
     """Seeds the env seeds of every iteration, the sampler and the LoRA initialisation."""
 
+    # --- what the policy trains on: calibration and dynamic sampling ---------------------
+    max_draws: int = 3
+    """Draws per group per iteration (dynamic sampling): a group whose K rewards are all
+    equal gives GRPO nothing to learn, so it is played again under a fresh seed (a
+    target: another training task), up to this many draws. Every episode played counts
+    (``episodes_played`` in the log), so methods compare at equal rollouts. 1: off. The
+    authors' code re-samples constant groups; TRL does not (its issue 3708)."""
+    calibrate: bool = True
+    """Before the first iteration, play G x K episodes of each env with the policy being
+    trained (seeds drawn as training draws them, hints as training gives them) at its
+    difficulty levels (an env's ``LEVELS``), moving the level until the policy is in
+    ``reward_band``; the figures go to ``calibration.json``. An env that no level makes
+    trainable (``min_informative``) is refused unless ``train_anyway``."""
+    level: int | None = None
+    """Difficulty level to train at (an env with ``LEVELS``); None: calibration's choice,
+    or the env's own default when calibration is off."""
+    reward_band: list[float] = field(default_factory=lambda: [0.2, 0.6])
+    """Mean reward calibration aims for (the authors' code: [0.2, 0.6]): a level above it
+    is made harder, below it easier."""
+    min_informative: float = 0.5
+    """Share of informative groups (rewards not all equal) an env needs at its calibrated
+    level to be trained (the authors' code: at least half)."""
+    calibration_groups: int | None = None
+    """Groups calibration plays per level; None: G."""
+    train_anyway: bool = False
+    """Train an env that calibration found untrainable for this policy, or that was not
+    calibrated (``calibrate`` off), instead of refusing it."""
+
     # --- LoRA ----------------------------------------------------------------------------
     lora_rank: int = 32
     """LoRA rank r (the paper: 32, about 5% of the parameters of its 8B model)."""
@@ -170,6 +198,20 @@ class GRPOTrainingConfig:
             raise TrainingError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.micro_batch is not None and (self.micro_batch < 1 or self.rollouts_per_iteration % self.micro_batch):
             raise TrainingError(f"micro_batch must divide G x K = {self.rollouts_per_iteration}, got {self.micro_batch}")
+        if not self.calibrate and not self.train_anyway:
+            raise TrainingError("calibration is off: nothing says the policy can learn from these envs; "
+                                "turn it on, or pass --train-anyway")
+        if self.max_draws < 1:
+            raise TrainingError(f"max_draws must be at least 1 (1: no dynamic sampling), got {self.max_draws}")
+        if (len(self.reward_band) != 2 or not all(isinstance(x, (int, float)) for x in self.reward_band)
+                or not 0 <= self.reward_band[0] <= self.reward_band[1] <= 1):
+            raise TrainingError(f"reward_band must be [low, high] with 0 <= low <= high <= 1, got {self.reward_band}")
+        if not 0 <= self.min_informative <= 1:
+            raise TrainingError(f"min_informative must be in [0, 1], got {self.min_informative}")
+        if self.level is not None and self.level < 0:
+            raise TrainingError(f"level must be at least 0, got {self.level}")
+        if self.calibration_groups is not None and self.calibration_groups < 1:
+            raise TrainingError(f"calibration_groups must be at least 1, got {self.calibration_groups}")
         if self.max_steps is not None and self.max_steps < 1:
             raise TrainingError(f"max_steps must be at least 1, got {self.max_steps}")
         return self

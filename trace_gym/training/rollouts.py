@@ -82,12 +82,40 @@ def groups_of(prompts: list[Any], k: int) -> list[str]:
     return keys
 
 
+def informative(rewards: list[float | None]) -> bool:
+    """A group GRPO can learn from: at least two scored episodes whose rewards differ."""
+    scored = {r for r in rewards if r is not None}
+    return len(scored) > 1
+
+
+def redraw_key(key: dict[str, Any], draw: int, run_seed: int, tasks: list[str] | None) -> str:
+    """The episode key that replaces a constant group on its ``draw``-th draw
+    (2, 3, ...): a fresh seed of the same env, or another task of a target's
+    training tasks; derived from the run seed and the key, so a resumed run
+    draws the same."""
+    import random
+
+    env_id = key["env"]
+    token = f"{run_seed}|redraw|{json.dumps(key, sort_keys=True)}|{draw}"
+    if key.get("task") is not None:
+        if not tasks:
+            raise TrainingError(f"{env_id}: cannot redraw a task without the target's task list")
+        return episode_key(env_id, task=random.Random(token).choice(tasks))
+    return episode_key(env_id, seed=zlib.crc32(token.encode()) & 0x7FFFFFFF)
+
+
 @dataclass
 class IterationRecord:
-    """What one call of ``rollout_func`` played, for the training log."""
+    """What one call of ``rollout_func`` played, for the training log. ``rewards``
+    and ``groups`` are what the update sees (after dynamic sampling);
+    ``first_rewards`` the first draw of every group, an unbiased sample of the
+    policy's reward on the env (the learning curve's figure)."""
 
     rewards: list[float | None] = field(default_factory=list)
     groups: list[list[float | None]] = field(default_factory=list)
+    first_rewards: list[float | None] = field(default_factory=list)
+    draws: int = 0
+    redrawn_groups: int = 0
     components: dict[str, list[float]] = field(default_factory=dict)
     hinted: int = 0
     episodes_played: int = 0
@@ -96,12 +124,23 @@ class IterationRecord:
     tokens_sampled: int = 0
     rollout_s: float = 0.0
 
+    def first_groups(self) -> list[list[float | None]]:
+        """The first draw's rewards, group by group (a group's K rows are consecutive)."""
+        k = len(self.first_rewards) // len(self.groups) if self.groups else 0
+        return [self.first_rewards[g * k:(g + 1) * k] for g in range(len(self.groups))] if k else []
+
     def summary(self) -> dict[str, Any]:
         scored = [r for r in self.rewards if r is not None]
-        constant = [g for g in self.groups if len({r for r in g if r is not None}) <= 1]
+        first = [r for r in self.first_rewards if r is not None]
+        constant = [g for g in self.groups if not informative(g)]
         return {
-            "mean_reward": statistics.fmean(scored) if scored else None,
+            "mean_reward": statistics.fmean(first) if first else None,
+            "mean_reward_trained": statistics.fmean(scored) if scored else None,
             "constant_reward_groups": len(constant) / len(self.groups) if self.groups else None,
+            "informative_groups": len(self.groups) - len(constant),
+            "first_draw_groups": self.first_groups(),
+            "draws": self.draws,
+            "redrawn_groups": self.redrawn_groups,
             "reward_components": {name: statistics.fmean(v) for name, v in sorted(self.components.items()) if v},
             "hinted": self.hinted,
             "episodes_played": self.episodes_played,
@@ -119,10 +158,13 @@ class EnvRolloutFunc:
     ``records`` keeps one ``IterationRecord`` per call; ``last_batch`` the last
     batch returned (what the update will see)."""
 
-    def __init__(self, config: GRPOTrainingConfig, pool: EnvPool, tokenizer: Any):
+    def __init__(self, config: GRPOTrainingConfig, pool: EnvPool, tokenizer: Any,
+                 task_lists: dict[str, list[str] | None] | None = None, adapter: str | None = ADAPTER_NAME):
         self.config = config
         self.pool = pool
         self.tokenizer = tokenizer
+        self.task_lists = task_lists or {}
+        self.adapter = adapter
         self.records: list[IterationRecord] = []
         self.last_batch: dict[str, list] | None = None
         self.last_outcomes: list[EpisodeOutcome | None] = []  # row by row, what ``last_batch`` was made from
@@ -141,23 +183,42 @@ class EnvRolloutFunc:
         return self._backend
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
+        batch = self.play(groups_of(prompts, self.config.rollouts_per_group), self.backend_for(trainer))
+        self.last_batch = batch
+        return batch
+
+    def play(self, keys: list[str], backend: Any) -> dict[str, list]:
+        """Play each key's group of K episodes with ``backend``; with dynamic
+        sampling (``max_draws`` > 1) a group whose rewards are all equal is played
+        again under a fresh key, up to ``max_draws`` draws, every episode counted.
+        Returns the rows (K per key, in order) and appends an ``IterationRecord``."""
         k = self.config.rollouts_per_group
-        keys = groups_of(prompts, k)
-        backend = self.backend_for(trainer)
         record = IterationRecord()
         t0 = time.perf_counter()
-        rows: list[dict[str, Any] | None] = [None] * len(prompts)
-        self.last_outcomes = [None] * len(prompts)
-        by_env: dict[str, list[int]] = {}
-        for g, prompt in enumerate(keys):
-            by_env.setdefault(parse_key(prompt)["env"], []).append(g)
-        for env_id, group_ids in by_env.items():
-            self._play_env(env_id, [parse_key(keys[g]) for g in group_ids], group_ids, backend, rows, record)
+        rows: list[dict[str, Any] | None] = [None] * (len(keys) * k)
+        self.last_outcomes = [None] * len(rows)
+        pending = [(g, parse_key(key)) for g, key in enumerate(keys)]
+        for draw in range(1, self.config.max_draws + 1):
+            by_env: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+            for g, key in pending:
+                by_env.setdefault(key["env"], []).append((g, key))
+            for env_id, items in by_env.items():
+                self._play_env(env_id, [key for _, key in items], [g for g, _ in items], backend, rows, record)
+            record.draws += len(pending)
+            if draw == 1:
+                record.first_rewards = [row["env_reward"] for row in rows]
+            pending = [(g, key) for g, key in pending if not informative([row["env_reward"] for row in rows[g * k:(g + 1) * k]])]
+            if not pending or draw == self.config.max_draws:
+                break
+            record.redrawn_groups += len(pending)
+            pending = [(g, parse_key(redraw_key(key, draw + 1, self.config.seed, self.task_lists.get(key["env"]))))
+                       for g, key in pending]
+        record.rewards = [row["env_reward"] for row in rows]
+        record.groups = [record.rewards[g * k:(g + 1) * k] for g in range(len(keys))]
         record.rollout_s = time.perf_counter() - t0
         self.records.append(record)
         batch = {name: [row[name] for row in rows] for name in ("prompt_ids", "completion_ids", "logprobs", "env_mask", "env_reward")}
         batch["hinted"] = [row["hinted"] for row in rows]
-        self.last_batch = batch
         return batch
 
     def _play_env(self, env_id: str, keys: list[dict[str, Any]], group_ids: list[int], backend: Any,
@@ -174,7 +235,7 @@ class EnvRolloutFunc:
                 episodes.append(Episode(task, sample, episode_seed(self.config.seed, name, sample),
                                         env_seed=None if task is not None else int(seed)))
                 hinted.append(sample < self.config.hinted_per_group)
-        agents = [make_agent("llm", model=backend, adapter=ADAPTER_NAME, temperature=self.config.temperature,
+        agents = [make_agent("llm", model=backend, adapter=self.adapter, temperature=self.config.temperature,
                              max_new_tokens=self.config.max_new_tokens, seed=self.config.seed) for _ in episodes]
         can_hint = {}
 
@@ -193,7 +254,6 @@ class EnvRolloutFunc:
             for s, row in enumerate(group_rows):
                 rows[group * k + s] = row
                 self.last_outcomes[group * k + s] = block[s]
-            record.groups.append([row["env_reward"] for row in group_rows])
 
     def _group_rows(self, block: list[EpisodeOutcome], hinted: list[bool], record: IterationRecord) -> list[dict[str, Any]]:
         """One GRPO group's rows; hinted rows get the group's hint-free prompt."""
@@ -221,7 +281,6 @@ class EnvRolloutFunc:
                 record.hinted += 1
             trajectory = outcome.played.trajectory
             reward = float(trajectory.reward)
-            record.rewards.append(reward)
             record.tokens_sampled += sum(grpo["env_mask"])
             if trajectory.error:
                 record.gave_up += 1
@@ -235,7 +294,6 @@ class EnvRolloutFunc:
         """A rollout the env could not finish: no reward (TRL gives it no advantage)
         and no token with a loss weight."""
         record.failed.append(reason)
-        record.rewards.append(None)
         eos = self.tokenizer.eos_token_id
         return {"prompt_ids": list(prompt_ids or [eos]), "completion_ids": [eos], "logprobs": [0.0],
                 "env_mask": [0], "env_reward": None, "hinted": False}

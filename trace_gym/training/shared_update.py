@@ -94,7 +94,8 @@ def prompt_groups(input_ids: Any, attention_mask: Any, logits_to_keep: int) -> l
 
 def shared_prefix_logps(model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int, *, temperature: float,
                         compute_entropy: bool = False, entropy_grad: bool = False,
-                        min_shared: int = MIN_SHARED_TOKENS, scored: Any = None) -> tuple[Any, Any] | None:
+                        min_shared: int = MIN_SHARED_TOKENS, scored: Any = None,
+                        prefix_grad: bool = True) -> tuple[Any, Any] | None:
     """Per-token log-probabilities [rows, logits_to_keep] of the last
     ``logits_to_keep`` tokens of each row (and their entropies, if asked; with
     gradient if ``entropy_grad``, for an entropy bonus), as TRL's
@@ -111,7 +112,12 @@ def shared_prefix_logps(model: Any, input_ids: Any, attention_mask: Any, logits_
     values are used (the tokens the model sampled: TRL's loss mask lies within
     them); the others are 0 and never reach the output layer, which on a
     multi-turn episode spares the vocabulary-wide softmax of every tool result
-    and user token."""
+    and user token.
+
+    ``prefix_grad=False`` runs the prefix all rows share without gradients: the
+    forward is unchanged, the gradient leaves out how the weights change the
+    shared prompt's keys and values (a stop-gradient on the system prompt; the
+    SFT warm start's option, never GRPO's)."""
     import torch
     from transformers import DynamicCache
 
@@ -156,8 +162,9 @@ def shared_prefix_logps(model: Any, input_ids: Any, attention_mask: Any, logits_
     base = None
     if length:
         at = int(first[0])
-        base = cached(extend(None, input_ids[:1, at:at + length], torch.arange(length, device=device)[None, :],
-                             **one_logit))
+        with torch.set_grad_enabled(prefix_grad and torch.is_grad_enabled()):
+            base = cached(extend(None, input_ids[:1, at:at + length], torch.arange(length, device=device)[None, :],
+                                 **one_logit))
     states, where_rows, where_columns = [], [], []
     for index, shared in groups:
         need = pick[index]

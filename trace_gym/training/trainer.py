@@ -61,16 +61,35 @@ class TrainingResult:
 def resolve_model(spec: str) -> tuple[str, str | None]:
     """(local folder, chat template to set) of a policy spec: the embedded name,
     ``hf:<folder>`` or a folder. Training never reaches a hub or a remote server."""
-    from trace_gym.llm.embedded import EMBEDDED_NAME, TOOL_CHAT_TEMPLATE, ensure_embedded_model
+    from trace_gym.llm.embedded import EMBEDDED_MODELS, EMBEDDED_NAME, TOOL_CHAT_TEMPLATE, local_model
 
-    if spec == EMBEDDED_NAME:
-        return str(ensure_embedded_model()), TOOL_CHAT_TEMPLATE
+    if spec in EMBEDDED_MODELS:
+        return str(local_model(spec)), TOOL_CHAT_TEMPLATE
     if spec.startswith("openai:"):
         raise TrainingError(f"cannot train {spec}: GRPO updates local weights; use {EMBEDDED_NAME} or hf:<local folder>")
     path = spec.removeprefix("hf:")
     if not Path(path).is_dir():
         raise TrainingError(f"no local model folder at {path}: trace-gym trains local models only and never downloads weights")
     return path, None
+
+
+def load_policy(spec: str, dtype: str, device: str = "cpu") -> tuple[Any, Any, str]:
+    """(model, tokenizer, local folder) of a policy to train, its weights in
+    ``dtype``; the tokenizer gets the chat template the policy plays under and a
+    pad token."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    path, chat_template = resolve_model(spec)
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=getattr(torch, dtype))
+    return model.to(device) if device != "cpu" else model, tokenizer, path
 
 
 def last_checkpoint(folder: Path) -> Path | None:
@@ -130,12 +149,14 @@ def _check_machine(config: GRPOTrainingConfig) -> None:
               "its products are emulated, slower than float32; --dtype auto picks float32 here", file=sys.stderr, flush=True)
 
 
-def _env_plan(config: GRPOTrainingConfig) -> tuple[dict[str, list[str] | None], dict[str, dict[str, Any]]]:
-    """Per env id: its task list (targets) or None (seeded envs), and its make() kwargs."""
+def _env_plan(config: GRPOTrainingConfig) -> tuple[dict[str, list[str] | None], dict[str, dict[str, Any]], dict[str, int | None]]:
+    """Per env id: its task list (targets) or None (seeded envs), its make() kwargs
+    and its number of difficulty levels (None: it has none)."""
     from trace_gym.registry import get_entry, make
 
     tasks: dict[str, list[str] | None] = {}
     kwargs: dict[str, dict[str, Any]] = {}
+    levels: dict[str, int | None] = {}
     for env_id in dict.fromkeys(config.env_ids):
         entry = get_entry(env_id)  # an unknown id is a one-line error here, before any model loads
         if entry.kind == "target":
@@ -145,6 +166,7 @@ def _env_plan(config: GRPOTrainingConfig) -> tuple[dict[str, list[str] | None], 
                 tasks[env_id] = list(getattr(env.unwrapped, "task_ids", None) or [])
             finally:
                 env.close()
+            levels[env_id] = None
         else:
             from trace_gym.sandbox.backends import Limits
 
@@ -152,16 +174,71 @@ def _env_plan(config: GRPOTrainingConfig) -> tuple[dict[str, list[str] | None], 
             if config.max_steps:
                 kwargs[env_id]["max_steps"] = config.max_steps
             tasks[env_id] = None
-    return tasks, kwargs
+            env = make(env_id, **kwargs[env_id])
+            try:
+                levels[env_id] = getattr(env.unwrapped, "levels", None)
+            finally:
+                env.close()
+        if config.level is not None and not levels[env_id]:
+            raise TrainingError(f"{env_id} declares no difficulty levels; drop --level")
+        if config.level is not None and config.level >= levels[env_id]:
+            raise TrainingError(f"{env_id} has levels 0..{levels[env_id] - 1}; --level {config.level} does not exist")
+    return tasks, kwargs, levels
+
+
+def _calibrate(config: GRPOTrainingConfig, out: Path, model: Any, tokenizer: Any, tasks: dict[str, list[str] | None],
+               env_kwargs: dict[str, dict[str, Any]], levels: dict[str, int | None], resume: bool) -> list[Any]:
+    """Each env calibrated for the policy (``calibration.py``), or the calibration a
+    resumed run made; sets each env's level in ``env_kwargs``; refuses, in one line,
+    an env that is untrainable (or uncalibrated) for this policy unless ``train_anyway``."""
+    from trace_gym.llm.local_hf import LocalHF
+    from trace_gym.registry import make
+
+    from .calibration import calibrate_env, check_trainable, load_calibrations, save_calibrations
+
+    path = out / "calibration.json"
+    if not config.calibrate:  # (refused in config.check() unless train_anyway)
+        for env_id in env_kwargs:
+            if config.level is not None and levels.get(env_id):
+                env_kwargs[env_id]["level"] = config.level
+        return []
+    done = load_calibrations(path) if resume and path.exists() else {}
+    backend = None
+    calibrations = []
+    for env_id in env_kwargs:
+        calibration = done.get(env_id)
+        if calibration is None:
+            backend = backend or LocalHF.from_model(model, tokenizer, max_batch=config.rollouts_per_iteration)
+
+            def play(level: int | None, keys: list[str], env_id: str = env_id) -> list[list[float | None]]:
+                kwargs = {**env_kwargs[env_id], **({} if level is None else {"level": level})}
+                pool = EnvPool(lambda e: make(e, **kwargs), recycle_after=config.recycle_after)
+                try:
+                    func = EnvRolloutFunc(dataclasses.replace(config, max_draws=1), pool, tokenizer, tasks, adapter=None)
+                    func.play(keys, backend)
+                    return func.records[-1].groups
+                finally:
+                    pool.close()
+
+            calibration = calibrate_env(config, env_id, tasks[env_id], levels[env_id], play,
+                                        say=lambda m: print(f"trace-gym: {m}", file=sys.stderr, flush=True))
+        calibrations.append(calibration)
+        save_calibrations(path, calibrations)
+        check_trainable(calibration, config)
+        if calibration.level is not None:
+            env_kwargs[env_id]["level"] = calibration.level
+    return calibrations
 
 
 class _IterationLog:
     """TRL callback: one ``train_log.jsonl`` line per optimizer step (= iteration), a progress bar."""
 
     def __init__(self, config: GRPOTrainingConfig, rollout: EnvRolloutFunc, log: TrainLog, start: int, previous: list[dict[str, Any]],
-                 progress: bool | None):
+                 progress: bool | None, calibration_episodes: int = 0, levels: dict[str, int | None] | None = None):
         from tqdm.auto import tqdm
 
+        self.calibration_episodes = calibration_episodes
+        self.levels = levels or {}
         self.config = config
         self.rollout = rollout
         self.log = log
@@ -202,6 +279,8 @@ class _IterationLog:
             "grad_norm": logs.get("grad_norm"),
             "rollouts": iteration * self.config.rollouts_per_iteration,
             "episodes_played": self.episodes_played,
+            "calibration_episodes": self.calibration_episodes,
+            "levels": self.levels,
             "pool": {k: v for k, v in vars(self.rollout.pool.stats).items() if k != "failures"},
             "dtype": self.config.dtype,
             "wall_s": round(wall, 3),
@@ -221,14 +300,13 @@ def build_trainer(config: GRPOTrainingConfig, *, resume: bool = False, progress:
     config.check()
     config = dataclasses.replace(config, dtype=_check_run_folder(config, resume))  # `auto` decided once, here
     _check_machine(config)
-    tasks, env_kwargs = _env_plan(config)
-    model_path, chat_template = resolve_model(config.model)
+    tasks, env_kwargs, levels = _env_plan(config)
+    resolve_model(config.model)  # a bad model spec is one line here, before the run folder is written
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL; we pin its version
     import torch
     from datasets import Dataset
     from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     from trace_gym.registry import make
@@ -248,17 +326,14 @@ def build_trainer(config: GRPOTrainingConfig, *, resume: bool = False, progress:
         raise TrainingError(f"the run in {out} already finished {start} iterations; raise --iterations to train further")
     (out / "run.json").write_text(json.dumps(config.as_dict(), indent=2) + "\n", encoding="utf-8")
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
-    if chat_template is not None:
-        tokenizer.chat_template = chat_template
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(model_path, local_files_only=True,
-                                                 dtype=getattr(torch, config.dtype))
+    model, tokenizer, _ = load_policy(config.model, config.dtype)
+    calibrations = _calibrate(config, out, model, tokenizer, tasks, env_kwargs, levels, resume)
 
     pool = EnvPool(lambda env_id: make(env_id, **env_kwargs[env_id]), recycle_after=config.recycle_after)
-    rollout = EnvRolloutFunc(config, pool, tokenizer)
-    iteration_log = _IterationLog(config, rollout, log, start, previous, progress)
+    rollout = EnvRolloutFunc(config, pool, tokenizer, tasks)
+    iteration_log = _IterationLog(config, rollout, log, start, previous, progress,
+                                  calibration_episodes=sum(c.episodes for c in calibrations),
+                                  levels={e: kw.get("level") for e, kw in env_kwargs.items()})
     dataset = Dataset.from_list([{"prompt": key} for key in plan_groups(config, tasks)])
     args = config.to_grpo_args()
     trainer = trainer_class()(

@@ -1,0 +1,184 @@
+"""The SFT warm start: demonstrations become the token episodes a rollout would
+record, the loss falls on the agent's tokens and nowhere else, a held-out task
+never enters the data, and a tiny run through the CLI gives a policy that loads
+everywhere a model does."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+
+pytest.importorskip("trl")
+
+from trace_gym.training import TrainingError  # noqa: E402
+from trace_gym.training.sft import (  # noqa: E402
+    SFTTrainingConfig, _Collator, agent_token_logps, demonstration_episode, demonstration_rows, env_tools,
+    load_demonstrations)
+
+RETAIL = "trace/tau2-retail-v0"
+
+
+@pytest.fixture(scope="module")
+def demos(tmp_path_factory) -> Path:
+    """The oracle on three train-split tasks of τ²-retail: real demonstrations."""
+    out = tmp_path_factory.mktemp("demos") / "oracle.jsonl"
+    result = run_cli("rollout", "--env", RETAIL, "--agent", "oracle", "--split", "train", "--tasks", "3", "--out", str(out),
+                     "--no-progress")
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def backend():
+    from trace_gym.llm import make_backend
+
+    return make_backend("smollm2-135m-instruct")
+
+
+def test_the_loss_mask_covers_exactly_the_agents_tokens(demos, backend):
+    [trajectory, *_] = load_demonstrations([str(demos)], 1.0)[0]
+    [row] = demonstration_rows(backend, [trajectory], 100_000)
+    ids = [*row["prompt_ids"], *row["completion_ids"]]
+    mask = [0] * len(row["prompt_ids"]) + row["completion_mask"]
+    spans, current = [], []
+    for token, weight in zip(ids, mask):
+        if weight:
+            current.append(token)
+        elif current:
+            spans.append(current)
+            current = []
+    if current:
+        spans.append(current)
+    agent_turns = [m for m in trajectory.messages if m.role == "assistant" and m.raw is not None]
+    assert len(spans) == len(agent_turns)  # one masked span per agent turn, nothing else
+    close = backend.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    for span, message in zip(spans, agent_turns):
+        text = backend.tokenizer.decode(span)
+        assert span[-1] == close  # the end-of-turn token the model stops on is learnt
+        for call in message.tool_calls or []:
+            assert f'"name": "{call.name}"' in text
+        if not message.tool_calls:
+            assert text == message.content + "<|im_end|>"
+    scored = backend.tokenizer.decode([t for t, w in zip(ids, mask) if w])
+    tool_results = [m.content for m in trajectory.messages if m.role == "tool" and len(m.content or "") > 40]
+    assert tool_results and not any(result[-40:] in scored for result in tool_results)  # tool results carry no loss
+    users = [m.content for m in trajectory.messages if m.role == "user" and m.content]
+    assert not any(text[:30] in scored for text in users) and "<|im_start|>user" not in scored
+    assert trajectory.messages[1].role == "assistant" and trajectory.messages[1].raw is None  # τ²'s greeting: the env's
+
+
+def test_a_demonstration_is_the_token_episode_a_rollout_would_record(demos, backend):
+    """Each turn's prompt extends the previous prompt + completion token for token, and the
+    first prompt is what the agent itself encodes at its first turn."""
+    from trace_gym.env import agent_conversation
+
+    [trajectory, *_] = load_demonstrations([str(demos)], 1.0)[0]
+    tools = env_tools(RETAIL)
+    episode = demonstration_episode(backend, trajectory, tools)
+    episode.check()
+    first_agent = next(i for i, m in enumerate(trajectory.messages) if m.raw is not None)
+    prompt, _ = backend.encode_conversation(agent_conversation(trajectory.messages[:first_agent]), tools)
+    assert episode.turns[0].prompt_ids == prompt
+    assert len(episode.turns) == sum(m.raw is not None for m in trajectory.messages)
+
+
+def test_a_held_out_task_is_refused_in_one_line(tmp_path):
+    mixed = tmp_path / "mixed.jsonl"
+    from trace_gym.registry import make
+
+    env = make(RETAIL, split="test")
+    held_out = env.unwrapped.task_ids[0]
+    env.close()
+    result = run_cli("rollout", "--env", RETAIL, "--agent", "oracle", "--task-ids", held_out, "--out", str(mixed), "--no-progress")
+    assert result.returncode == 0, result.stderr
+    with pytest.raises(TrainingError, match="held-out 'test' split"):
+        load_demonstrations([str(mixed)], 1.0)
+    result = run_cli("sft", "--trajectories", str(mixed), "--out", str(tmp_path / "sft"))
+    assert result.returncode == 2 and "held-out" in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "sft").exists()
+
+
+def test_nothing_to_learn_from_is_one_line(tmp_path):
+    result = run_cli("sft", "--trajectories", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "o"))
+    assert result.returncode == 2 and "no trajectory file" in result.stderr
+    for bad, message in ((["--batch-size", "3", "--micro-batch", "2"], "must divide"), (["--epochs", "0"], "at least 1")):
+        with pytest.raises(TrainingError, match=message):
+            SFTTrainingConfig(trajectories=["x"], out="o", **{k.lstrip("-").replace("-", "_"): int(v)
+                                                              for k, v in zip(bad[::2], bad[1::2])}).check()
+
+
+def test_agent_token_logps_equal_the_whole_forward(demos, backend):
+    """The shared-prompt pass scores the agent's tokens as the model run whole does, with or
+    without gradients through the shared prompt (the forward is the same)."""
+    import torch
+
+    trajectories = load_demonstrations([str(demos)], 1.0)[0][:2]
+    rows = demonstration_rows(backend, trajectories, 5700)
+    batch = _Collator(backend.tokenizer.pad_token_id)(rows)
+    model = backend.model
+    with torch.no_grad():
+        shared, mask = agent_token_logps(model, batch)
+        detached, _ = agent_token_logps(model, batch, prefix_gradient=False)
+        keep = mask.shape[1]
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, -keep - 1:-1].float()
+        whole = torch.log_softmax(logits, -1).gather(-1, batch["input_ids"][:, -keep:, None]).squeeze(-1)
+    assert mask.sum() > 20
+    assert torch.allclose(shared[mask], whole[mask], atol=2e-3)
+    assert torch.equal(shared, detached) and not shared[~mask].any()
+
+
+@pytest.mark.slow
+def test_a_tiny_warm_start_gives_a_policy_usable_as_a_model(tmp_path, demos):
+    from safetensors.torch import load_file
+
+    out = tmp_path / "sft"
+    result = run_cli("sft", "--trajectories", str(demos), "--out", str(out), "--epochs", "1", "--batch-size", "2",
+                     "--micro-batch", "2", "--max-tokens", "5700", "--lr", "1e-3", "--threads", "1", "--dtype", "float32")
+    assert result.returncode == 0, result.stderr
+    assert f"policy: hf:{out / 'model'}" in result.stdout
+    log = [json.loads(line) for line in (out / "sft_log.jsonl").read_text().splitlines()]
+    assert log and all(row["loss"] > 0 and row["agent_tokens"] > 0 for row in log)
+    run = json.loads((out / "run.json").read_text())
+    assert run["data"]["episodes"] == 3 and run["data"]["tasks"] and 0 < run["data"]["agent_token_share"] < 0.2
+    weights = load_file(str(out / "adapter" / "adapter_model.safetensors"))
+    assert any(name.endswith("lora_B.weight") and value.abs().sum() > 0 for name, value in weights.items())
+    from trace_gym.llm import make_backend
+
+    policy = make_backend(f"hf:{out / 'model'}")
+    assert "<tool_call>" in (policy.tokenizer.chat_template or "")  # the template it was trained under travels with it
+    result = run_cli("sft", "--trajectories", str(demos), "--out", str(out))
+    assert result.returncode == 2 and "already holds" in result.stderr
+
+
+@pytest.mark.slow
+def test_the_shipped_warm_start_is_what_the_command_makes_and_loads(tmp_path, demos):
+    """`make warm-start`'s sft command (its defaults, a tiny budget) makes an adapter of the shipped
+    one's shape, exported the same way; the shipped one merges into a policy that plays."""
+    from safetensors.torch import load_file
+
+    from trace_gym.llm import make_backend
+    from trace_gym.llm.embedded import WARM_STARTS, WARM_STARTS_DIR
+    from trace_gym.training.sft import export_adapter
+
+    [name] = WARM_STARTS
+    out = tmp_path / "sft"
+    result = run_cli("sft", "--trajectories", str(demos), "--out", str(out), "--epochs", "1", "--max-tokens", "5600",
+                     "--threads", "1")
+    assert result.returncode == 0, result.stderr
+    exported = export_adapter(out / "adapter", tmp_path / "export")
+    made = json.loads((exported / "adapter_config.json").read_text())
+    stages = sorted(p for p in (WARM_STARTS_DIR / name).iterdir() if p.is_dir())
+    assert [p.name for p in stages] == ["1-tau2-retail-oracle", "2-reference-envs-oracle"]
+    for stage in stages:
+        shipped = json.loads((stage / "adapter_config.json").read_text())
+        for key in ("peft_type", "r", "lora_alpha", "target_modules", "task_type", "lora_dropout"):
+            assert made[key] == shipped[key], key
+        assert set(load_file(str(exported / "adapter_model.safetensors"))) == set(
+            load_file(str(stage / "adapter_model.safetensors")))
+    policy = make_backend(name)
+    [completion] = policy.generate([[{"role": "user", "content": "Where is my order #W0000001?"}]], max_new_tokens=8)
+    assert completion.text is not None

@@ -1,0 +1,408 @@
+"""The warm start: LoRA supervised fine-tuning on successful trajectories (TRL's ``SFTTrainer``).
+
+A policy that never acts gives GRPO nothing to compare: every group's rewards
+are equal. ``sft(config)`` fine-tunes it on trajectories that succeeded, from
+any source in our trajectory format: a target's oracle on its train split, a
+user's own logs, or the policy's own successes (rejection-sampling
+fine-tuning). It writes into ``config.out``:
+
+- ``adapter/``: the LoRA (PEFT format);
+- ``model/``: the base model with the LoRA merged in, and its tokenizer with
+  the chat template it was trained under; ``hf:<out>/model`` is then a policy
+  like any other (``--model``, ``[policy]``, the router, the base of GRPO);
+- ``sft_log.jsonl``: one line per optimizer step (loss, agent tokens);
+- ``run.json``: the config and what the data held (episodes, tasks, tokens).
+
+The loss is on the tokens the agent produced and nowhere else, under GRPO's
+``env_mask`` convention: each demonstration is turned into the token episode a
+rollout would have recorded (``LocalHF.encode_conversation``,
+``encode_continuation``, ``encode_reply``: the same segments, never a re-render
+of the whole transcript), and only its agent turns (each closed by the
+end-of-turn token the model stops on) carry loss. System prompt, tool schemas,
+tool results, user turns and template tokens carry none.
+
+The forward pass is GRPO's update pass (``shared_update.shared_prefix_logps``):
+the system prompt a micro-batch shares runs once, and only the agent's tokens
+go through the output layer, so a τ² demonstration (about 9.5k tokens, 5% of
+them the agent's) never materialises its full-vocabulary logits.
+
+What this module must not do: read a held-out task. A trajectory of a task in
+its target's ``test`` split is refused before anything loads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .config import DTYPES, TrainingError, native_bf16
+
+HELD_OUT_SPLIT = "test"
+
+
+@dataclass
+class SFTTrainingConfig:
+    """One LoRA warm start on demonstrations."""
+
+    trajectories: list[str]
+    """Trajectory files (JSONL, as ``trace-gym rollout`` writes them)."""
+    out: str
+    """Run folder: ``adapter/``, ``model/`` (merged), ``sft_log.jsonl``, ``run.json``."""
+    model: str = "smollm2-135m-instruct"
+    """The policy to warm-start: the embedded model's name or ``hf:<local folder>``."""
+    min_reward: float = 1.0
+    """Only episodes with at least this reward are learnt from (1.0: successes only)."""
+    epochs: int = 2
+    """Passes over the demonstrations (ours: 2, what the shipped warm start used)."""
+    learning_rate: float = 2e-4
+    """AdamW learning rate, constant after a short warm-up (ours: a usual LoRA SFT rate, 20x GRPO's)."""
+    batch_size: int = 8
+    """Demonstrations per optimizer step."""
+    micro_batch: int = 4
+    """Demonstrations per forward/backward pass (they share their system prompt); divides ``batch_size``."""
+    lora_rank: int = 8
+    """LoRA rank of the warm start (ours: 8, on attention and MLP; 4.9 MB shipped in bf16 for the embedded model)."""
+    lora_alpha: int = 16
+    """LoRA scaling alpha (2 x rank)."""
+    lora_target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    """Modules that get an adapter: attention and MLP (a new output format is more than attention's job)."""
+    prefix_gradient: bool = False
+    """Back-propagate through the system prompt the demonstrations share. Off (ours): that prompt's
+    keys and values are computed with the current weights but without gradients, a stop-gradient that
+    makes a step cost its agent turns, not the 5k-token τ² prompt again with gradients (about 3x)."""
+    max_tokens: int | None = None
+    """Tokens per demonstration; a longer one is cut after its last agent turn that fits. None: the
+    model's context size."""
+    dtype: str = "auto"
+    """Weights during training: ``auto`` (bfloat16 on CUDA and CPUs with bf16 instructions), ``float32``
+    or ``bfloat16``; the LoRA and the merged model are float32 either way."""
+    device: str = "cpu"
+    """``cpu`` or ``cuda``."""
+    seed: int = 0
+    """Seeds the data order and the LoRA initialisation."""
+    torch_threads: int | None = None
+    """CPU threads of torch; None keeps torch's choice."""
+
+    def check(self) -> "SFTTrainingConfig":
+        if not self.trajectories:
+            raise TrainingError("sft needs at least one --trajectories file")
+        for name in ("epochs", "batch_size", "micro_batch", "lora_rank"):
+            if getattr(self, name) < 1:
+                raise TrainingError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.batch_size % self.micro_batch:
+            raise TrainingError(f"micro_batch ({self.micro_batch}) must divide batch_size ({self.batch_size})")
+        if self.learning_rate <= 0:
+            raise TrainingError("learning_rate must be positive")
+        if self.dtype not in DTYPES:
+            raise TrainingError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.device not in ("cpu", "cuda"):
+            raise TrainingError(f"device must be cpu or cuda, got {self.device!r}")
+        if self.max_tokens is not None and self.max_tokens < 16:
+            raise TrainingError(f"max_tokens must be at least 16, got {self.max_tokens}")
+        return self
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def resolved_dtype(self) -> str:
+        if self.dtype != "auto":
+            return self.dtype
+        return "bfloat16" if self.device == "cuda" or native_bf16() else "float32"
+
+
+@dataclass
+class SFTResult:
+    out: Path
+    adapter: Path
+    model: Path
+    episodes: int
+    steps: int
+    first_loss: float | None
+    last_loss: float | None
+    wall_s: float
+
+    @property
+    def policy(self) -> str:
+        """The model spec of the warm-started policy."""
+        return f"hf:{self.model}"
+
+
+def held_out_tasks(env_id: str) -> set[str]:
+    """The task ids of ``env_id``'s held-out split (empty for an env without
+    tasks, such as a synthesized env, or a target without a ``test`` split)."""
+    from trace_gym.errors import TraceGymError
+    from trace_gym.registry import get_entry, make
+
+    if get_entry(env_id).kind != "target":
+        return set()
+    try:
+        env = make(env_id, split=HELD_OUT_SPLIT)
+    except (TraceGymError, TypeError):  # no such split, or a target that takes no split
+        return set()
+    try:
+        return {str(t) for t in (getattr(env.unwrapped, "task_ids", None) or [])}
+    finally:
+        env.close()
+
+
+def load_demonstrations(paths: list[str], min_reward: float) -> tuple[list[Any], dict[str, Any]]:
+    """The successful, agent-played trajectories of ``paths``, and what was left out.
+    Refuses, in one line, a file that holds an episode of a held-out task."""
+    from trace_gym.store import read_trajectories
+
+    kept, skipped = [], {"below_min_reward": 0, "aborted": 0, "no_agent_turn": 0}
+    held: dict[str, set[str]] = {}
+    for path in paths:
+        if not Path(path).exists():
+            raise TrainingError(f"no trajectory file at {path}")
+        for trajectory in read_trajectories(path):
+            if trajectory.env_id not in held:
+                held[trajectory.env_id] = held_out_tasks(trajectory.env_id)
+            if trajectory.task_id is not None and str(trajectory.task_id) in held[trajectory.env_id]:
+                raise TrainingError(f"{path}: episode {trajectory.episode_id} plays task {trajectory.task_id} of "
+                                    f"{trajectory.env_id}'s held-out '{HELD_OUT_SPLIT}' split; only evaluation may "
+                                    "see it (roll demonstrations out with --split train)")
+            if trajectory.error:
+                skipped["aborted"] += 1
+            elif trajectory.reward < min_reward:
+                skipped["below_min_reward"] += 1
+            elif not any(m.role == "assistant" and m.raw is not None for m in trajectory.messages):
+                skipped["no_agent_turn"] += 1
+            else:
+                kept.append(trajectory)
+    if not kept:
+        raise TrainingError(f"no demonstration to learn from in {', '.join(paths)}: none has reward >= {min_reward} "
+                            f"and an agent turn ({', '.join(f'{k} {v}' for k, v in skipped.items())})")
+    return kept, skipped
+
+
+def env_tools(env_id: str) -> list[dict[str, Any]]:
+    """The tool schemas an agent sees in ``env_id`` (what its ``reset`` puts in ``info``)."""
+    from trace_gym.registry import make
+
+    env = make(env_id)
+    try:
+        _, info = env.reset(seed=0)
+        return list(info.get("tools") or [])
+    finally:
+        env.close()
+
+
+def demonstration_episode(backend: Any, trajectory: Any, tools: list[dict[str, Any]]) -> Any:
+    """The ``TokenEpisode`` a rollout would have recorded had the model written the
+    trajectory's agent turns (those with ``raw`` text; a target's scripted greeting
+    is the environment's), every turn's prompt extending the last one token for token."""
+    from trace_gym.env import agent_conversation
+    from trace_gym.llm.base import TokenEpisode, TokenTurn
+
+    transcript = [m for m in trajectory.messages if m.requestor != "user"]
+    turns = [i for i, m in enumerate(transcript) if m.role == "assistant" and m.raw is not None]
+    episode = TokenEpisode()
+    for n, i in enumerate(turns):
+        if n == 0:
+            prompt, _ = backend.encode_conversation(agent_conversation(transcript[:i]), tools)
+        else:
+            j, last = turns[n - 1], episode.turns[-1]
+            prompt = [*last.prompt_ids, *last.completion_ids,
+                      *backend.encode_continuation(transcript[j].to_openai(), agent_conversation(transcript[j + 1:i]),
+                                                   last.completion_ids)]
+        completion = backend.encode_reply(transcript[i].to_openai())
+        episode.turns.append(TokenTurn(prompt_ids=prompt, completion_ids=completion, logprobs=[0.0] * len(completion)))
+    return episode
+
+
+def demonstration_rows(backend: Any, trajectories: list[Any], max_tokens: int) -> list[dict[str, list[int]]]:
+    """One training row per demonstration: ``prompt_ids`` (up to the first agent
+    turn), ``completion_ids`` (the rest) and ``completion_mask`` (1 exactly on the
+    agent's tokens), cut after the last agent turn that fits in ``max_tokens``."""
+    tools: dict[str, list[dict[str, Any]]] = {}
+    rows = []
+    for trajectory in trajectories:
+        if trajectory.env_id not in tools:
+            tools[trajectory.env_id] = env_tools(trajectory.env_id)
+        episode = demonstration_episode(backend, trajectory, tools[trajectory.env_id])
+        while episode.turns and len(episode.ids) > max_tokens:
+            episode.turns.pop()
+        if not episode.turns:
+            continue  # not even the first agent turn fits
+        episode.check()
+        grpo = episode.for_grpo()
+        rows.append({"prompt_ids": grpo["prompt_ids"], "completion_ids": grpo["completion_ids"],
+                     "completion_mask": grpo["env_mask"], "episode_id": trajectory.episode_id})
+    return rows
+
+
+class _Collator:
+    """Rows to a batch in GRPO's layout: prompts left-padded, completions right-padded."""
+
+    def __init__(self, pad_id: int):
+        self.pad_id = pad_id
+
+    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        import torch
+
+        p = max(len(r["prompt_ids"]) for r in rows)
+        c = max(len(r["completion_ids"]) for r in rows)
+        ids, attention, scored = [], [], []
+        for r in rows:
+            lp, lc = len(r["prompt_ids"]), len(r["completion_ids"])
+            ids.append([self.pad_id] * (p - lp) + list(r["prompt_ids"]) + list(r["completion_ids"]) + [self.pad_id] * (c - lc))
+            attention.append([0] * (p - lp) + [1] * (lp + lc) + [0] * (c - lc))
+            scored.append(list(r["completion_mask"]) + [0] * (c - lc))
+        return {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(attention),
+                "completion_mask": torch.tensor(scored, dtype=torch.bool)}
+
+
+def agent_token_logps(model: Any, batch: dict[str, Any], prefix_gradient: bool = True) -> tuple[Any, Any]:
+    """(log-probabilities [rows, completion width], mask) of the agent's tokens
+    of a collated batch; the shared prompt runs once, only agent tokens reach the
+    output layer. Falls back to the model's plain forward where sharing does not
+    apply (gradient checkpointing, a sliding-window model)."""
+    import torch
+
+    from .shared_update import shared_prefix_logps
+
+    ids, attention, mask = batch["input_ids"], batch["attention_mask"], batch["completion_mask"]
+    keep = mask.shape[1]
+    part = shared_prefix_logps(model, ids, attention, keep, temperature=1.0, scored=mask, min_shared=1,
+                               prefix_grad=prefix_gradient)
+    if part is not None:
+        return part[0], mask
+    logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=keep + 1).logits[:, :-1].float()
+    logps = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, -keep:, None]).squeeze(-1)
+    return logps.masked_fill(~mask, 0.0), mask
+
+
+def _trainer_class() -> type:
+    from trl import SFTTrainer
+
+    class AgentTokenSFTTrainer(SFTTrainer):
+        """TRL's SFTTrainer whose loss is the mean negative log-likelihood of the
+        agent's tokens, scored by ``agent_token_logps``."""
+
+        prefix_gradient = True
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            logps, mask = agent_token_logps(model, inputs, self.prefix_gradient)
+            tokens = mask.sum().clamp(min=1)
+            loss = -(logps * mask).sum() / tokens
+            self._metrics["train"]["agent_tokens"].append(float(tokens))
+            return (loss, None) if return_outputs else loss
+
+    return AgentTokenSFTTrainer
+
+
+def _check_out(out: Path) -> None:
+    if (out / "run.json").exists() or (out / "model").exists():
+        raise TrainingError(f"{out} already holds a warm start; choose another --out (or delete it to rebuild)")
+
+
+def sft(config: SFTTrainingConfig, *, progress: bool | None = None) -> SFTResult:
+    """Warm-start ``config.model`` on the demonstrations; see the module docstring."""
+    import importlib.util
+
+    config.check()
+    out = Path(config.out)
+    _check_out(out)
+    for module, extra in (("trl", "train"), ("peft", "models"), ("datasets", "train")):
+        if importlib.util.find_spec(module) is None:
+            raise TrainingError(f"sft needs {module}: pip install 'trace-gym[{extra}]'")
+    demonstrations, skipped = load_demonstrations(config.trajectories, config.min_reward)
+    t0 = time.perf_counter()
+    from .trainer import load_policy
+
+    dtype = config.resolved_dtype()
+    model, tokenizer, model_path = load_policy(config.model, dtype, device=config.device)
+
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from trl import SFTConfig
+
+    from trace_gym.llm.local_hf import LocalHF
+
+    if config.torch_threads:
+        torch.set_num_threads(config.torch_threads)
+    context = int(getattr(model.config, "max_position_embeddings", 0) or 0) or 8192
+    max_tokens = min(config.max_tokens or context, context)
+    backend = LocalHF.from_model(model, tokenizer, name=config.model)
+    rows = demonstration_rows(backend, demonstrations, max_tokens)
+    if not rows:
+        raise TrainingError(f"no demonstration fits in {max_tokens} tokens, not even its first agent turn")
+    lengths = [len(r["prompt_ids"]) + len(r["completion_ids"]) for r in rows]
+    agent = [sum(r["completion_mask"]) for r in rows]
+    summary = {"episodes": len(rows), "skipped": skipped, "tasks": sorted({d.task_id or f"seed-{d.seed}" for d in demonstrations}),
+               "envs": sorted({d.env_id for d in demonstrations}), "tokens_mean": statistics.fmean(lengths),
+               "agent_token_share": sum(agent) / sum(lengths), "max_tokens": max_tokens, "dtype": dtype}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "run.json").write_text(json.dumps({"config": config.as_dict(), "data": summary}, indent=2) + "\n", encoding="utf-8")
+    print(f"trace-gym sft: {len(rows)} demonstrations ({summary['tokens_mean']:.0f} tokens each on average, "
+          f"{100 * summary['agent_token_share']:.1f}% the agent's), {config.epochs} epochs", flush=True)
+
+    cpu = config.device == "cpu"
+    args = SFTConfig(
+        output_dir=str(out / "checkpoints"), num_train_epochs=config.epochs, learning_rate=config.learning_rate,
+        lr_scheduler_type="constant_with_warmup", warmup_steps=2, optim="adamw_torch",
+        per_device_train_batch_size=config.micro_batch, gradient_accumulation_steps=config.batch_size // config.micro_batch,
+        use_cpu=cpu, bf16=not cpu and dtype == "bfloat16", fp16=False, seed=config.seed, data_seed=config.seed,
+        logging_steps=1, save_strategy="no", report_to=[], disable_tqdm=not progress if progress is not None else None,
+        remove_unused_columns=False, dataloader_num_workers=0, gradient_checkpointing=False,
+        dataset_kwargs={"skip_prepare_dataset": True},
+    )
+    log_path = out / "sft_log.jsonl"
+    from .log import TrainLog
+
+    log = TrainLog(log_path)
+    losses: list[float] = []
+
+    from transformers import TrainerCallback
+
+    class Log(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "loss" in logs:
+                losses.append(float(logs["loss"]))
+                log.append({"iteration": state.global_step, "epoch": logs.get("epoch"), "loss": logs["loss"],
+                            "grad_norm": logs.get("grad_norm"), "agent_tokens": logs.get("agent_tokens"),
+                            "elapsed_s": round(time.perf_counter() - t0, 3)})
+
+    trainer = _trainer_class()(
+        model=model, args=args, train_dataset=Dataset.from_list([{k: r[k] for k in ("prompt_ids", "completion_ids", "completion_mask")} for r in rows]),
+        processing_class=tokenizer, data_collator=_Collator(tokenizer.pad_token_id),
+        peft_config=LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=0.0,
+                               target_modules=list(config.lora_target_modules), task_type="CAUSAL_LM"),
+        callbacks=[Log()],
+    )
+    trainer.prefix_gradient = config.prefix_gradient
+    trainer.train()
+    adapter = out / "adapter"
+    trainer.model.save_pretrained(str(adapter))
+    from trace_gym.llm.embedded import merge_adapter
+
+    merged = merge_adapter(Path(model_path), adapter, out / "model", tokenizer.chat_template)
+    steps = trainer.state.global_step
+    return SFTResult(out=out, adapter=adapter, model=merged, episodes=len(rows), steps=steps,
+                     first_loss=losses[0] if losses else None, last_loss=losses[-1] if losses else None,
+                     wall_s=time.perf_counter() - t0)
+
+
+def export_adapter(adapter: str | Path, target: str | Path, dtype: str = "bfloat16") -> Path:
+    """Copy a trained adapter (PEFT folder) to ``target`` with its weights in
+    ``dtype``: how a warm start is shipped (half the bytes of float32; merged
+    into a float32 model on load)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    adapter, target = Path(adapter), Path(target)
+    weights = load_file(str(adapter / "adapter_model.safetensors"))
+    config = json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8"))
+    config["base_model_name_or_path"] = None  # a local cache path; the warm start names its base itself
+    target.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.to(getattr(torch, dtype)).contiguous() for k, v in weights.items()}, str(target / "adapter_model.safetensors"))
+    (target / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return target
