@@ -103,8 +103,9 @@ class RolloutStage:
     them; with fewer, ``fallback`` (if set) plays instead."""
     fallback: str | None = None
     """An agent (e.g. ``planted``, with ``deficits``) whose trajectories identification contrasts
-    when the policy's own hold fewer than ``min_contrast`` successes or failures; the report says
-    so and keeps the policy's figures. None: contrast what the policy did."""
+    when the policy's own hold fewer than ``min_contrast`` successes or failures; it plays the
+    whole split (``tasks`` limits the policy only). The report says so and keeps the policy's
+    figures. None: contrast what the policy did."""
 
 
 @dataclass
@@ -442,13 +443,13 @@ def stage_rollout(config: PipelineConfig, state: RunState, say: Callable[[str], 
     out = config.run_dir / "rollouts" / f"trajectories-{stage_inputs_hash(config, 'rollout', state)[:10]}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     env_kwargs = {"max_steps": config.rollout.max_steps} if config.rollout.max_steps else {}
-    def play(who: str, path: Path) -> dict[str, Any]:
+    def play(who: str, path: Path, limit: int | None = config.rollout.tasks) -> dict[str, Any]:
         if who == "policy":
             agent, agent_kwargs = "llm", _agent_kwargs(config)
         else:
             agent, agent_kwargs = who, ({"deficits": config.rollout.deficits} if config.rollout.deficits else {})
         summary = rollout(config.run.target, agent, path, agent_kwargs=agent_kwargs, split=config.rollout.split,
-                          limit=config.rollout.tasks, samples=config.rollout.samples, seed=config.run.seed, resume=True,
+                          limit=limit, samples=config.rollout.samples, seed=config.run.seed, resume=True,
                           env_kwargs=env_kwargs, executor=config.rollout.executor,
                           workers=config.policy.workers if agent == "llm" else 1,
                           batch=config.policy.batch if agent == "llm" else 1)  # batching is for model generation
@@ -465,7 +466,8 @@ def stage_rollout(config: PipelineConfig, state: RunState, say: Callable[[str], 
         reason = (f"the policy's {played['episodes']} episodes hold {played['successes']} successes and {failures} "
                   f"failures, fewer than {config.rollout.min_contrast} of each to contrast")
         say(f"{reason}: identification contrasts the {config.rollout.fallback} agent's trajectories instead")
-        fallback = play(config.rollout.fallback, out.with_name(out.stem + f"-{config.rollout.fallback}.jsonl"))
+        # (the whole split: a scripted fallback costs no model time, and selection needs contrast)
+        fallback = play(config.rollout.fallback, out.with_name(out.stem + f"-{config.rollout.fallback}.jsonl"), None)
         fallback["wall_s"] += played["wall_s"]
         return {**fallback, "policy": played, "fallback_reason": reason,
                 "summary": f"policy: {played['summary']}; too few to contrast, {config.rollout.fallback}: {fallback['summary']}"}
