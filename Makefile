@@ -77,7 +77,7 @@ WARM_ENVS := structured-data verify-preconditions complete-actions no-unrequeste
 warm-start: setup
 	rm -rf runs/warm-start && mkdir -p runs/warm-start
 	$(VENV)/bin/trace-gym rollout --env trace/tau2-retail-v0 --agent oracle --split train --out runs/warm-start/tau2.jsonl --no-progress
-	$(VENV)/bin/trace-gym sft --trajectories runs/warm-start/tau2.jsonl --out runs/warm-start/1 --max-tokens 6656
+	$(VENV)/bin/trace-gym sft --trajectories runs/warm-start/tau2.jsonl --out runs/warm-start/1 --max-tokens 6656 --lora-alpha 32
 	for e in $(WARM_ENVS); do $(VENV)/bin/trace-gym rollout --env trace/$$e-v0 --agent oracle --seeds 8 \
 		--out runs/warm-start/$$e.jsonl --no-progress || exit 1; done
 	$(VENV)/bin/trace-gym sft --trajectories $$(ls runs/warm-start/*-*.jsonl | paste -sd,) --model hf:runs/warm-start/1/model \

@@ -219,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     warm.add_argument("--batch-size", type=int, default=None, help="demonstrations per optimizer step (default 8)")
     warm.add_argument("--micro-batch", type=int, default=None, help="demonstrations per forward pass (default 4)")
     warm.add_argument("--lora-rank", type=int, default=None, help="LoRA rank (default 8)")
+    warm.add_argument("--lora-alpha", type=int, default=None, help="LoRA scaling alpha (default 16)")
     warm.add_argument("--max-tokens", type=int, default=None, help="tokens per demonstration (default: the model's context)")
     warm.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default=None, help="training weights (default auto)")
     warm.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cpu or cuda (default cpu)")
@@ -552,6 +553,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
     options = {"model": args.model, "min_reward": args.min_reward, "epochs": args.epochs, "learning_rate": args.lr,
                "batch_size": args.batch_size, "micro_batch": args.micro_batch, "lora_rank": args.lora_rank,
+               "lora_alpha": args.lora_alpha,
                "max_tokens": args.max_tokens, "dtype": args.dtype, "torch_threads": args.threads, "seed": args.seed}
     config = SFTTrainingConfig(trajectories=[p.strip() for p in args.trajectories.split(",") if p.strip()], out=args.out,
                                device=args.device, **{k: v for k, v in options.items() if v is not None})
