@@ -171,3 +171,15 @@ def test_a_level_reaches_the_env_and_a_bad_level_is_refused():
         make(LEVELS, level=3)
     with pytest.raises(EnvContractError, match="no difficulty levels"):
         make("trace/test-two-replies-v0", level=1)
+
+
+def test_training_on_a_target_plays_only_its_train_split():
+    """GRPO on the target, its calibration and its redraws draw from these tasks: never a held-out one."""
+    from trace_gym.registry import make
+    from trace_gym.training.trainer import _env_plan
+
+    tasks, kwargs, _ = _env_plan(GRPOTrainingConfig(env_ids=["trace/tau2-retail-v0"], out="x"))
+    held_out = set(make("trace/tau2-retail-v0", split="test").unwrapped.task_ids)
+    train = set(make("trace/tau2-retail-v0", split="train").unwrapped.task_ids)
+    assert set(tasks["trace/tau2-retail-v0"]) == train and not train & held_out
+    assert kwargs["trace/tau2-retail-v0"]["split"] == "train"
