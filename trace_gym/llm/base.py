@@ -15,7 +15,9 @@ Nothing here runs a model.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 from trace_gym.errors import TraceGymError
@@ -23,6 +25,68 @@ from trace_gym.errors import TraceGymError
 
 class LLMError(TraceGymError):
     """A model could not answer: unreachable endpoint, bad key, unknown model..."""
+
+
+# The turn boundaries of the chat templates trace-gym supports (ChatML as SmolLM2 and
+# Qwen write it; Llama 3.x), for a backend whose tokenizer we cannot see (an
+# OpenAI-compatible server: vLLM renders the template and parses these as control
+# ids). A local model uses its own tokenizer's added tokens instead.
+CONTROL_STRINGS = (
+    "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
+    "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>",
+)
+_JOINER = "\u2060"  # WORD JOINER: invisible, and no tokenizer merges it into a control token
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def control_pattern(strings: Iterable[str]) -> re.Pattern[str]:
+    """One regex matching any of ``strings`` (longest first); strings of one character
+    cannot be split and are left out."""
+    unique = sorted({s for s in strings if len(s) > 1}, key=len, reverse=True)
+    return re.compile("|".join(re.escape(s) for s in unique)) if unique else re.compile(r"(?!x)x")
+
+
+_DEFAULT_PATTERN = control_pattern(CONTROL_STRINGS)
+
+
+def plain_text(text: str, pattern: re.Pattern[str] = _DEFAULT_PATTERN) -> str:
+    """``text`` as data, never control: a lone surrogate (which no tokenizer or JSON
+    writer accepts) becomes U+FFFD, and every control string in it is split by an
+    invisible WORD JOINER after its first character, so the tokenizer reads it as
+    ordinary text and no env, user simulator or tool can forge a turn boundary."""
+    text = _SURROGATE.sub("\ufffd", text)
+    for _ in range(8):  # a split cannot make a new match; the loop is a backstop
+        escaped = pattern.sub(lambda m: m.group(0)[0] + _JOINER + m.group(0)[1:], text)
+        if escaped == text:
+            break
+        text = escaped
+    return text
+
+
+def plain_messages(messages: list[dict[str, Any]], pattern: re.Pattern[str] = _DEFAULT_PATTERN) -> list[dict[str, Any]]:
+    """A copy of ``messages`` (or tool schemas) with every string in them, keys
+    included, made ``plain_text``: what a system prompt, a user (or its simulator),
+    a tool or an env wrote. The ``role`` of each message is the template's, and an
+    assistant message is the model's own writing (its ``<tool_call>`` text included):
+    both stay as they are."""
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, str):
+            return plain_text(value, pattern)
+        if isinstance(value, dict):
+            return {walk(k): walk(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [walk(v) for v in value]
+        return value
+
+    def message(m: Any) -> Any:
+        if not isinstance(m, dict):
+            return walk(m)
+        if m.get("role") == "assistant":
+            return dict(m)
+        return {k: v if k == "role" else walk(v) for k, v in m.items()}
+
+    return [message(m) for m in messages]
 
 
 @dataclass

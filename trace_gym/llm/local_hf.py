@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from . import shared_prefix
-from .base import Completion, GenerationRequest, LLMError, TokenTurn, requests_for
+from .base import Completion, GenerationRequest, LLMError, TokenTurn, control_pattern, plain_messages, requests_for
 
 DEFAULT_CACHE_BYTES = 4 * 2**30
 PREFILL_TOKENS = 2048  # new tokens (padding included) per batched prefill forward
@@ -195,6 +195,11 @@ class LocalHF:
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.shared_prefix = shared_prefix_attention and shared_prefix.supported(getattr(self.model, "config", None))
+        # every added token of this tokenizer (<|im_end|>, Qwen's <tool_call>, ...) is what the encoder parses as one
+        # control id: text from an env, a user or a tool that spells one is rendered split, and stays text
+        added = getattr(self.tokenizer, "added_tokens_decoder", {}) or {}
+        self._control = control_pattern([*(t.content for t in added.values()),
+                                         *getattr(self.tokenizer, "all_special_tokens", [])])
         self._close = self._turn_close()
         self.stop_ids = self._stop_ids()
         self._prefix_ids: dict[str, list[int]] = {}
@@ -270,8 +275,9 @@ class LocalHF:
     # --- chat template, token in, token out -----------------------------------------
     def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, generation_prompt: bool) -> str:
         try:
-            return self.tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=generation_prompt,
-                                                      tokenize=False)
+            return self.tokenizer.apply_chat_template(plain_messages(messages, self._control),
+                                                      tools=plain_messages(tools, self._control) if tools else None,
+                                                      add_generation_prompt=generation_prompt, tokenize=False)
         except Exception as exc:  # jinja errors: the template refuses this conversation
             raise LLMError(f"the chat template of {self.name} cannot render this conversation ({exc})") from None
 

@@ -25,7 +25,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from .base import Completion, GenerationRequest, LLMError, requests_for
+from .base import Completion, GenerationRequest, LLMError, plain_messages, requests_for
 
 
 class OpenAICompatible:
@@ -63,10 +63,10 @@ class OpenAICompatible:
             return list(pool.map(self._complete, requests))
 
     def _complete(self, r: GenerationRequest) -> Completion:
-        request: dict[str, Any] = {"model": r.adapter or self.model, "messages": r.messages, "max_tokens": r.max_new_tokens,
+        request: dict[str, Any] = {"model": r.adapter or self.model, "messages": plain_messages(r.messages), "max_tokens": r.max_new_tokens,
                                    "temperature": r.temperature}
         if r.tools:
-            request["tools"] = r.tools
+            request["tools"] = plain_messages(r.tools)
         if r.seed is not None:
             request["seed"] = r.seed
         response = self._create(request)
@@ -89,10 +89,10 @@ class OpenAICompatible:
         """``{label: logprob of its first token}`` from ``top_logprobs`` on the reply's first token."""
         if not labels:
             raise LLMError("score needs at least one label")
-        request: dict[str, Any] = {"model": adapter or self.model, "messages": conversation, "max_tokens": 1,
+        request: dict[str, Any] = {"model": adapter or self.model, "messages": plain_messages(conversation), "max_tokens": 1,
                                    "temperature": 0.0, "logprobs": True, "top_logprobs": top_logprobs}
         if tools:
-            request["tools"] = tools
+            request["tools"] = plain_messages(tools)
         choice = self._create(request).choices[0]
         content = getattr(getattr(choice, "logprobs", None), "content", None)
         if not content or not content[0].top_logprobs:
