@@ -9,7 +9,9 @@ Two parts, each finding with its line:
    attributes by keyword), no dunder method definitions beyond ``__init__`` and
    comparisons, no ``async``, no ``metaclass=``. Its findings say "RestrictedPython".
 2. What RestrictedPython does not cover, kept from the first gate:
-   - imports only from the allowlist, absolute, no ``*``, no private names
+   - the standard library by allowlist (``language.MODULES``, the one policy the
+     module proxies enforce at run time): imports, ``from m import name`` and
+     ``m.name`` of a module bound by ``import m``, absolute, no ``*``
      (RestrictedPython compiles any import; the worker's importer refuses later);
    - no string constant that spells a dunder (``"__class__"`` for format-string
      and runtime-name tricks; RestrictedPython does not look at strings);
@@ -40,19 +42,14 @@ from RestrictedPython.transformer import IOPERATOR_TO_STR, RestrictingNodeTransf
 
 from trace_gym.errors import TraceGymError
 
-from .language import PRIVATE_NAME, RESERVED_NAMES
+from .language import INTROSPECTION_NAMES, INTROSPECTION_PREFIXES, MODULES, PRIVATE_NAME, RESERVED_NAMES
 
-ALLOWED_IMPORTS = frozenset(
-    {"random", "math", "json", "re", "datetime", "dataclasses", "collections", "collections.abc",
-     "itertools", "functools", "string", "typing", "enum", "copy"}
-)
+ALLOWED_IMPORTS = frozenset(MODULES)  # the language layer's allowlist: one policy for both
 FORBIDDEN_NAMES = frozenset(
     {"exec", "eval", "compile", "open", "getattr", "setattr", "delattr", "__import__", "globals", "locals",
      "vars", "breakpoint", "input", "help", "memoryview", "exit", "quit", "__builtins__", "__loader__",
      "__spec__"}
 )
-INTROSPECTION_PREFIXES = ("gi_", "ag_", "cr_", "f_", "tb_", "co_", "func_", "im_")
-INTROSPECTION_NAMES = frozenset({"mro", "format_map"})
 MAX_SOURCE_BYTES = 256 * 1024
 _DUNDER = re.compile(r"__\w+__")
 
@@ -159,8 +156,14 @@ def check_source(source: str, filename: str = "env.py") -> list[Finding]:
     except (RecursionError, MemoryError, ValueError) as exc:  # hostile nesting must not crash the host
         return [Finding(1, f"the source nests too deeply to be checked ({type(exc).__name__})")]
     findings: list[Finding] = []
+    modules = _module_names(tree)
     for node in ast.walk(tree):
         findings.extend(_check_node(node))
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules:
+            module = modules[node.value.id]
+            if node.attr not in MODULES[module] and not node.attr.startswith("__"):
+                findings.append(Finding(node.lineno, f"'{module}.{node.attr}' is not on the sandbox's allowlist "
+                                                     f"(from {module}: {', '.join(sorted(MODULES[module]))})"))
     findings.extend(_restricted_python_findings(source, filename))
     return sorted(set(findings), key=lambda f: (f.line, f.message))
 
@@ -202,6 +205,9 @@ def _check_node(node: ast.AST) -> list[Finding]:
                 out.append(Finding(line, f"'from {module} import *' is not allowed"))
             elif alias.name.startswith("_"):
                 out.append(Finding(line, f"importing private name '{alias.name}' is not allowed"))
+            elif module in MODULES and alias.name not in MODULES[module]:
+                out.append(Finding(line, f"'{module}.{alias.name}' is not on the sandbox's allowlist "
+                                         f"(from {module}: {', '.join(sorted(MODULES[module]))})"))
     elif isinstance(node, ast.Name):
         if node.id in FORBIDDEN_NAMES:
             out.append(Finding(line, f"'{node.id}' is not allowed"))
@@ -211,6 +217,18 @@ def _check_node(node: ast.AST) -> list[Finding]:
         if _DUNDER.search(node.value):
             out.append(Finding(line, "a string that spells a dunder name is not allowed"))
     return out
+
+
+def _module_names(tree: ast.AST) -> dict[str, str]:
+    """Names the source binds to allowed modules with ``import m`` / ``import m as n``
+    (an assignment may rebind one; the proxies check every read at run time anyway)."""
+    names = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in MODULES and "." not in alias.name:
+                    names[alias.asname or alias.name] = alias.name
+    return names
 
 
 def _check_attribute(node: ast.Attribute, line: int) -> list[Finding]:

@@ -19,12 +19,17 @@ a frame, code, traceback, generator or coroutine internal (``gi_``, ``f_``,
 RestrictedPython's list); ``mro``; ``str.format`` fields that walk attributes or
 items; ``format_map``; three-argument ``type()`` and ``type()`` of a class (a
 metaclass); changes to classes, modules and functions env code did not define,
-and to attributes of their instances; metaclass bases. Stdlib code that reads or
-sets attributes by names taken from data gets those names checked where they
-enter (dataclass fields, Enum's functional API; ``copy.dispatch_table`` denied).
-Module proxies hand out only public attributes, wrap every function they hand out (and functions those return) so
-that no ``__func__``/``__globals__``/``__self__`` is reachable, and check the
-attribute names given to ``functools.update_wrapper``/``wraps``.
+and to attributes of their instances; metaclass bases.
+
+The standard library is open by allowlist (``MODULES``: per module, the names
+env code may use), the one policy the static gate reads too. Module proxies
+hand out only those names, and wrap every function they hand out (and the
+functions those return) so that no ``__func__``/``__globals__``/``__self__`` is
+reachable. Stdlib calls that read or write attributes by names taken from data
+get those names checked as plain identifiers where they enter
+(``CHECKED_CALLS``: dataclass fields, namedtuple fields); Enum's functional API,
+which builds a class from a dict and writes into a module named by data, is
+refused in the jail's copy of ``enum``.
 
 Must not: import anything beyond the standard library (it runs inside the
 jail, where only the standard library is), or hand env code any object of
@@ -36,6 +41,7 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import functools
+import keyword
 import operator
 import re
 import string
@@ -44,21 +50,41 @@ import weakref
 
 LAYER = "the language layer (RestrictedPython guards)"
 INTROSPECTION_PREFIXES = ("gi_", "ag_", "cr_", "f_", "tb_", "co_", "func_", "im_")
-INTROSPECTION_NAMES = frozenset({"mro"})
+INTROSPECTION_NAMES = frozenset({"mro", "format_map"})
 PRIVATE_NAME = re.compile(r"_[A-Za-z0-9](\w*[A-Za-z0-9])?")
 RESERVED_NAMES = frozenset({"_print"})  # RestrictedPython's own helper name
-ALLOWED_MODULES = (
-    "random", "math", "json", "re", "datetime", "dataclasses", "collections", "itertools",
-    "functools", "string", "typing", "enum", "copy", "collections.abc",
-)
-# Attributes that evaluate code or walk attributes by names given at run time.
-DENIED_MODULE_ATTRS = {
-    "string": {"Formatter"},
-    "typing": {"get_type_hints", "ForwardRef", "EXCLUDED_ATTRIBUTES"},  # (a list the protocol checks read names from)
-    "functools": {"singledispatch", "singledispatchmethod"},  # evaluate annotation strings
-    "dataclasses": {"make_dataclass"},  # a class namespace from a dict: dunder methods by the back door
-    "copy": {"dispatch_table"},  # copyreg's reductors: a reductor's state is set with setattr, names unchecked
-}
+
+# The standard library env code may use, by allowlist: per module, the names it may
+# import or read, and nothing else (sandbox/README.md says why each is there). The
+# one definition of this policy: the static gate (gate.py) refuses any other import
+# or attribute of a module at compile time, the module proxies below at run time.
+# Left out on purpose: whatever reads, writes or executes by names taken from data
+# (functools.update_wrapper/wraps, typing.TypedDict/get_type_hints/ForwardRef,
+# dataclasses.make_dataclass, enum.global_enum, copy.dispatch_table, string.Formatter,
+# functools.singledispatch), the wall clock's only way in besides datetime (time),
+# and collections.abc (abstract classes built by a metaclass; no env needs them).
+MODULES: dict[str, frozenset[str]] = {name: frozenset(names.split()) for name, names in {
+    "json": "dumps loads JSONDecodeError",
+    "random": "Random random randint randrange choice choices sample shuffle uniform gauss seed getrandbits",
+    "math": "acos acosh asin asinh atan atan2 atanh ceil comb copysign cos cosh degrees dist e erf erfc exp expm1 "
+            "fabs factorial floor fmod frexp fsum gamma gcd hypot inf isclose isfinite isinf isnan isqrt lcm ldexp "
+            "lgamma log log10 log1p log2 modf nan perm pi pow prod radians remainder sin sinh sqrt tan tanh tau trunc",
+    "re": "compile match search fullmatch findall finditer sub subn split escape error Pattern Match "
+          "IGNORECASE I MULTILINE M DOTALL S VERBOSE X ASCII A",
+    "datetime": "date datetime time timedelta timezone MINYEAR MAXYEAR",
+    "collections": "Counter defaultdict OrderedDict deque namedtuple ChainMap",
+    "itertools": "count cycle repeat accumulate chain compress dropwhile filterfalse groupby islice pairwise starmap "
+                 "takewhile tee zip_longest product permutations combinations combinations_with_replacement",
+    "functools": "reduce partial lru_cache cache cmp_to_key",
+    "string": "ascii_letters ascii_lowercase ascii_uppercase digits hexdigits octdigits punctuation whitespace "
+              "printable capwords Template",
+    "typing": "Any Optional Union List Dict Tuple Set FrozenSet Callable Iterable Iterator Sequence Mapping "
+              "NamedTuple Literal",
+    "enum": "Enum IntEnum Flag IntFlag auto unique",
+    "copy": "copy deepcopy",
+    "dataclasses": "dataclass field fields asdict astuple replace is_dataclass",
+}.items()}
+ALLOWED_MODULES = tuple(MODULES)
 # Dunders that a class namespace may hold: Python's own and the methods RestrictedPython lets env code define.
 CLASS_DUNDERS = frozenset(
     {"__module__", "__qualname__", "__doc__", "__annotations__", "__classcell__", "__orig_bases__",
@@ -345,24 +371,23 @@ class FunctionProxy:
 
 
 class ModuleProxy:
-    """Public, allowed attributes of an allowed module, each wrapped; nothing else."""
+    """The allowlisted names of an allowed module (``MODULES``), each wrapped; nothing else."""
 
-    __slots__ = ("_module", "_name", "_denied")
+    __slots__ = ("_module", "_name", "_allowed")
 
     def __init__(self, module, name):
         object.__setattr__(self, "_module", module)
         object.__setattr__(self, "_name", name)
-        object.__setattr__(self, "_denied", DENIED_MODULE_ATTRS.get(name, set()))
+        object.__setattr__(self, "_allowed", MODULES.get(name, frozenset()))
 
     def __getattr__(self, attr):
         name = object.__getattribute__(self, "_name")
-        if attr.startswith("_") or attr in object.__getattribute__(self, "_denied"):
-            raise Refused(f"{name}.{attr} is not available in the sandbox")
+        if attr not in object.__getattribute__(self, "_allowed"):
+            raise Refused(f"{name}.{attr} is not on the sandbox's allowlist")
         value = getattr(object.__getattribute__(self, "_module"), attr)
-        if name == "functools" and attr in ("update_wrapper", "wraps"):
-            return FunctionProxy(_checked_wrapper(value), f"functools.{attr}")
-        if name == "dataclasses" and attr in DATACLASS_READERS:
-            return FunctionProxy(_checked_dataclasses(value), f"dataclasses.{attr}")
+        checker = CHECKED_CALLS.get((name, attr))
+        if checker is not None:
+            return FunctionProxy(checker(value), f"{name}.{attr}")
         return wrap(value, f"{name}.{attr}")
 
     def __setattr__(self, attr, value):
@@ -391,22 +416,11 @@ def wrap(value, name: str):
     return value
 
 
-def _checked_wrapper(real):
-    """functools.update_wrapper / wraps with every attribute name checked like a read."""
-    defaults = frozenset(functools.WRAPPER_ASSIGNMENTS) | frozenset(functools.WRAPPER_UPDATES)
-
-    def checked(*args, **kwargs):
-        wrapped = args[1] if real is functools.update_wrapper and len(args) > 1 else (args[0] if args else kwargs.get("wrapped"))
-        positional = args[2:] if real is functools.update_wrapper else args[1:]
-        names = list(kwargs.get("assigned", ())) + list(kwargs.get("updated", ()))
-        for extra in positional:
-            names += list(extra)
-        for name in names:
-            if name not in defaults and refusal(wrapped, name):
-                raise Refused(f"functools.{real.__name__} of {refusal(wrapped, name)}")
-        return real(*args, **kwargs)
-
-    return checked
+def plain_identifier(name) -> bool:
+    """A name passed as data (a field, a member, a namedtuple's field) that stdlib code
+    will read or write as an attribute: an identifier, not a keyword, not private
+    (``_x``) and not a dunder."""
+    return isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name) and not name.startswith("_")
 
 
 DATACLASS_READERS = ("dataclass", "fields", "asdict", "astuple", "replace")
@@ -414,9 +428,9 @@ DATACLASS_READERS = ("dataclass", "fields", "asdict", "astuple", "replace")
 
 def _check_field_names(names, where: str) -> None:
     for name in names:
-        if not isinstance(name, str) or name.startswith("__") or name.endswith("__") \
-                or name.startswith(INTROSPECTION_PREFIXES) or name in INTROSPECTION_NAMES:
-            raise Refused(f"dataclasses.{where} of a field named {name!r} (a name it would read with getattr)")
+        if not plain_identifier(name):
+            raise Refused(f"{where} of a field named {name!r} (a name stdlib code reads and writes as an attribute: "
+                          "plain identifiers only)")
 
 
 def _dataclass_field_names(obj) -> list:
@@ -431,7 +445,7 @@ def _checked_dataclasses(real):
     name (annotations before ``dataclass`` runs, fields after; the fields of the
     object given to ``fields``/``asdict``/``astuple``/``replace``) is checked like an
     attribute name, so a field cannot be a runtime-built dunder."""
-    where = real.__name__
+    where = f"dataclasses.{real.__name__}"
 
     def decorate(cls, make):
         if isinstance(cls, type):
@@ -453,43 +467,43 @@ def _checked_dataclasses(real):
     return checked
 
 
+def _checked_namedtuple(real):
+    """collections.namedtuple with its type and field names checked as plain
+    identifiers, and no ``module=`` (it would name a module the class claims)."""
+
+    def checked(typename, field_names, **kwargs):
+        if set(kwargs) - {"defaults"}:
+            raise Refused(f"collections.namedtuple with {', '.join(sorted(set(kwargs) - {'defaults'}))}= (only defaults=)")
+        names = field_names.replace(",", " ").split() if isinstance(field_names, str) else list(field_names)
+        _check_field_names([typename, *names], "collections.namedtuple")
+        return real(typename, names, **kwargs)
+
+    return checked
+
+
+CHECKED_CALLS = {("dataclasses", name): _checked_dataclasses for name in DATACLASS_READERS}
+CHECKED_CALLS["collections", "namedtuple"] = _checked_namedtuple
+
+
 def guard_stdlib(modules: dict) -> None:
     """Changes to the worker's own copy of the standard library, made before env code
     runs (the worker calls this in the jail; the host's modules are never changed).
 
-    Enum's functional API (``enum.Enum("E", names)``) builds a class from a dict
-    that no class statement, hence no EnvMeta, sees: a member named ``__reduce_ex__``
-    or ``__annotations__`` would be a class attribute, so a copy's reductor state
-    would be set with an unguarded setattr and ``typing`` would read annotations
-    env code chose. Member names starting with ``_`` are refused there."""
+    Enum's functional API (``enum.Enum("E", names, module=...)``) builds a class from
+    a dict that no class statement, hence no EnvMeta, sees, and writes into a module
+    named by data: a member named ``__reduce_ex__`` or ``__annotations__`` would be a
+    class attribute, and ``module=`` plus ``global_enum`` put members into any loaded
+    module's globals. Env code declares enums with a class statement; the functional
+    API is refused."""
     enum_type = modules["enum"].EnumType
-    original = enum_type.__dict__["_create_"]
-    if getattr(original, "checked_by_language_layer", False):
+    if getattr(enum_type.__dict__["_create_"], "checked_by_language_layer", False):
         return
 
     def _create_(cls, class_name, names, **kwargs):
-        return original(cls, class_name, _checked_member_names(names), **kwargs)
+        raise Refused("enum's functional API (Enum('Name', members)): declare an enum with a class statement")
 
     _create_.checked_by_language_layer = True
     enum_type._create_ = _create_
-
-
-def _checked_member_names(names):
-    """Enum's ``names`` (a string, names, pairs or a mapping), read once into plain data and checked."""
-    if names is None:
-        return None
-    if isinstance(names, str):
-        names = names.replace(",", " ").split()
-    items = list(names)
-    if items and all(isinstance(item, str) for item in items):
-        plain = items if isinstance(names, (list, tuple)) else [(key, names[key]) for key in items]
-    else:
-        plain = [tuple(item) for item in items]
-    for entry in plain:
-        name = entry if isinstance(entry, str) else (entry[0] if len(entry) == 2 else None)
-        if not isinstance(name, str) or name.startswith("_"):
-            raise Refused(f"enum member name {name!r} (names starting with '_' set the class's own attributes)")
-    return plain
 
 
 # --- the namespace ------------------------------------------------------------------------------

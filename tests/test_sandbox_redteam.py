@@ -15,6 +15,7 @@ import pytest
 
 from conftest import FIXTURE_ENVS
 from test_sandbox_hostile import env_source as hostile_env_source
+from test_sandbox_hostile import launder
 from trace_gym.errors import TraceGymError
 from trace_gym.sandbox import (
     Limits,
@@ -30,7 +31,7 @@ D = "_" * 2  # dunders are spelled at run time below, as an attacker would
 
 
 def env_source(step_body: str, top: str = "") -> str:
-    return hostile_env_source(textwrap.dedent(step_body), top="import functools\n" + top)
+    return hostile_env_source(launder(textwrap.dedent(step_body)), top="import functools\n" + top)
 
 
 def step_once(backend, source: str) -> str:

@@ -14,15 +14,16 @@ import textwrap
 import pytest
 
 from test_sandbox_hostile import env_source as hostile_env_source
+from test_sandbox_hostile import launder
 from trace_gym.sandbox import Limits, SandboxEnvError, SandboxWorker
 
 FAST = Limits(call_timeout_s=5.0, start_timeout_s=20.0, memory_mb=256)
 D = "_" * 2
-TOP = "import dataclasses\nimport enum\nimport copy\nU = '_' * 2\n"
+TOP = "import dataclasses\nimport enum\nimport copy\nimport collections\nU = '_' * 2\n"
 
 
 def step_once(backend, body: str) -> str:
-    source = hostile_env_source(textwrap.dedent(body), top=TOP)
+    source = hostile_env_source(launder(textwrap.dedent(body)), top=TOP)
     with SandboxWorker(source, backend=backend, limits=FAST) as worker:
         worker.call("reset", seed=0, hint=False)
         return worker.call("step", action={"type": "message", "content": "hi"})["observation"]
@@ -80,7 +81,12 @@ def test_a_metaclass_returned_by_a_module_function_is_refused(sandbox_backend):
     X = typing.get_origin(typing.Type[int])("X", (), {U + "exit" + U: 1})
     out = str(X)
     """
-    refused(sandbox_backend, body, "metaclass")
+    refused(sandbox_backend, body, "typing.get_origin is not on the sandbox's allowlist")
+    # and should an allowed function ever return a metaclass, the proxy refuses to hand it out
+    from trace_gym.sandbox.language import Refused, wrap
+
+    with pytest.raises(Refused, match="is a metaclass"):
+        wrap(type, "typing.get_origin()")
 
 
 def test_a_metaclass_handed_out_by_a_module_is_refused(sandbox_backend):
@@ -89,7 +95,7 @@ def test_a_metaclass_handed_out_by_a_module_is_refused(sandbox_backend):
         pass
     out = str(M)
     """
-    refused(sandbox_backend, body, "enum.EnumType is a metaclass")
+    refused(sandbox_backend, body, "enum.EnumType is not on the sandbox's allowlist")
 
 
 def test_a_dataclass_field_cannot_be_renamed_to_a_dunder(sandbox_backend):
@@ -122,7 +128,7 @@ out = "real os: " + repr(H.sink.value)
 
 
 def test_enum_functional_api_defines_no_dunders(sandbox_backend):
-    refused(sandbox_backend, ENUM_TO_REAL_BUILTINS, "enum member name '__copy__'")
+    refused(sandbox_backend, ENUM_TO_REAL_BUILTINS, "enum's functional API")
 
 
 def test_dataclass_refuses_dunder_annotations_however_the_class_was_made():
@@ -148,7 +154,7 @@ def test_copyreg_reductors_cannot_set_attributes_of_stdlib_classes(sandbox_backe
     copy.copy(Box())
     out = string.Template("unchanged").safe_substitute()
     """
-    refused(sandbox_backend, body, "copy.dispatch_table is not available")
+    refused(sandbox_backend, body, "copy.dispatch_table is not on the sandbox's allowlist")
 
 
 def test_legitimate_dataclasses_enums_and_containers_still_run(sandbox_backend):
@@ -156,7 +162,7 @@ def test_legitimate_dataclasses_enums_and_containers_still_run(sandbox_backend):
     @dataclasses.dataclass(frozen=True)
     class P:
         a: int
-        _b: str = "x"
+        b: str = "x"
         c: list = dataclasses.field(default_factory=list)
     @dataclasses.dataclass
     class Q:
@@ -176,8 +182,8 @@ def test_legitimate_dataclasses_enums_and_containers_still_run(sandbox_backend):
     out = repr((dataclasses.asdict(p), dataclasses.astuple(p), dataclasses.replace(p, a=2).a,
                 [f.name for f in dataclasses.fields(P)], q.n, r.extra, counts["k"], dict(table), Color.RED.value))
     """
-    out = step_once(sandbox_backend, "import collections\n" + textwrap.dedent(body))
-    assert out == "({'a': 1, '_b': 'x', 'c': []}, (1, 'x', []), 2, ['a', '_b', 'c'], 1, 2, 1, {}, 1)"
+    out = step_once(sandbox_backend, body)
+    assert out == "({'a': 1, 'b': 'x', 'c': []}, (1, 'x', []), 2, ['a', 'b', 'c'], 1, 2, 1, {}, 1)"
 
 
 def test_attributes_of_stdlib_objects_are_not_writable_but_their_items_are():

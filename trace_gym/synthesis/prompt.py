@@ -173,7 +173,7 @@ def _from_live_target(entry: EnvEntry, samples: int, per_result: int) -> tuple[s
 
 
 def generation_prompt(capability: Capability, context: TargetContext) -> str:
-    from trace_gym.sandbox.gate import ALLOWED_IMPORTS
+    from trace_gym.sandbox.language import MODULES
 
     tools = json.dumps(context.tools, indent=1, ensure_ascii=False)
     return render(
@@ -187,5 +187,5 @@ def generation_prompt(capability: Capability, context: TargetContext) -> str:
         tools=tools,
         tool_results="\n\n".join(context.tool_results) or "(not available: follow the schemas' descriptions)",
         contract=template_text("contract"),
-        allowed_imports=", ".join(sorted(ALLOWED_IMPORTS)),
+        allowed_imports="; ".join(f"{m} ({', '.join(sorted(names))})" for m, names in sorted(MODULES.items())),
     )

@@ -1,0 +1,138 @@
+"""The third red team's breaks of the language layer (issue 29, finding 1), run in the real jails.
+
+Each attack used a stdlib helper that turns data into code or writes into a module
+chosen by data: a ``typing.TypedDict`` whose field names are any strings, copied
+onto an env class by ``functools.update_wrapper``'s default names, then exec'd by
+``dataclasses``; the Enum functional API's ``module=`` with ``enum.global_enum``,
+writing members into a loaded module's globals. On the denylist layer each step
+ran. The layer is now an allowlist (``language.MODULES``): each attack is refused
+as written by the static gate, and with its module names laundered (the gate
+cannot see which module's attribute is read) by the language layer's proxies;
+each error names its layer. Names passed as data are checked as plain
+identifiers (never private, never a dunder).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+
+import pytest
+
+from test_sandbox_hostile import env_source as hostile_env_source
+from test_sandbox_hostile import launder
+from trace_gym.sandbox import Limits, SandboxEnvError, SandboxViolation, SandboxWorker
+
+FAST = Limits(call_timeout_s=5.0, start_timeout_s=20.0, memory_mb=256)
+TOP = "import dataclasses\nimport enum\nimport functools\nimport collections\nU = '_' * 2\n"
+
+TYPED_DICT_TO_DATACLASS_EXEC = """
+TD = typing.TypedDict("TD", {"a": int, "b=print(1) or 2, c": int})
+class E:
+    pass
+functools.update_wrapper(E, TD, updated=())
+dataclasses.dataclass(E)
+out = "exec'd"
+"""
+UPDATE_WRAPPER_DEFAULTS = """
+class Holder:
+    pass
+h = Holder()
+functools.update_wrapper(h, random.Random)
+out = str(h)
+"""
+ENUM_INTO_A_MODULE = """
+E = enum.Enum("E", "ALLOWED_MODULES MODULES", module="language")
+enum.global_enum(E)
+out = "written"
+"""
+GLOBAL_ENUM_ON_A_CLASS = """
+class E(enum.Enum):
+    MODULES = 1
+enum.global_enum(E)
+out = "written"
+"""
+ATTACKS = {
+    "TypedDict names exec'd by dataclasses": (TYPED_DICT_TO_DATACLASS_EXEC, "typing.TypedDict"),
+    "update_wrapper's default names": (UPDATE_WRAPPER_DEFAULTS, "functools.update_wrapper"),
+    "Enum's functional API into a module": (ENUM_INTO_A_MODULE, "enum's functional API"),
+    "global_enum on a class statement": (GLOBAL_ENUM_ON_A_CLASS, "enum.global_enum"),
+}
+
+
+def source(body: str, laundered: bool) -> str:
+    body = textwrap.dedent(body)
+    return hostile_env_source(launder(body) if laundered else body, top=TOP)
+
+
+@pytest.mark.parametrize("name", list(ATTACKS))
+def test_each_attack_as_written_is_refused_by_the_static_gate(name):
+    from trace_gym.sandbox.gate import enforce
+
+    body, _ = ATTACKS[name]
+    with pytest.raises(SandboxViolation, match="static gate: .*not on the sandbox's allowlist"):
+        enforce(source(body, laundered=False))
+
+
+@pytest.mark.parametrize("name", list(ATTACKS))
+def test_each_attack_laundered_past_the_gate_is_refused_by_the_language_layer(sandbox_backend, name):
+    body, fragment = ATTACKS[name]
+    with pytest.raises(SandboxEnvError, match="language layer") as caught:
+        with SandboxWorker(source(body, laundered=True), backend=sandbox_backend, limits=FAST) as worker:
+            worker.call("reset", seed=0, hint=False)
+            out = worker.call("step", action={"type": "message", "content": "hi"})["observation"]
+            pytest.fail(f"not stopped; the env got: {out[:300]}")
+    assert fragment in str(caught.value)
+    assert "token=" not in str(caught.value)
+
+
+def test_legitimate_enums_namedtuples_and_dataclasses_still_run(sandbox_backend):
+    body = """
+    class Color(enum.Enum):
+        RED = 1
+        BLUE = 2
+    P = collections.namedtuple("P", "x y", defaults=(0,))
+    @dataclasses.dataclass
+    class Item:
+        name: str
+        tags: list = dataclasses.field(default_factory=list)
+    out = repr((Color(2).name, Color["RED"].value, P(1), dataclasses.asdict(Item("a"))))
+    """
+    with SandboxWorker(source(body, laundered=False), backend=sandbox_backend, limits=FAST) as worker:
+        worker.call("reset", seed=0, hint=False)
+        out = worker.call("step", action={"type": "message", "content": "hi"})["observation"]
+    assert out == "('BLUE', 1, P(x=1, y=0), {'name': 'a', 'tags': []})"
+
+
+@pytest.mark.parametrize("name", ["b=print(1) or 2, c", "_private", "__init__", "class", "tb_frame x", 7])
+def test_field_names_taken_as_data_are_plain_identifiers_only(name):
+    """In process, the checks the proxies apply: a dataclass's fields (from annotations
+    that did not come from a class statement) and a namedtuple's."""
+    from trace_gym.sandbox.language import CHECKED_CALLS, Refused, plain_identifier
+
+    assert not plain_identifier(name)
+    cls = type("Made", (), {"__annotations__": {name: int}})
+    with pytest.raises(Refused, match="plain identifiers only"):
+        CHECKED_CALLS["dataclasses", "dataclass"](dataclasses.dataclass)(cls)
+    import collections
+
+    with pytest.raises(Refused, match="plain identifiers only"):
+        CHECKED_CALLS["collections", "namedtuple"](collections.namedtuple)("P", ["x", name])
+
+
+def test_namedtuple_cannot_name_a_module():
+    import collections
+
+    from trace_gym.sandbox.language import CHECKED_CALLS, Refused
+
+    with pytest.raises(Refused, match="module="):
+        CHECKED_CALLS["collections", "namedtuple"](collections.namedtuple)("P", "x", module="language")
+
+
+def test_the_gate_and_the_proxies_read_one_policy():
+    from trace_gym.sandbox import gate, language
+
+    assert gate.ALLOWED_IMPORTS == frozenset(language.MODULES)
+    assert gate.INTROSPECTION_NAMES is language.INTROSPECTION_NAMES
+    assert gate.INTROSPECTION_PREFIXES is language.INTROSPECTION_PREFIXES
+    assert "update_wrapper" not in language.MODULES["functools"] and "TypedDict" not in language.MODULES["typing"]
