@@ -112,6 +112,11 @@ class LLMAgent:
         )
         if self.token_level:
             request.prompt_ids, request.prefix_len = self._prompt_ids(), self._prefix_len
+            context = getattr(self.backend, "context_size", None)
+            if context and len(request.prompt_ids) + self.max_new_tokens > context:
+                raise AgentGaveUp(f"the prompt is {len(request.prompt_ids)} tokens: with max_new_tokens "
+                                  f"{self.max_new_tokens} it would pass the model's context of {context} tokens; "
+                                  "the episode ends here, truncated")
         return request
 
     def _conditioned(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -32,6 +32,12 @@ from .errors import SandboxEnvError
 from .host import SandboxWorker
 
 DEFAULT_MAX_STEPS = 20
+MAX_OBSERVATION_CHARS = 20_000
+"""Longest text an env may hand the agent at once (an observation, a system prompt,
+a user message); longer is cut here, and says so. τ²-retail's longest tool result
+is about 3,000 characters."""
+MAX_REWARD_COMPONENTS = 32
+MAX_COMPONENT_NAME = 64
 
 
 class SandboxedEnv(TextEnv):
@@ -43,6 +49,9 @@ class SandboxedEnv(TextEnv):
             (0 easiest .. LEVELS - 1 hardest); None: the env's own default. Calibration
             moves it until the policy being trained is in band.
         limits: sandbox resource limits.
+        max_observation_chars: longest text the env may hand the agent at once; longer
+            is cut, with a note saying so (env text reaches a model's context and the
+            training logs, whatever the env sends).
     """
 
     def __init__(
@@ -54,8 +63,10 @@ class SandboxedEnv(TextEnv):
         limits: Limits | None = None,
         max_steps: int | None = None,
         render_mode: str | None = None,
+        max_observation_chars: int = MAX_OBSERVATION_CHARS,
     ):
         self.path = Path(path)
+        self.max_observation_chars = max_observation_chars
         self.entry = read_manifest(self.path)
         source = (self.path / "env.py").read_text(encoding="utf-8")
         target = get_entry(self.entry.target)
@@ -114,8 +125,8 @@ class SandboxedEnv(TextEnv):
         if not (isinstance(result, dict) and isinstance(result.get("system_prompt"), str) and isinstance(result.get("user_message"), str)):
             raise EnvContractError(f"reset() must return {{'system_prompt': str, 'user_message': str}}, got {_short(result)}")
         return Start(
-            observation=result["user_message"],
-            system_prompt=result["system_prompt"],
+            observation=self._bounded(result["user_message"], "user message"),
+            system_prompt=self._bounded(result["system_prompt"], "system prompt"),
             task_id=f"seed-{self._seed}",
             info={"seed": self._seed, "hint": hint, "level": level, "capability": self.entry.capability.get("name")},
         )
@@ -174,7 +185,14 @@ class SandboxedEnv(TextEnv):
         result = self.worker.call("step", action=action)
         if not (isinstance(result, dict) and isinstance(result.get("observation"), str) and isinstance(result.get("done"), bool)):
             raise EnvContractError(f"step() must return {{'observation': str, 'done': bool}}, got {_short(result)}")
-        return result
+        return {**result, "observation": self._bounded(result["observation"], "observation")}
+
+    def _bounded(self, text: str, what: str) -> str:
+        """Env text as the agent may see it: at most ``max_observation_chars``."""
+        limit = self.max_observation_chars
+        if len(text) <= limit:
+            return text
+        return text[:limit] + f"\n[trace-gym: this {what} was cut at {limit} characters; the env sent {len(text)}]"
 
 
 def parse_reward(result: Any) -> Score:
@@ -185,6 +203,11 @@ def parse_reward(result: Any) -> Score:
     if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward) or not 0.0 <= reward <= 1.0:
         raise EnvContractError(f"reward() returned reward={_short(reward)}; it must be a finite number in [0, 1]")
     components = result.get("components") or {}
+    if isinstance(components, dict) and (len(components) > MAX_REWARD_COMPONENTS
+                                         or any(isinstance(k, str) and len(k) > MAX_COMPONENT_NAME for k in components)):
+        raise EnvContractError(f"reward() returned {len(components)} components (names up to "
+                               f"{max((len(str(k)) for k in components), default=0)} characters); at most "
+                               f"{MAX_REWARD_COMPONENTS}, named in at most {MAX_COMPONENT_NAME} characters")
     if not isinstance(components, dict) or not all(
         isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for k, v in components.items()
     ):

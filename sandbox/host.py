@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import json
 import marshal
+import re
 import secrets
 import sys
 from typing import Any
@@ -149,6 +150,8 @@ def check_reply(body: bytes, kind: str) -> dict[str, Any]:
     except (ValueError, RecursionError, UnicodeDecodeError) as exc:
         raise SandboxProtocolError(f"the worker sent a reply that is not JSON within limits ({type(exc).__name__}); {CHECK}; killed") from None
     _check_data(reply)
+    if _ESCAPED_SURROGATE.search(body):
+        reply = _without_surrogates(reply)
     if not isinstance(reply, dict) or not isinstance(reply.get("ok"), bool):
         raise SandboxProtocolError(f"the worker sent a reply of the wrong shape (no boolean 'ok'); {CHECK}; killed")
     expected: dict[str, tuple[type, ...]]
@@ -173,6 +176,24 @@ def check_reply(body: bytes, kind: str) -> dict[str, Any]:
     elif kind == "load" and reply["tools"] is not None and not all(isinstance(t, str) for t in reply["tools"]):
         raise SandboxProtocolError(f"the worker's TOOLS are not all strings; {CHECK}; killed")
     return reply
+
+
+_ESCAPED_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _without_surrogates(value: Any) -> Any:
+    """``value`` with every lone surrogate (JSON can spell one, ``"\\ud800"``; no
+    tokenizer, UTF-8 writer or terminal accepts it) replaced by U+FFFD, keys included:
+    env text that cannot be encoded never reaches the host's stores or models.
+    (json pairs a valid surrogate pair into one character first; depth is checked.)"""
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_without_surrogates(v) for v in value]
+    if isinstance(value, dict):
+        return {_without_surrogates(k): _without_surrogates(v) for k, v in value.items()}
+    return value
 
 
 def _check_data(value: Any) -> None:

@@ -384,6 +384,8 @@ class ModuleProxy:
         name = object.__getattribute__(self, "_name")
         if attr not in object.__getattribute__(self, "_allowed"):
             raise Refused(f"{name}.{attr} is not on the sandbox's allowlist")
+        if (name, attr) in FIXED_CLOCK:
+            return FIXED_CLOCK[name, attr]
         value = getattr(object.__getattribute__(self, "_module"), attr)
         checker = CHECKED_CALLS.get((name, attr))
         if checker is not None:
@@ -485,6 +487,51 @@ CHECKED_CALLS = {("dataclasses", name): _checked_dataclasses for name in DATACLA
 CHECKED_CALLS["collections", "namedtuple"] = _checked_namedtuple
 
 
+# --- a fixed clock -------------------------------------------------------------------------
+FIXED_NOW = (2025, 1, 6, 12, 0, 0)
+"""The only time env code can read (``datetime.date.today()``, ``datetime.datetime.now()``...):
+a fixed instant, the same in validation and training, so that no env can behave one
+way on the day it was validated and another later."""
+FIXED_CLOCK: dict = {}
+
+
+def fixed_clock(module) -> None:
+    """``datetime.date`` and ``datetime.datetime`` as env code gets them: subclasses
+    whose clock reads return ``FIXED_NOW``, with ``min``/``max`` of their own class
+    (the real classes' instances would lead back to the real clock)."""
+    real_date, real_datetime = module.date, module.datetime
+
+    class date(real_date):
+        __slots__ = ()
+
+        @classmethod
+        def today(cls):
+            return cls(*FIXED_NOW[:3])
+
+    class datetime(real_datetime):
+        __slots__ = ()
+
+        @classmethod
+        def now(cls, tz=None):
+            fixed = cls(*FIXED_NOW, tzinfo=module.timezone.utc)
+            return fixed.replace(tzinfo=None) if tz is None else fixed.astimezone(tz)
+
+        @classmethod
+        def today(cls):
+            return cls(*FIXED_NOW)
+
+        @classmethod
+        def utcnow(cls):
+            return cls(*FIXED_NOW)
+
+    for fixed, real in ((date, real_date), (datetime, real_datetime)):
+        fixed.min, fixed.max = fixed.combine(real.min, module.time()) if fixed is datetime else fixed(1, 1, 1), \
+            fixed.combine(real.max, module.time.max) if fixed is datetime else fixed(9999, 12, 31)
+        fixed.__module__ = "datetime"
+        fixed.__name__ = f"datetime.{real.__name__}"  # what repr() prints, as for the real class
+    FIXED_CLOCK.update({("datetime", "date"): date, ("datetime", "datetime"): datetime})
+
+
 def guard_stdlib(modules: dict) -> None:
     """Changes to the worker's own copy of the standard library, made before env code
     runs (the worker calls this in the jail; the host's modules are never changed).
@@ -495,6 +542,7 @@ def guard_stdlib(modules: dict) -> None:
     class attribute, and ``module=`` plus ``global_enum`` put members into any loaded
     module's globals. Env code declares enums with a class statement; the functional
     API is refused."""
+    fixed_clock(modules["datetime"])
     enum_type = modules["enum"].EnumType
     if getattr(enum_type.__dict__["_create_"], "checked_by_language_layer", False):
         return

@@ -29,11 +29,12 @@ from trace_gym.training.rollouts import IterationRecord, informative, parse_key,
 
 LEVELS = "trace/test-levels-v0"
 ENV = {"TRACE_GYM_REGISTRY_PATH": str(FIXTURE_ENVS)}
+UNVALIDATED = ("--train-unvalidated", LEVELS)  # the fixture has no validation report
 
 
 def config(**change):
     settings = dict(env_ids=[LEVELS], out="x", groups=4, rollouts_per_group=2, hint_share=0.5, max_new_tokens=4,
-                    dtype="float32", torch_threads=1)
+                    dtype="float32", torch_threads=1, train_unvalidated=[LEVELS])  # a fixture: no validation report
     return GRPOTrainingConfig(**{**settings, **change})
 
 
@@ -140,15 +141,15 @@ def test_dynamic_sampling_redraws_constant_groups_in_real_episodes():
 @pytest.mark.slow
 def test_train_refuses_an_untrainable_or_uncalibrated_env_in_one_line(tmp_path):
     result = run_cli("train", "--env", LEVELS, "--out", str(tmp_path / "a"), "--hint-share", "0", "--groups", "2",
-                     "--rollouts-per-group", "2", "--max-new-tokens", "4", "--iterations", "1", env=ENV)
+                     "--rollouts-per-group", "2", "--max-new-tokens", "4", "--iterations", "1", *UNVALIDATED, env=ENV)
     assert result.returncode == 2 and "untrainable" in result.stderr and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("trace-gym: error:")
     saved = json.loads((tmp_path / "a" / "calibration.json").read_text())["calibrations"][0]
     assert not saved["trainable"] and {f["level"] for f in saved["figures"]} >= {1}
-    result = run_cli("train", "--env", LEVELS, "--out", str(tmp_path / "b"), "--no-calibrate", env=ENV)
+    result = run_cli("train", "--env", LEVELS, "--out", str(tmp_path / "b"), "--no-calibrate", *UNVALIDATED, env=ENV)
     assert result.returncode == 2 and "calibration is off" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
-    result = run_cli("train", "--env", LEVELS, "--out", str(tmp_path / "c"), "--level", "5", env=ENV)
+    result = run_cli("train", "--env", LEVELS, "--out", str(tmp_path / "c"), "--level", "5", *UNVALIDATED, env=ENV)
     assert result.returncode == 2 and "does not exist" in result.stderr
 
 

@@ -211,7 +211,7 @@ def test_validation_reports_a_hostile_worker_and_never_raises(sandbox_backend, t
         "oracle": ok("[]"),
         "reward": "'{\"ok\": true, \"result\": {\"reward\": 1' + '0' * 400 + '}}'",
     }
-    config = ValidationConfig(seeds=4, floor_seeds=2, determinism_seeds=1)
+    config = ValidationConfig(seeds=4, floor_seeds=2, determinism_seeds=1, seed=0)
     report = validate(folder, backend=HostileWorkerBackend(sandbox_backend, replies), config=config, write=False)
     assert not report.passed
     assert [c.name for c in report.checks if c.passed is False]

@@ -136,3 +136,18 @@ def test_the_gate_and_the_proxies_read_one_policy():
     assert gate.INTROSPECTION_NAMES is language.INTROSPECTION_NAMES
     assert gate.INTROSPECTION_PREFIXES is language.INTROSPECTION_PREFIXES
     assert "update_wrapper" not in language.MODULES["functools"] and "TypedDict" not in language.MODULES["typing"]
+
+
+def test_env_code_reads_a_fixed_clock(sandbox_backend):
+    """Finding 6: the wall clock told env code when it ran (validated today, hostile next
+    week). Every way to the clock reads one fixed instant, in validation and training alike."""
+    body = """
+    out = repr([str(datetime.date.today()), str(datetime.datetime.now()), str(datetime.datetime.utcnow()),
+                str(datetime.datetime.today()), str(datetime.datetime.min.now()), str(datetime.date.max.today()),
+                str(datetime.datetime.now(datetime.timezone.utc)), repr(datetime.date(2024, 1, 1) + datetime.timedelta(days=1))])
+    """
+    with SandboxWorker(hostile_env_source(textwrap.dedent(body)), backend=sandbox_backend, limits=FAST) as worker:
+        worker.call("reset", seed=0, hint=False)
+        out = worker.call("step", action={"type": "message", "content": "hi"})["observation"]
+    assert out == repr(["2025-01-06", "2025-01-06 12:00:00", "2025-01-06 12:00:00", "2025-01-06 12:00:00",
+                        "2025-01-06 12:00:00", "2025-01-06", "2025-01-06 12:00:00+00:00", "datetime.date(2024, 1, 2)"])

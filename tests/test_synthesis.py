@@ -21,7 +21,7 @@ from trace_gym.validation import ValidationConfig
 
 TARGET = "trace/tau2-retail-v0"
 GOOD = (FIXTURE_ENVS / "order-lookup" / "env.py").read_text()
-QUICK = ValidationConfig(seeds=30, floor_seeds=10, determinism_seeds=2, calibration_seeds=4, k=2)
+QUICK = ValidationConfig(seeds=30, floor_seeds=10, determinism_seeds=2, calibration_seeds=4, k=2, seed=0)
 BUGGY = GOOD.replace('return {"reward": reward,', 'return {"reward": reward * 2,')  # out of [0, 1]: reward_range
 ESCAPES = {
     "reads a host file": GOOD.replace('prompt = "You are', 'prompt = open("/etc/hostname").read() + "You are'),

@@ -44,6 +44,7 @@ def tiny_config(out: Path, **change):
     settings = dict(env_ids=[TWO_REPLIES], out=str(out), groups=2, rollouts_per_group=2, iterations=2, hint_share=0.5,
                     max_new_tokens=12, learning_rate=1e-3, torch_threads=1, dtype="float32",
                     calibrate=False, train_anyway=True, max_draws=1)  # (calibration and redraws: test_calibration.py)
+    settings["train_unvalidated"] = list(change.get("env_ids", settings["env_ids"]))  # fixtures: no validation report
     return GRPOTrainingConfig(**{**settings, **change})
 
 
@@ -208,7 +209,8 @@ def test_kill_9_during_iteration_2_then_resume(tmp_path):
     out = tmp_path / "run"
     exe = str(Path(sys.executable).parent / "trace-gym")
     args = [exe, "train", "--env", TWO_REPLIES, "--out", str(out), "--iterations", "2", "--groups", "1",
-            "--rollouts-per-group", "2", "--max-new-tokens", "8", "--lr", "1e-3", "--threads", "1", "--hint-share", "0"]
+            "--rollouts-per-group", "2", "--max-new-tokens", "8", "--lr", "1e-3", "--threads", "1", "--hint-share", "0",
+            "--train-unvalidated", TWO_REPLIES]
     env = {**os.environ, "TRACE_GYM_REGISTRY_PATH": str(FIXTURE_ENVS)}
     proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     state = out / "checkpoints" / "checkpoint-1" / "trainer_state.json"

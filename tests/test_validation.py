@@ -10,7 +10,7 @@ from trace_gym.registry import discover
 from trace_gym.validation import ValidationConfig, validate
 
 ORDER_LOOKUP = FIXTURE_ENVS / "order-lookup"
-QUICK = ValidationConfig(seeds=40, floor_seeds=12, determinism_seeds=3)
+QUICK = ValidationConfig(seeds=40, floor_seeds=12, determinism_seeds=3, seed=0)  # seeds fixed: the fixtures are judged alike every run
 
 
 def variant(tmp_path, replace: dict[str, str]):
@@ -46,6 +46,18 @@ FLAWED = {
         {'"What is the status of my order %s?" % self.order_id': '"My order %s is %s. What is its status?" % (self.order_id, self.status)',
          'reward = 0.2 * components["used_tool"] + 0.3 * components["looked_up"] + 0.5 * components["correct_status"]': 'reward = components["correct_status"]'},
         "not_trivial",
+    ),
+    # time bombs (sandbox round 3, finding 3): honest on small seeds, hostile on the 31-bit ones training draws
+    "time bomb: pays for not acting on training's seeds": (
+        {"rng = random.Random(seed)": "rng = random.Random(seed)\n        self.big = seed > 10**6",
+         'return {"reward": reward,': 'return {"reward": 1.0 if self.big and not self.used_tool else reward,'},
+        "not_trivial",
+    ),
+    "time bomb: the hint states the answer on training's seeds": (
+        {"rng = random.Random(seed)": "rng = random.Random(seed)\n        self.big = seed > 10**6",
+         'prompt += " Hint: look the order up before you answer."':
+         'prompt += " Hint: the order is " + self.status + "." if self.big else " Hint: look the order up before you answer."'},
+        "hints",
     ),
     "same scenario for every seed": ({"rng = random.Random(seed)": "rng = random.Random(7)"}, "seed_diversity"),
     "no transfer rationale": ({'"""Transfer rationale: the agent': '"""The agent'}, "contract_shape"),
@@ -94,7 +106,7 @@ def test_each_flaw_is_rejected_by_the_right_check(tmp_path, name):
 def test_the_report_is_stored_with_the_code_hash_and_goes_stale(tmp_path):
     folder = tmp_path / "envs" / "order-lookup"
     shutil.copytree(ORDER_LOOKUP, folder)
-    result = run_cli("validate", str(folder), "--backend", "bwrap", "--seeds", "20", "--json")
+    result = run_cli("validate", str(folder), "--backend", "bwrap", "--seeds", "20", "--seed", "0", "--json")
     assert result.returncode == 0, result.stderr
     stored = json.loads((folder / "validation.json").read_text())
     assert stored["passed"] and stored["code_hash"] == json.loads(result.stdout)["code_hash"]
@@ -108,7 +120,7 @@ def test_the_report_is_stored_with_the_code_hash_and_goes_stale(tmp_path):
 
 def test_a_failing_env_exits_non_zero_with_the_failed_check_named(tmp_path):
     folder = variant(tmp_path, FLAWED["never terminating"][0])
-    result = run_cli("validate", str(folder), "--backend", "bwrap", "--seeds", "20", "--no-write")
+    result = run_cli("validate", str(folder), "--backend", "bwrap", "--seeds", "20", "--seed", "0", "--no-write")
     assert result.returncode == 1
     assert "FAIL  termination" in result.stdout
     assert "termination" in result.stdout.strip().splitlines()[-1].removeprefix("FAILED: ").split(", ")
@@ -118,7 +130,8 @@ def test_calibration_with_a_policy(tmp_path):
     """The oracle always succeeds: every group is constant and all-success, so
     calibration must fail on exactly those rules and print pass@k."""
     report = validate(ORDER_LOOKUP, backend="bwrap", write=False,
-                      config=ValidationConfig(seeds=20, floor_seeds=5, determinism_seeds=1, policy="oracle", calibration_seeds=5, k=3))
+                      config=ValidationConfig(seeds=20, floor_seeds=5, determinism_seeds=1, policy="oracle", calibration_seeds=5, k=3,
+                                              seed=0))
     calibration = report.checks[-1]
     assert calibration.name == "calibration" and calibration.passed is False
     assert "constant groups 1.00 <= 0.5" in calibration.evidence and "pass@3 1.00" in calibration.evidence

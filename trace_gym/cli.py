@@ -119,6 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("--jobs", type=count, default=2, help="envs validated in parallel worker processes (default 2)")
     val.add_argument("--backend", default="auto", help="sandbox backend: auto, docker, bwrap (subprocess: trusted code only)")
     val.add_argument("--seeds", type=count, default=None, help="seeds for the reset, diversity and solvable checks (default 100)")
+    val.add_argument("--seed", type=int, default=None,
+                     help="replay a run's seeds (its report's config.seed); default: drawn fresh, as training draws them")
     val.add_argument("--policy", default=None, help="an agent for the calibration check (K rollouts per seed)")
     val.add_argument("--k", type=count, default=None, help="rollouts per seed for calibration (default 4)")
     val.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
@@ -199,6 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="skip calibrating the envs for the policy (refused unless --train-anyway)")
     train.add_argument("--train-anyway", action="store_true",
                        help="train an env that calibration found untrainable for this policy, or that was not calibrated")
+    train.add_argument("--train-unvalidated", action="append", default=[], metavar="ENV_ID",
+                       help="train this synthesized env although its validation report is missing, stale or failed "
+                            "(repeat for each; refused by default)")
     train.add_argument("--backend", default=None, help="sandbox backend of synthesized envs: auto, docker, bwrap")
     train.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     train.add_argument("--seed", type=int, default=None)
@@ -301,7 +306,7 @@ def cmd_envs_new(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from .validation import ValidationConfig, validate
 
-    config = ValidationConfig()
+    config = ValidationConfig(seed=args.seed)
     if args.seeds is not None:
         config.seeds = args.seeds
     if args.policy is not None:
@@ -535,6 +540,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         options["calibrate"] = False
     if args.train_anyway:
         options["train_anyway"] = True
+    if args.train_unvalidated:
+        options["train_unvalidated"] = args.train_unvalidated
     config = GRPOTrainingConfig(env_ids=[e.strip() for e in args.env.split(",") if e.strip()], out=args.out,
                                 device=args.device, use_vllm=args.use_vllm,
                                 **{k: v for k, v in options.items() if v is not None})

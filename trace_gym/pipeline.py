@@ -615,6 +615,7 @@ def training_plan(config: PipelineConfig, envs: dict[str, str]) -> list[dict[str
 def stage_train(config: PipelineConfig, state: RunState, say: Callable[[str], None]) -> dict[str, Any]:
     from .training.calibration import UntrainableEnvError
     from .training.log import TrainLog
+    from .training.rollouts import EnvTurnedError
     from .training.trainer import train
 
     synthesized = _require(state, "synthesize", "train")
@@ -637,7 +638,7 @@ def stage_train(config: PipelineConfig, state: RunState, say: Callable[[str], No
                 f"{run.groups}x{run.rollouts_per_group} rollouts" + (" (resuming)" if resume else ""))
             try:
                 train(run, resume=resume)
-            except UntrainableEnvError as exc:  # the run goes on without this adapter; the report says why
+            except (UntrainableEnvError, EnvTurnedError) as exc:  # the run goes on without this adapter; the report says why
                 say(f"({i}/{len(plan)}) {job['name']}: not trained: {exc}")
                 untrainable.append({"name": job["name"], "envs": job["envs"], "reason": str(exc),
                                     "calibration": str(folder / "calibration.json")})

@@ -231,8 +231,19 @@ def play_batched(envs: list[Any], agents: list[Any], env_id: str, episodes: list
         active = [i for i, slot in enumerate(slots) if slot is not None]
         if not active:
             break
+        requests = {}
+        for i in active:
+            try:
+                requests[i] = agents[i].request()
+            except TraceGymError as exc:  # e.g. a prompt that would pass the model's context: ends, truncated
+                if type(exc).__name__ != "AgentGaveUp":
+                    raise
+                yield done(i, _finish(envs[i], agents[i], env_id, slots[i], 0.0, False, True, {}, error=str(exc)))
+        active = list(requests)
+        if not active:
+            continue
         a0 = time.perf_counter()
-        completions = backend.complete([agents[i].request() for i in active])
+        completions = backend.complete([requests[i] for i in active])
         share = (time.perf_counter() - a0) / len(active)
         for i, completion in zip(active, completions):
             run = slots[i]

@@ -23,9 +23,11 @@ import ast
 import json
 import math
 import re
+import secrets
 import statistics
 import time
 import traceback
+import zlib
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -85,6 +87,17 @@ class ValidationConfig:
     fidelity_seeds: int = 10
     """Seeds whose oracle episodes have every tool result checked against the
     target's frozen result shapes in ``interface_fidelity``."""
+    seed: int | None = None
+    """Where every check's seeds come from. None (the default): drawn fresh for each
+    run, 31-bit like the seeds training plays (``draw_seeds``), so env code cannot
+    tell a validation seed from a training one or be honest on a fixed list only;
+    an int replays a run (the report records the one it used)."""
+
+
+def draw_seeds(run_seed: int, purpose: str, n: int) -> list[int]:
+    """``n`` env seeds as training draws them (``rollouts.plan_keys``): 31-bit, from a
+    token of the run's seed, so they are spread over the whole range."""
+    return [zlib.crc32(f"{run_seed}|{purpose}|{i}".encode()) & 0x7FFFFFFF for i in range(n)]
 
 
 @dataclass
@@ -182,9 +195,14 @@ class _Context:
         self.result_shapes = load_result_shapes(target.path)
         self.target_hash = code_hash(target.path)
         self.deadline = time.monotonic() + config.time_budget_s
+        self.run_seed = config.seed if config.seed is not None else secrets.randbits(31)
         self.env = None
         self.episodes: list[Episode] = []
         self.step_times: list[float] = []
+
+    def seeds(self, purpose: str, n: int) -> list[int]:
+        """This run's seeds for one use (the main list, floors, probes, ...)."""
+        return draw_seeds(self.run_seed, purpose, n)
 
     def make_env(self):
         """A fresh sandboxed env: its calls bounded by the budget, its episodes by
@@ -293,7 +311,7 @@ def validate(
         checks=results,
         wall_s=round(time.perf_counter() - started, 2),
         validated_at=datetime.now(timezone.utc).isoformat(),
-        config={k: v for k, v in asdict(config).items()},
+        config={**asdict(config), "seed": ctx.run_seed},  # the seeds drawn: replayable with this seed
         target_hash=ctx.target_hash,
     )
     if write:
@@ -381,7 +399,7 @@ def check_interface_fidelity(ctx: _Context) -> CheckResult:
     for i, schema in enumerate(env.tools):
         arguments = _valid_arguments(tool_parameters(schema), i)
         try:
-            env.reset(seed=i)
+            env.reset(seed=ctx.seeds("probe", len(env.tools))[i])
             info = env.step(format_tool_call(tool_name(schema), arguments))[4]
             answers += [(f"probe {r['name']}({json.dumps(arguments)[:60]})", r["name"], r["content"]) for r in info.get("tool_results", [])]
         except TraceGymError as exc:
@@ -389,7 +407,7 @@ def check_interface_fidelity(ctx: _Context) -> CheckResult:
             if hung:
                 break
     bad_oracle_calls = []
-    for seed in range(min(ctx.config.fidelity_seeds, ctx.config.seeds)) if not hung else ():
+    for seed in ctx.seeds("main", min(ctx.config.fidelity_seeds, ctx.config.seeds)) if not hung else ():
         try:
             env.reset(seed=seed)
             actions = env.worker.call("oracle") or []
@@ -433,7 +451,7 @@ def check_interface_fidelity(ctx: _Context) -> CheckResult:
 
 def check_reset_every_seed(ctx: _Context) -> CheckResult:
     failures, openings = [], {}
-    for seed in range(ctx.config.seeds):
+    for seed in ctx.seeds("main", ctx.config.seeds):
         try:
             obs, info = ctx.env.reset(seed=seed)
             openings[seed] = info["system_prompt"] + "\n---\n" + obs
@@ -460,7 +478,7 @@ def check_seed_diversity(ctx: _Context) -> CheckResult:
 
 def check_determinism(ctx: _Context) -> CheckResult:
     differences = []
-    for seed in range(ctx.config.determinism_seeds):
+    for seed in ctx.seeds("main", ctx.config.determinism_seeds):
         runs = []
         for _ in range(2):
             env = ctx.make_env()  # a fresh worker each time: no state carried over
@@ -477,7 +495,7 @@ def check_determinism(ctx: _Context) -> CheckResult:
 
 
 def check_solvable(ctx: _Context) -> CheckResult:
-    episodes = [ctx.play(ctx.env, "oracle", seed) for seed in range(ctx.config.seeds)]
+    episodes = [ctx.play(ctx.env, "oracle", seed) for seed in ctx.seeds("main", ctx.config.seeds)]
     solved = [e for e in episodes if e.reward is not None and e.reward >= ctx.config.solvable_reward]
     share = len(solved) / len(episodes)
     errors = [f"seed {e.seed}: {e.error}" for e in episodes if e.error][:3]
@@ -490,7 +508,7 @@ def check_solvable(ctx: _Context) -> CheckResult:
 def check_not_trivial(ctx: _Context) -> CheckResult:
     means = {}
     for policy in ("random", "noop", "message_only"):
-        rewards = [ctx.play(ctx.env, policy, 1000 + seed).reward or 0.0 for seed in range(ctx.config.floor_seeds)]
+        rewards = [ctx.play(ctx.env, policy, seed).reward or 0.0 for seed in ctx.seeds("floor", ctx.config.floor_seeds)]
         means[policy] = sum(rewards) / len(rewards)
     worst = max(means, key=means.get)
     evidence = ", ".join(f"{p} {m:.2f}" for p, m in means.items()) + f" (each must be <= {ctx.config.trivial_max})"
@@ -500,7 +518,7 @@ def check_not_trivial(ctx: _Context) -> CheckResult:
 def check_reward_range(ctx: _Context) -> CheckResult:
     """Rewards of every policy so far plus partial solutions (seeded prefixes of
     the oracle's actions), which show whether partial work earns partial credit."""
-    for seed in range(min(ctx.config.floor_seeds, ctx.config.seeds)):
+    for seed in ctx.seeds("main", min(ctx.config.floor_seeds, ctx.config.seeds)):
         ctx.play(ctx.env, "partial_oracle", seed)
     errors = [e.error for e in ctx.episodes if e.error and ("reward" in e.error)]
     rewards = [e.reward for e in ctx.episodes if e.reward is not None]
@@ -528,7 +546,7 @@ def check_termination(ctx: _Context) -> CheckResult:
     if never_ended:
         problems.append(f"oracle episodes reach max_steps ({ctx.env.max_steps}) without the env ending them (seeds {never_ended[:5]})")
     env = ctx.env
-    env.reset(seed=0)
+    env.reset(seed=ctx.seeds("main", 1)[0])
     actions = env.worker.call("oracle") or []
     done = False
     for action in actions[:cap] if isinstance(actions, list) else []:
@@ -567,9 +585,10 @@ def check_robustness(ctx: _Context) -> CheckResult:
             for bad in (12345, None, ["x"], {"a": 1}):
                 probes.append(format_tool_call(tool_name(schema), {**valid, name: bad}))
     crashes, answered = [], []
+    probe_seeds = ctx.seeds("robustness", len(probes))
     for i, probe in enumerate(probes):
         try:
-            env.reset(seed=i)
+            env.reset(seed=probe_seeds[i])
             seen = len(env.tool_exceptions)
             env.step(probe)
             answered.extend(env.tool_exceptions[seen:])
@@ -599,7 +618,7 @@ def check_hints(ctx: _Context) -> CheckResult:
     solved episode must produce, and a hint that states it gives it away."""
     env = ctx.env
     unchanged, changed_user = 0, 0
-    seeds = list(range(min(20, ctx.config.seeds)))
+    seeds = ctx.seeds("main", min(20, ctx.config.seeds))
     per_seed, numbers = [], []
     for seed in seeds:
         plain = env.worker.call("reset", seed=seed, hint=False)
@@ -649,7 +668,7 @@ def check_step_time(ctx: _Context) -> CheckResult:
 def check_calibration(ctx: _Context) -> CheckResult:
     cfg = ctx.config
     groups = []
-    for seed in range(cfg.calibration_seeds):
+    for seed in ctx.seeds("calibration", cfg.calibration_seeds):
         rewards = [ctx.play(ctx.env, cfg.policy, seed, record=False).reward or 0.0 for _ in range(cfg.k)]
         groups.append(rewards)
     flat = [r for g in groups for r in g]

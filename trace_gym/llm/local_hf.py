@@ -200,6 +200,7 @@ class LocalHF:
         added = getattr(self.tokenizer, "added_tokens_decoder", {}) or {}
         self._control = control_pattern([*(t.content for t in added.values()),
                                          *getattr(self.tokenizer, "all_special_tokens", [])])
+        self.context_size: int | None = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
         self._close = self._turn_close()
         self.stop_ids = self._stop_ids()
         self._prefix_ids: dict[str, list[int]] = {}
@@ -382,6 +383,10 @@ class LocalHF:
             self._check_adapter(request.adapter)
             if request.max_new_tokens < 1:
                 raise LLMError(f"max_new_tokens must be at least 1, got {request.max_new_tokens}")
+            length = len(request.prompt_ids) if request.prompt_ids is not None else None
+            if length is not None and self.context_size and length + request.max_new_tokens > self.context_size:
+                raise LLMError(f"a prompt of {length} tokens with max_new_tokens {request.max_new_tokens} passes "
+                               f"{self.name}'s context of {self.context_size} tokens")
         out: list[Completion] = []
         # prefill_tokens: computed for these prompts (prefix_tokens of them: a shared prefix computed for the
         # first time); cached_tokens: reused from the cache.

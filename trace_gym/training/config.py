@@ -92,6 +92,10 @@ class GRPOTrainingConfig:
     level to be trained (the authors' code: at least half)."""
     calibration_groups: int | None = None
     """Groups calibration plays per level; None: G."""
+    train_unvalidated: list[str] = field(default_factory=list)
+    """Synthesized envs to train although their validation report is missing, stale
+    or failed, each named by id (training an env validation has not passed is a
+    decision, never a default)."""
     train_anyway: bool = False
     """Train an env that calibration found untrainable for this policy, or that was not
     calibrated (``calibrate`` off), instead of refusing it."""
@@ -117,6 +121,20 @@ class GRPOTrainingConfig:
     """CPU seconds one sandbox worker may use over its life (an rlimit). The pool
     replaces each worker after ``recycle_after`` episodes, long before this, so a
     long run never meets the limit; it stays as a backstop to the call time limit."""
+    spot_check: bool = True
+    """Each iteration, on one seed it trains on, play each synthesized env's oracle and a
+    message-only agent (no model, not counted as rollouts): the oracle must solve it
+    and the floor go unpaid, as validation saw, or the env is stopped in one line
+    (``EnvTurnedError``): validation cannot see an env that is honest on its own seeds
+    only. Envs in ``train_unvalidated`` are not checked (no validation to compare with)."""
+    env_call_timeout_s: float = 2.0
+    """Wall-clock limit of one call into a synthesized env (reset, step, reward) in
+    training: validation passed its steps at p99 under 0.5 s, so an env that now takes
+    longer has changed its behaviour on training's seeds. The worker is killed and the
+    episode voided (counted in the log with its reason), and training goes on."""
+    max_observation_chars: int = 20_000
+    """Longest text a synthesized env may hand the agent at once; longer is cut and
+    says so (sandbox/env.py ``MAX_OBSERVATION_CHARS``)."""
     recycle_after: int = 64
     """Episodes a sandbox worker plays before the pool replaces it with a fresh one."""
 
@@ -201,6 +219,8 @@ class GRPOTrainingConfig:
         if not self.calibrate and not self.train_anyway:
             raise TrainingError("calibration is off: nothing says the policy can learn from these envs; "
                                 "turn it on, or pass --train-anyway")
+        if self.env_call_timeout_s <= 0 or self.max_observation_chars < 1:
+            raise TrainingError("env_call_timeout_s and max_observation_chars must be positive")
         if self.max_draws < 1:
             raise TrainingError(f"max_draws must be at least 1 (1: no dynamic sampling), got {self.max_draws}")
         if (len(self.reward_band) != 2 or not all(isinstance(x, (int, float)) for x in self.reward_band)

@@ -47,6 +47,8 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from trace_gym.errors import TraceGymError
+
 from .config import GRPOTrainingConfig, TrainingError
 from .pool import EnvPool, EpisodeOutcome
 
@@ -104,6 +106,10 @@ def redraw_key(key: dict[str, Any], draw: int, run_seed: int, tasks: list[str] |
     return episode_key(env_id, seed=zlib.crc32(token.encode()) & 0x7FFFFFFF)
 
 
+class EnvTurnedError(TrainingError):
+    """A synthesized env behaves on training's seeds otherwise than validation saw."""
+
+
 @dataclass
 class IterationRecord:
     """What one call of ``rollout_func`` played, for the training log. ``rewards``
@@ -122,6 +128,7 @@ class IterationRecord:
     failed: list[str] = field(default_factory=list)
     gave_up: int = 0
     tokens_sampled: int = 0
+    spot_checks: list[str] = field(default_factory=list)
     rollout_s: float = 0.0
 
     def first_groups(self) -> list[list[float | None]]:
@@ -147,6 +154,7 @@ class IterationRecord:
             "failed_episodes": len(self.failed),
             "failures": self.failed[:5],
             "gave_up": self.gave_up,
+            "spot_checks": self.spot_checks,
             "tokens_sampled": self.tokens_sampled,
             "rollout_s": round(self.rollout_s, 3),
         }
@@ -195,6 +203,12 @@ class EnvRolloutFunc:
         k = self.config.rollouts_per_group
         record = IterationRecord()
         t0 = time.perf_counter()
+        if self.config.spot_check:
+            seeds = {key["env"]: key["seed"] for key in map(parse_key, keys) if key.get("seed") is not None}
+            for env_id, seed in seeds.items():
+                if env_id in self.config.train_unvalidated:  # never validated: nothing to compare with
+                    continue
+                record.spot_checks.append(self.spot_check(env_id, int(seed)))
         rows: list[dict[str, Any] | None] = [None] * (len(keys) * k)
         self.last_outcomes = [None] * len(rows)
         pending = [(g, parse_key(key)) for g, key in enumerate(keys)]
@@ -220,6 +234,36 @@ class EnvRolloutFunc:
         batch = {name: [row[name] for row in rows] for name in ("prompt_ids", "completion_ids", "logprobs", "env_mask", "env_reward")}
         batch["hinted"] = [row["hinted"] for row in rows]
         return batch
+
+    def spot_check(self, env_id: str, seed: int) -> str:
+        """Training's own look at a synthesized env, on a seed this iteration trains on:
+        validation saw the oracle solve its seeds and the floor policies go unpaid, and
+        an env honest on validation's seeds only (a time bomb) shows itself here. Plays
+        the oracle and a message-only agent (no model; not counted in the rollout
+        budget). Raises ``EnvTurnedError`` (one line) when they disagree."""
+        from trace_gym.agents import make_agent
+        from trace_gym.rollout import Episode, run_episode
+        from trace_gym.validation import ValidationConfig
+
+        limits = ValidationConfig()
+        problems = []
+        env = self.pool.make_env(env_id)
+        try:
+            for name in ("oracle", "message_only"):
+                episode = Episode(f"seed-{seed}", 0, seed, env_seed=seed)
+                reward = run_episode(env, make_agent(name, seed=seed), env_id, episode).reward
+                if name == "oracle" and reward < limits.solvable_reward:
+                    problems.append(f"the oracle scored {reward:.2f}")
+                if name == "message_only" and reward > limits.trivial_max:
+                    problems.append(f"a message-only agent scored {reward:.2f}")
+        except TraceGymError as exc:
+            problems.append(f"the env failed ({type(exc).__name__}: {str(exc)[:200]})")
+        finally:
+            env.close()
+        if problems:
+            raise EnvTurnedError(f"{env_id} on training seed {seed}: {'; '.join(problems)}, where validation saw the "
+                                 "oracle solve and the floor policies fail; training stops this env (a time bomb?)")
+        return f"{env_id} seed {seed}: oracle solved, message-only unpaid"
 
     def _play_env(self, env_id: str, keys: list[dict[str, Any]], group_ids: list[int], backend: Any,
                   rows: list[dict[str, Any] | None], record: IterationRecord) -> None:
@@ -259,9 +303,10 @@ class EnvRolloutFunc:
         """One GRPO group's rows; hinted rows get the group's hint-free prompt."""
         plain_prompts = {tuple(o.played.tokens.turns[0].prompt_ids) for o, h in zip(block, hinted)
                          if not h and not o.failed and o.played.tokens is not None and o.played.tokens.turns}
-        if len(plain_prompts) > 1:
-            raise TrainingError("the hint-free rollouts of one group started from different prompts; "
-                                "the env's reset is not deterministic in its seed")
+        if len(plain_prompts) > 1:  # the env is at fault, not the run: this group is voided, counted, and training goes on
+            reason = ("the hint-free rollouts of one group started from different prompts (the env's reset is not "
+                      "deterministic in its seed); group voided")
+            return [self._void_row(None, reason, record) for _ in block]
         plain = list(next(iter(plain_prompts))) if plain_prompts else None
         rows = []
         for outcome, is_hinted in zip(block, hinted):

@@ -180,7 +180,12 @@ def _env_plan(config: GRPOTrainingConfig) -> tuple[dict[str, list[str] | None], 
         else:
             from trace_gym.sandbox.backends import Limits
 
-            kwargs[env_id] = {"backend": config.sandbox_backend, "limits": Limits(cpu_seconds=config.sandbox_cpu_seconds)}
+            status = entry.validation_status()
+            if status != "passed" and env_id not in config.train_unvalidated:
+                raise TrainingError(f"{env_id} has no passing, current validation report ({status}): run trace-gym "
+                                    f"validate {entry.path} first, or name it with --train-unvalidated {env_id}")
+            kwargs[env_id] = {"backend": config.sandbox_backend, "max_observation_chars": config.max_observation_chars,
+                              "limits": Limits(cpu_seconds=config.sandbox_cpu_seconds, call_timeout_s=config.env_call_timeout_s)}
             if config.max_steps:
                 kwargs[env_id]["max_steps"] = config.max_steps
             tasks[env_id] = None
