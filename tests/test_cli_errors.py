@@ -81,7 +81,7 @@ CASES = [
     (("identify",), ["--trajectories", "{dir}", "--out", "{root}/i"], "is a directory"),
     (("identify",), ["--trajectories", "{synthesized}", "--out", "{root}/i"], "gold actions"),
     (("identify",), ["--trajectories", "{synthesized}", "--runs", "0", "--out", "{root}/i"], "--runs"),
-    (("identify",), ["--trajectories", "{synthesized}", "--runs", "4", "--k", "5", "--out", "{root}/i"], "K=5"),
+    (("identify",), ["--trajectories", "{synthesized}", "--runs", "4", "--k", "5", "--out", "{root}/i"], "K (min_runs) = 5"),
     (("identify",), ["--trajectories", "{synthesized}", "--delta", "big", "--out", "{root}/i"], "argument --delta: invalid"),
     (("identify",), ["--trajectories", "{synthesized}", "--analyst", "magic", "--out", "{root}/i"], "unknown analyst 'magic'"),
     (("synthesize",), ["--capabilities", "{missing}", "--target", "trace/tau2-retail-v0"], "missing.jsonl"),

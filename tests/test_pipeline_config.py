@@ -59,6 +59,7 @@ BAD = [
     ("[rollout]\ntasks = 4", "[rollout]\nagent = \"oracle\"\nfallback = \"planted\"", "[rollout] fallback: only applies when"),
     ("[rollout]\ntasks = 4", "[rollout]\nmin_contrast = -1", "[rollout] min_contrast: must be at least 0"),
     ("[rollout]", "[train.grpo]\nreward_band = [0.7, 0.2]\n[rollout]", "reward_band must be [low, high]"),
+    ("delta = 0.25", "delta = 0.25\nruns = 5\nmin_runs = 8", "[identify.selection]: selection needs 1 <= K <= N runs"),
     ("[rollout]\ntasks = 4", "[rollout]\ntrajectories = \"/no/such/logs.jsonl\"", "[rollout] trajectories: no file at /no/such/logs.jsonl"),
     ('stages = ["rollout", "identify"]', 'stages = ["rollout", "identify", "gepa"]', "[gepa] budget: required when the train stage"),
     ('stages = ["rollout", "identify"]', 'stages = ["gepa"]\n[gepa]\nbudget = 20\nreflection = "openai:gpt-x"',
@@ -108,3 +109,22 @@ def test_the_example_configs_are_valid(tmp_path, monkeypatch):
     gpu.write_text((examples / "gpu.toml").read_text().replace("/models/Llama-3.1-8B-Instruct", str(model)))
     config = load_config(gpu)
     assert "gepa" in config.run.stages and config.gepa.reflection == "openai:gpt-4.1" and config.gepa.budget is None
+
+
+def test_k_of_n_follows_n_in_a_config(tmp_path):
+    """runs = 5 alone means K = 4 (the paper's 8 of 10), in the config as in the CLI."""
+    config = load_config(write(tmp_path, GOOD.replace("delta = 0.25", "delta = 0.25\nruns = 5")))
+    assert (config.identify.selection.runs, config.identify.selection.min_runs) == (5, 4)
+    assert load_config(write(tmp_path, GOOD)).identify.selection.min_runs == 8
+
+
+def test_merged_is_a_baseline_only_over_two_or_more_capability_envs(tmp_path):
+    from trace_gym.pipeline import training_plan
+
+    config = load_config(write(tmp_path, GOOD))
+    config.train.grpo_target = True
+    one = training_plan(config, {"precise_arguments": "trace/tool-precision-v0"})
+    assert [job["name"] for job in one] == ["precise_arguments", "grpo-target"]
+    two = training_plan(config, {"precise_arguments": "trace/tool-precision-v0", "complete_actions": "trace/complete-actions-v0"})
+    merged = next(job for job in two if job["name"] == "merged")
+    assert merged["envs"] == ["trace/complete-actions-v0", "trace/tool-precision-v0"] and merged["scale"] == 2

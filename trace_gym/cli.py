@@ -454,8 +454,7 @@ def cmd_identify(args: argparse.Namespace) -> int:
     from .identification import SelectionConfig, identify, make_analyst
     from .store import read_trajectories
 
-    k = args.k if args.k is not None else max(1, round(0.8 * args.runs))
-    config = SelectionConfig(delta=args.delta, rho=args.rho, runs=args.runs, min_runs=k)
+    config = SelectionConfig(delta=args.delta, rho=args.rho, runs=args.runs, min_runs=args.k)
     trajectories = read_trajectories(args.trajectories)
     options = {}
     if args.analyst.startswith("openai:"):

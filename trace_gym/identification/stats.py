@@ -73,8 +73,19 @@ class SelectionConfig:
     """Smallest coverage E- / |D-| for a capability to be kept in a run."""
     runs: int = 10
     """Identification runs (N)."""
-    min_runs: int = 8
-    """Runs in which a capability must be kept (K of N)."""
+    min_runs: int | None = None
+    """Runs in which a capability must be kept (K of N); None: the paper's share,
+    round(0.8 N) (8 of 10)."""
+
+    def __post_init__(self) -> None:
+        if self.min_runs is None:
+            self.min_runs = max(1, round(0.8 * self.runs)) if isinstance(self.runs, int) else 1
+        if not (isinstance(self.runs, int) and isinstance(self.min_runs, int) and 1 <= self.min_runs <= self.runs):
+            raise SelectionError(f"selection needs 1 <= K <= N runs, got K (min_runs) = {self.min_runs}, N (runs) = {self.runs}")
+
+
+class SelectionError(TraceGymError, ValueError):
+    """Selection thresholds that cannot work together (a config loader reports it as its field's error)."""
 
 
 def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
