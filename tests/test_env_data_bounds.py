@@ -184,3 +184,67 @@ def test_training_spot_checks_its_own_seeds(sandbox_backend, tmp_path, bomb, fra
     with pytest.raises(EnvTurnedError, match=fragment) as caught:
         rollout.play([episode_key("trace/test-order-lookup-v0", seed=big)] * 2, backend=None)
     assert "training stops this env" in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_an_episode_past_max_episode_s_ends_truncated(sandbox_backend):
+    """The episode bound of training, in the one episode loop: a policy that keeps asking
+    (the env never ends) is stopped after the step that passes the bound."""
+    from trace_gym.rollout import Episode, play_batched
+    from trace_gym.sandbox.env import SandboxedEnv
+
+    class Stalling:  # a token-free agent that asks the same question forever
+        name = "stalling"
+        backend = SimpleNamespace(complete=lambda requests: [SimpleNamespace() for _ in requests])
+
+        def reset(self, observation, info, env=None):
+            pass
+
+        def request(self):
+            return None
+
+        def receive(self, completion):
+            import time
+
+            time.sleep(0.2)
+            return '{"name": "get_order_details", "arguments": {"order_id": "#W0"}}'
+
+    env = SandboxedEnv(ORDER_LOOKUP, backend=sandbox_backend, max_steps=50)
+    try:
+        [played] = list(play_batched([env], [Stalling()], "trace/test-order-lookup-v0", [Episode(None, 0, 1)],
+                                     max_episode_s=0.5))
+    finally:
+        env.close()
+    assert played.trajectory.truncated and "ran past max_episode_s (0.5 s)" in played.trajectory.error
+    assert played.trajectory.steps < 10
+
+
+def test_iteration_and_episode_bounds_refuse_nonsense():
+    from trace_gym.training import GRPOTrainingConfig, TrainingError
+
+    for field in ("max_episode_s", "max_iteration_s"):
+        with pytest.raises(TrainingError, match="must be positive"):
+            GRPOTrainingConfig(env_ids=["trace/tool-precision-v0"], out="x", **{field: 0}).check()
+
+
+def test_an_iteration_past_max_iteration_s_stops_redrawing(monkeypatch):
+    """Dynamic sampling redraws constant groups up to max_draws, unless the iteration
+    has run past its bound: then the groups it has are what the update sees."""
+    from trace_gym.training import GRPOTrainingConfig
+    from trace_gym.training.rollouts import EnvRolloutFunc, episode_key
+
+    def constant_rows(self, env_id, keys, group_ids, backend, rows, record):
+        for g in group_ids:
+            for s in range(self.config.rollouts_per_group):
+                rows[g * self.config.rollouts_per_group + s] = {"prompt_ids": [1], "completion_ids": [2], "logprobs": [0.0],
+                                                                 "env_mask": [1], "env_reward": 0.0, "hinted": False}
+        record.episodes_played += len(keys) * self.config.rollouts_per_group
+
+    monkeypatch.setattr(EnvRolloutFunc, "_play_env", constant_rows)
+    keys = [episode_key("trace/x-v0", seed=5)] * 2
+    for bound, draws in ((3600.0, 3), (1e-9, 1)):
+        rollout = EnvRolloutFunc(GRPOTrainingConfig(env_ids=["trace/x-v0"], out="x", max_iteration_s=bound,
+                                                    spot_check=False), pool=None, tokenizer=None)
+        rollout.play(keys, backend=None)
+        record = rollout.records[-1]
+        assert record.draws == 2 * draws and record.episodes_played == 2 * 4 * draws  # 2 groups of K = 4
+        assert bool(record.bounds_hit) == (draws == 1)

@@ -204,11 +204,14 @@ class PlayedEpisode:
     episode: Episode | None = None
 
 
-def play_batched(envs: list[Any], agents: list[Any], env_id: str, episodes: list[Episode]):
+def play_batched(envs: list[Any], agents: list[Any], env_id: str, episodes: list[Episode],
+                 max_episode_s: float | None = None):
     """Play episodes in lock-step, one batched generation per turn across all
     episodes in flight, each request under its own agent's settings (seed,
     temperature, adapter). ``agents`` share one backend (``LocalHF`` batches on
-    CPU and GPU). Yields ``PlayedEpisode``s as episodes end."""
+    CPU and GPU). Yields ``PlayedEpisode``s as episodes end. An episode whose wall
+    time passes ``max_episode_s`` ends after its current step, truncated, with the
+    reason in its ``error``."""
     from collections import deque
 
     if not agents:
@@ -260,6 +263,9 @@ def play_batched(envs: list[Any], agents: list[Any], env_id: str, episodes: list
             run.env_s += time.perf_counter() - e0
             if terminated or truncated:
                 yield done(i, _finish(envs[i], agents[i], env_id, run, reward, terminated, truncated, step_info))
+            elif max_episode_s is not None and time.perf_counter() - run.t0 > max_episode_s:
+                yield done(i, _finish(envs[i], agents[i], env_id, run, 0.0, False, True, step_info,
+                                      error=f"the episode ran past max_episode_s ({max_episode_s:g} s); ended here, truncated"))
 
 
 def run_batched(envs: list[Any], agents: list[Any], env_id: str, episodes: list[Episode], backend: Any = None):

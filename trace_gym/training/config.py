@@ -132,6 +132,14 @@ class GRPOTrainingConfig:
     training: validation passed its steps at p99 under 0.5 s, so an env that now takes
     longer has changed its behaviour on training's seeds. The worker is killed and the
     episode voided (counted in the log with its reason), and training goes on."""
+    max_episode_s: float = 600.0
+    """Wall time of one training episode (its share of batched generation and its env
+    steps); past it the episode ends after its current step, truncated, with the
+    reason in the log."""
+    max_iteration_s: float = 3600.0
+    """Wall time of one iteration's rollouts: past it, constant groups are no longer
+    redrawn (the first draw of every group is always played; each episode is bounded
+    by ``max_episode_s``)."""
     max_observation_chars: int = 20_000
     """Longest text a synthesized env may hand the agent at once; longer is cut and
     says so (sandbox/env.py ``MAX_OBSERVATION_CHARS``)."""
@@ -219,8 +227,9 @@ class GRPOTrainingConfig:
         if not self.calibrate and not self.train_anyway:
             raise TrainingError("calibration is off: nothing says the policy can learn from these envs; "
                                 "turn it on, or pass --train-anyway")
-        if self.env_call_timeout_s <= 0 or self.max_observation_chars < 1:
-            raise TrainingError("env_call_timeout_s and max_observation_chars must be positive")
+        if min(self.env_call_timeout_s, self.max_observation_chars, self.max_episode_s, self.max_iteration_s) <= 0:
+            raise TrainingError("env_call_timeout_s, max_observation_chars, max_episode_s and max_iteration_s must be "
+                                "positive")
         if self.max_draws < 1:
             raise TrainingError(f"max_draws must be at least 1 (1: no dynamic sampling), got {self.max_draws}")
         if (len(self.reward_band) != 2 or not all(isinstance(x, (int, float)) for x in self.reward_band)

@@ -97,9 +97,11 @@ class EnvPool:
         recycle_after: episodes an instance plays before it is replaced.
     """
 
-    def __init__(self, make_env: Callable[[str], gym.Env], *, recycle_after: int = 64):
+    def __init__(self, make_env: Callable[[str], gym.Env], *, recycle_after: int = 64,
+                 max_episode_s: float | None = None):
         self.make_env = make_env
         self.recycle_after = recycle_after
+        self.max_episode_s = max_episode_s
         self.envs: dict[str, list[GuardedEnv]] = {}
         self.uses: dict[int, int] = {}
         self.stats = PoolStats()
@@ -147,7 +149,8 @@ class EnvPool:
             batch_envs = [envs[i] for i in todo]
             # play_batched fills its slots in order, so episode todo[k] runs in batch_envs[k].
             by_episode = {id(episodes[i]): k for k, i in enumerate(todo)}
-            for played in play_batched(batch_envs, [agents[i] for i in todo], env_id, [episodes[i] for i in todo]):
+            for played in play_batched(batch_envs, [agents[i] for i in todo], env_id, [episodes[i] for i in todo],
+                                       max_episode_s=self.max_episode_s):
                 k = by_episode[id(played.episode)]
                 i, env = todo[k], batch_envs[k]
                 self.uses[id(env)] = self.uses.get(id(env), 0) + 1

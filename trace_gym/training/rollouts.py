@@ -129,6 +129,7 @@ class IterationRecord:
     gave_up: int = 0
     tokens_sampled: int = 0
     spot_checks: list[str] = field(default_factory=list)
+    bounds_hit: list[str] = field(default_factory=list)
     rollout_s: float = 0.0
 
     def first_groups(self) -> list[list[float | None]]:
@@ -155,6 +156,7 @@ class IterationRecord:
             "failures": self.failed[:5],
             "gave_up": self.gave_up,
             "spot_checks": self.spot_checks,
+            "bounds_hit": self.bounds_hit,
             "tokens_sampled": self.tokens_sampled,
             "rollout_s": round(self.rollout_s, 3),
         }
@@ -223,6 +225,10 @@ class EnvRolloutFunc:
                 record.first_rewards = [row["env_reward"] for row in rows]
             pending = [(g, key) for g, key in pending if not informative([row["env_reward"] for row in rows[g * k:(g + 1) * k]])]
             if not pending or draw == self.config.max_draws:
+                break
+            if time.perf_counter() - t0 > self.config.max_iteration_s:
+                record.bounds_hit.append(f"no redraw after draw {draw}: the iteration ran past max_iteration_s "
+                                         f"({self.config.max_iteration_s:g} s)")
                 break
             record.redrawn_groups += len(pending)
             pending = [(g, parse_key(redraw_key(key, draw + 1, self.config.seed, self.task_lists.get(key["env"]))))

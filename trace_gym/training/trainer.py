@@ -227,7 +227,8 @@ def _calibrate(config: GRPOTrainingConfig, out: Path, model: Any, tokenizer: Any
 
             def play(level: int | None, keys: list[str], env_id: str = env_id) -> list[list[float | None]]:
                 kwargs = {**env_kwargs[env_id], **({} if level is None else {"level": level})}
-                pool = EnvPool(lambda e: make(e, **kwargs), recycle_after=config.recycle_after)
+                pool = EnvPool(lambda e: make(e, **kwargs), recycle_after=config.recycle_after,
+                   max_episode_s=config.max_episode_s)
                 try:
                     func = EnvRolloutFunc(dataclasses.replace(config, max_draws=1), pool, tokenizer, tasks, adapter=None)
                     func.play(keys, backend)
@@ -344,7 +345,8 @@ def build_trainer(config: GRPOTrainingConfig, *, resume: bool = False, progress:
     model, tokenizer, _ = load_policy(config.model, config.dtype)
     calibrations = _calibrate(config, out, model, tokenizer, tasks, env_kwargs, levels, resume)
 
-    pool = EnvPool(lambda env_id: make(env_id, **env_kwargs[env_id]), recycle_after=config.recycle_after)
+    pool = EnvPool(lambda env_id: make(env_id, **env_kwargs[env_id]), recycle_after=config.recycle_after,
+                   max_episode_s=config.max_episode_s)
     rollout = EnvRolloutFunc(config, pool, tokenizer, tasks)
     iteration_log = _IterationLog(config, rollout, log, start, previous, progress,
                                   calibration_episodes=sum(c.episodes for c in calibrations),
