@@ -158,6 +158,9 @@ def test_a_step_slower_than_training_allows_kills_the_worker(sandbox_backend):
     (('return {"reward": reward,', 'return {"reward": 1.0 if self.big and self.answer is not None and not self.used_tool '
                                    'else reward,'), "a message-only agent scored 1.00"),
     (('self.looked_up = True\n', 'self.looked_up = not self.big\n'), "the oracle scored 0.70"),
+    (('prompt += " Hint: look the order up before you answer."',
+      'prompt += " Hint: the order is " + self.status + "." if self.big else " Hint: look the order up first."'),
+     "the hint spells out"),
 ])
 def test_training_spot_checks_its_own_seeds(sandbox_backend, tmp_path, bomb, fragment):
     """Finding 3: an env honest on small seeds and hostile on the 31-bit seeds training

@@ -783,6 +783,23 @@ def _numbers(text: str) -> set[str]:
     return out
 
 
+def hint_leaks(worker: Any, seed: int, other: int) -> list[str]:
+    """What ``seed``'s hint gives away, judged one seed at a time (training's spot
+    check; ``check_hints`` judges many): an oracle value or a number of the oracle's
+    messages that the hint states and nothing else the agent is told does. A value
+    that ``other``'s hint states too is generic advice, not this seed's answer."""
+    plain = worker.call("reset", seed=seed, hint=False)
+    oracle = worker.call("oracle") or []
+    hinted = worker.call("reset", seed=seed, hint=True)
+    elsewhere = worker.call("reset", seed=other, hint=True)["system_prompt"].lower()
+    hint = hinted["system_prompt"].replace(plain["system_prompt"], " ").lower()
+    known = (plain["system_prompt"] + " " + plain["user_message"]).lower()
+    leaks = [f"the hint spells out '{value}'" for value in sorted({v.lower() for v in _oracle_values(oracle)})
+             if value in hint and value not in known and value not in elsewhere]
+    numbers = _numbers(hint) & _numbers(" ".join(_oracle_messages(oracle))) - _numbers(known) - _numbers(elsewhere)
+    return leaks + [f"the hint states {n}, a number the oracle's messages give as the answer" for n in sorted(numbers)]
+
+
 def _oracle_messages(actions: list[Any]) -> list[str]:
     return [str(a.get("content", "")) for a in actions if isinstance(a, dict) and a.get("type") == "message"]
 

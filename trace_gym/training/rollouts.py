@@ -246,15 +246,19 @@ class EnvRolloutFunc:
         validation saw the oracle solve its seeds and the floor policies go unpaid, and
         an env honest on validation's seeds only (a time bomb) shows itself here. Plays
         the oracle and a message-only agent (no model; not counted in the rollout
-        budget). Raises ``EnvTurnedError`` (one line) when they disagree."""
+        budget), and scans the seed's hinted prompt for its answer. Raises
+        ``EnvTurnedError`` (one line) when any of them disagrees with validation."""
         from trace_gym.agents import make_agent
         from trace_gym.rollout import Episode, run_episode
-        from trace_gym.validation import ValidationConfig
+        from trace_gym.validation import ValidationConfig, hint_leaks
 
         limits = ValidationConfig()
         problems = []
         env = self.pool.make_env(env_id)
         try:
+            leaks = hint_leaks(env.unwrapped.worker, seed, zlib.crc32(f"{seed}|other".encode()) & 0x7FFFFFFF)
+            if leaks:
+                problems.append("; ".join(leaks[:2]))
             for name in ("oracle", "message_only"):
                 episode = Episode(f"seed-{seed}", 0, seed, env_seed=seed)
                 reward = run_episode(env, make_agent(name, seed=seed), env_id, episode).reward
@@ -269,7 +273,7 @@ class EnvRolloutFunc:
         if problems:
             raise EnvTurnedError(f"{env_id} on training seed {seed}: {'; '.join(problems)}, where validation saw the "
                                  "oracle solve and the floor policies fail; training stops this env (a time bomb?)")
-        return f"{env_id} seed {seed}: oracle solved, message-only unpaid"
+        return f"{env_id} seed {seed}: oracle solved, message-only unpaid, hint gives nothing away"
 
     def _play_env(self, env_id: str, keys: list[dict[str, Any]], group_ids: list[int], backend: Any,
                   rows: list[dict[str, Any] | None], record: IterationRecord) -> None:
