@@ -158,6 +158,14 @@ def guarded_getattr(obj, name, *default):
     why = refusal(obj, name)
     if why:
         raise Refused(why)
+    if isinstance(obj, super) and obj.__thisclass__ not in ENV_CLASSES:
+        # super(X, ...) of a class env code did not define looks past the worker's overrides (the fixed clock's
+        # datetime.now, a proxy's refusals) into the real class; super() inside env classes is unaffected
+        raise Refused(f"super({obj.__thisclass__.__name__}, ...), past a class env code did not define")
+    if type(obj).__module__ == "typing":
+        # typing's aliases hand ordinary attribute names to their origin class (typing.Mapping.register is
+        # collections.abc.Mapping.register, which writes into the stdlib's ABC registry): annotations only
+        raise Refused(f"attribute '{name}' of a typing alias (typing names are for annotations)")
     if name in ("format", "format_map") and (isinstance(obj, str) or obj is str):
         return functools.partial(safe_format, obj) if name == "format" and isinstance(obj, str) else _refuse_call(f"str.{name}")
     value = getattr(obj, name, *default)
@@ -221,7 +229,27 @@ def _env_instance(obj) -> bool:
     return any(c in ENV_CLASSES for c in type.__getattribute__(type(obj), "__mro__"))
 
 
-class ItemsOnly:
+class Uncopyable:
+    """The worker's own wrappers (module and function proxies, write targets) hold
+    the real objects in their slots; ``copy``/pickling reads slots as data
+    (``object.__reduce_ex__``) past every guard, so they refuse to be copied."""
+
+    __slots__ = ()
+
+    def __reduce_ex__(self, protocol):
+        raise Refused(f"copying or pickling a {type(self).__name__}")
+
+    def __reduce__(self):
+        raise Refused(f"copying or pickling a {type(self).__name__}")
+
+    def __copy__(self):
+        raise Refused(f"copying a {type(self).__name__}")
+
+    def __deepcopy__(self, memo):
+        raise Refused(f"copying a {type(self).__name__}")
+
+
+class ItemsOnly(Uncopyable):
     """The write target for an object env code did not define: items only."""
 
     __slots__ = ("_target",)
@@ -348,7 +376,7 @@ class PrintCollector:
 
 
 # --- run time: module proxies --------------------------------------------------------------
-class FunctionProxy:
+class FunctionProxy(Uncopyable):
     """A stdlib function handed to env code: callable, and nothing else."""
 
     __slots__ = ("_fn", "_name")
@@ -370,7 +398,7 @@ class FunctionProxy:
         return "<function %s>" % object.__getattribute__(self, "_name")
 
 
-class ModuleProxy:
+class ModuleProxy(Uncopyable):
     """The allowlisted names of an allowed module (``MODULES``), each wrapped; nothing else."""
 
     __slots__ = ("_module", "_name", "_allowed")
@@ -483,8 +511,22 @@ def _checked_namedtuple(real):
     return checked
 
 
+def _checked_deepcopy(real):
+    """copy.deepcopy without a caller's ``memo``: deepcopy keeps every original it
+    reduced in ``memo[id(memo)]`` (its keep-alive list), so a memo of env code's would
+    hand back whatever state a reduction exposed, even when the copy is refused."""
+
+    def checked(x, *args, **kwargs):
+        if args or kwargs:
+            raise Refused("copy.deepcopy with a memo (only copy.deepcopy(x))")
+        return real(x)
+
+    return checked
+
+
 CHECKED_CALLS = {("dataclasses", name): _checked_dataclasses for name in DATACLASS_READERS}
 CHECKED_CALLS["collections", "namedtuple"] = _checked_namedtuple
+CHECKED_CALLS["copy", "deepcopy"] = _checked_deepcopy
 
 
 # --- a fixed clock -------------------------------------------------------------------------
@@ -523,6 +565,9 @@ def fixed_clock(module) -> None:
         @classmethod
         def utcnow(cls):
             return cls(*FIXED_NOW)
+
+        def date(self):  # the real method returns the real date class, whose today() reads the real clock
+            return FIXED_CLOCK["datetime", "date"](self.year, self.month, self.day)
 
     for fixed, real in ((date, real_date), (datetime, real_datetime)):
         fixed.min, fixed.max = fixed.combine(real.min, module.time()) if fixed is datetime else fixed(1, 1, 1), \

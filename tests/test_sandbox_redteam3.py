@@ -151,3 +151,112 @@ def test_env_code_reads_a_fixed_clock(sandbox_backend):
         out = worker.call("step", action={"type": "message", "content": "hi"})["observation"]
     assert out == repr(["2025-01-06", "2025-01-06 12:00:00", "2025-01-06 12:00:00", "2025-01-06 12:00:00",
                         "2025-01-06 12:00:00", "2025-01-06", "2025-01-06 12:00:00+00:00", "datetime.date(2024, 1, 2)"])
+
+
+# --- the independent red team's review of this round (each reproduced, then stopped) --------
+# The full chain: copy.deepcopy of a module proxy reduces it with object.__reduce_ex__, which
+# reads its slots (the real module) as data; deepcopy keeps that state in the caller's memo
+# even when the copy is refused; the real typing.get_type_hints evaluates an annotation with
+# eval(), which puts the real builtins into a dict env code holds; exec, frames, the token.
+DEEPCOPY_MEMO_ESCAPE = '''
+import copy
+import typing
+
+TOOLS = ['get_order_details']
+U = "_" * 2
+
+
+class Memo(dict):
+    def get(self, key, default=None):
+        self.seen.append(key)
+        if key in self.skip:
+            return 0
+        return dict.get(self, key, default)
+
+
+def memo(seen, skip):
+    m = Memo()
+    m.seen, m.skip = seen, skip
+    return m
+
+
+def real_module(proxy):
+    seen, skip = [], []
+    try:
+        copy.deepcopy(proxy, memo(seen, skip))
+    except Exception:
+        pass
+    skip.append(seen[-1])
+    m = memo([], skip)
+    try:
+        copy.deepcopy(proxy, m)
+    except Exception:
+        pass
+    for kept in m[id(m)]:
+        if isinstance(kept, dict) and "_module" in kept:
+            return kept["_module"]
+
+
+class Environment:
+    def reset(self, seed, hint=False):
+        return {'system_prompt': 's', 'user_message': 'u'}
+
+    def step(self, action):
+        class C:
+            x: "int"
+        g = {}
+        real_module(typing).get_type_hints(C, g)
+        B = g[U + "builtins" + U]
+        box = []
+        B["exec"]("box.append(open('/etc/passwd').read()[:60])", {U + "builtins" + U: B, "box": box})
+        return {'observation': repr(box), 'done': False}
+
+    def reward(self):
+        return {'reward': 0.0, 'components': {}, 'reason': ''}
+'''
+REVIEW = {
+    "deepcopy with a memo of env code's": ("out = repr(copy.deepcopy(json.dumps, {}))", "copy.deepcopy with a memo"),
+    "a plain deepcopy of a function proxy": ("out = repr(copy.deepcopy(json.dumps))", "copying a FunctionProxy"),
+    "a shallow copy of a module proxy": ("out = repr(copy.copy(json))", "copying a ModuleProxy"),
+    "the real clock through super()": ("out = repr(super(datetime.datetime, datetime.datetime).now())",
+                                       "super(datetime.datetime, ...), past a class env code did not define"),
+    "a typing alias writing into the ABC registry": ("class E:\n    pass\ntyping.Mapping.register(E)\nout = 'registered'",
+                                                     "attribute 'register' of a typing alias"),
+}
+
+
+@pytest.mark.parametrize("name", list(REVIEW))
+def test_the_reviews_attacks_are_refused_by_the_language_layer(sandbox_backend, name):
+    body, fragment = REVIEW[name]
+    src = hostile_env_source(body, top="import copy\n")
+    from trace_gym.sandbox.gate import check_source
+
+    assert check_source(src) == []  # the gate sees nothing wrong: the run time must stop it
+    with pytest.raises(SandboxEnvError, match="language layer") as caught:
+        with SandboxWorker(src, backend=sandbox_backend, limits=FAST) as worker:
+            worker.call("reset", seed=0, hint=False)
+            out = worker.call("step", action={"type": "message", "content": "hi"})["observation"]
+            pytest.fail(f"not stopped; the env got: {out[:300]}")
+    assert fragment in str(caught.value)
+
+
+def test_the_fixed_clock_hands_out_no_real_date(sandbox_backend):
+    body = "d = datetime.datetime.now().date()\nout = repr((str(d), str(d.today())))"
+    with SandboxWorker(hostile_env_source(body), backend=sandbox_backend, limits=FAST) as worker:
+        worker.call("reset", seed=0, hint=False)
+        out = worker.call("step", action={"type": "message", "content": "hi"})["observation"]
+    assert out == repr(("2025-01-06", "2025-01-06"))
+
+
+def test_the_reviews_full_chain_reaches_nothing(sandbox_backend):
+    """The chain as the reviewer wrote it (its own try/except swallows each refusal):
+    it ends in an error of its own making, with no host file, builtin or token in it."""
+    from trace_gym.sandbox.gate import check_source
+
+    assert check_source(DEEPCOPY_MEMO_ESCAPE) == []
+    with pytest.raises(SandboxEnvError) as caught:
+        with SandboxWorker(DEEPCOPY_MEMO_ESCAPE, backend=sandbox_backend, limits=FAST) as worker:
+            worker.call("reset", seed=0, hint=False)
+            out = worker.call("step", action={"type": "message", "content": "hi"})["observation"]
+            pytest.fail(f"not stopped; the env got: {out[:300]}")
+    assert "root:" not in str(caught.value) and "token" not in str(caught.value)

@@ -63,27 +63,35 @@ def plain_text(text: str, pattern: re.Pattern[str] = _DEFAULT_PATTERN) -> str:
     return text
 
 
-def plain_messages(messages: list[dict[str, Any]], pattern: re.Pattern[str] = _DEFAULT_PATTERN) -> list[dict[str, Any]]:
+def _walk(value: Any, pattern: re.Pattern[str]) -> Any:
+    if isinstance(value, str):
+        return plain_text(value, pattern)
+    if isinstance(value, dict):
+        return {_walk(k, pattern): _walk(v, pattern) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_walk(v, pattern) for v in value]
+    return value
+
+
+def plain_messages(messages: list[dict[str, Any]], pattern: re.Pattern[str] = _DEFAULT_PATTERN,
+                   turn_pattern: re.Pattern[str] | None = None) -> list[dict[str, Any]]:
     """A copy of ``messages`` (or tool schemas) with every string in them, keys
     included, made ``plain_text``: what a system prompt, a user (or its simulator),
-    a tool or an env wrote. The ``role`` of each message is the template's, and an
-    assistant message is the model's own writing (its ``<tool_call>`` text included):
-    both stay as they are."""
+    a tool or an env wrote. The ``role`` of each message is the template's. An
+    assistant message may hold the model's own tool-call markup (Qwen's ``<tool_call>``
+    is an added token), so only ``turn_pattern`` (the turn boundaries; default:
+    ``pattern``) is split there: an oracle's or a log's assistant text taught by SFT
+    can no more close a turn than an env's observation can."""
+    turns = turn_pattern or pattern
 
     def walk(value: Any) -> Any:
-        if isinstance(value, str):
-            return plain_text(value, pattern)
-        if isinstance(value, dict):
-            return {walk(k): walk(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [walk(v) for v in value]
-        return value
+        return _walk(value, pattern)
 
     def message(m: Any) -> Any:
         if not isinstance(m, dict):
             return walk(m)
         if m.get("role") == "assistant":
-            return dict(m)
+            return {k: v if k == "role" else _walk(v, turns) for k, v in m.items()}
         return {k: v if k == "role" else walk(v) for k, v in m.items()}
 
     return [message(m) for m in messages]

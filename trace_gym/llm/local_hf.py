@@ -198,8 +198,11 @@ class LocalHF:
         # every added token of this tokenizer (<|im_end|>, Qwen's <tool_call>, ...) is what the encoder parses as one
         # control id: text from an env, a user or a tool that spells one is rendered split, and stays text
         added = getattr(self.tokenizer, "added_tokens_decoder", {}) or {}
-        self._control = control_pattern([*(t.content for t in added.values()),
-                                         *getattr(self.tokenizer, "all_special_tokens", [])])
+        special = getattr(self.tokenizer, "all_special_tokens", [])
+        self._control = control_pattern([*(t.content for t in added.values()), *special])
+        # in assistant turns (the model's, or an oracle's or a log's taught by SFT) only the special ones: the turn
+        # boundaries, not tool-call markup such as Qwen's <tool_call>, an added token the model itself writes
+        self._turns = control_pattern([*(t.content for t in added.values() if getattr(t, "special", True)), *special])
         self.context_size: int | None = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
         self._close = self._turn_close()
         self.stop_ids = self._stop_ids()
@@ -276,7 +279,7 @@ class LocalHF:
     # --- chat template, token in, token out -----------------------------------------
     def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, generation_prompt: bool) -> str:
         try:
-            return self.tokenizer.apply_chat_template(plain_messages(messages, self._control),
+            return self.tokenizer.apply_chat_template(plain_messages(messages, self._control, self._turns),
                                                       tools=plain_messages(tools, self._control) if tools else None,
                                                       add_generation_prompt=generation_prompt, tokenize=False)
         except Exception as exc:  # jinja errors: the template refuses this conversation
