@@ -187,3 +187,24 @@ def make(env_id: str, **kwargs: Any):
     entry = get_entry(env_id)
     register_all()
     return gymnasium.make(entry.id, **kwargs)
+
+
+TRAIN_SPLIT = "train"
+
+
+def make_train(env_id: str, **kwargs: Any) -> tuple[Any, str | None]:
+    """A target on its train split, as every stage but evaluation must play it
+    (training, calibration, the analyst's look at live tool results), and the split
+    it got: a target without a train split (ToolSandbox) plays its default one,
+    said aloud on stderr; a synthesized env (no splits) is made as it is (None)."""
+    import sys
+
+    from .errors import TraceGymError
+
+    if get_entry(env_id).kind != "target":
+        return make(env_id, **kwargs), None
+    try:
+        return make(env_id, split=TRAIN_SPLIT, **kwargs), TRAIN_SPLIT
+    except TraceGymError:
+        print(f"trace-gym: {env_id} has no '{TRAIN_SPLIT}' split; its default split is played", file=sys.stderr, flush=True)
+        return make(env_id, **kwargs), None

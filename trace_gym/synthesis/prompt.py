@@ -139,10 +139,10 @@ def _from_live_target(entry: EnvEntry, samples: int, per_result: int) -> tuple[s
     """Reset the target and replay its oracle's tool calls; ("", [], why) where it cannot run."""
     from trace_gym.actions import parse_action
     from trace_gym.errors import TraceGymError
-    from trace_gym.registry import make
+    from trace_gym.registry import make_train
 
-    try:
-        env = make(entry.id)
+    try:  # the analyst sees the train split's tool results, never the held-out tasks evaluation scores
+        env, _ = make_train(entry.id)
     except (TraceGymError, ImportError) as exc:
         return "", [], f"the live target could not be made ({str(exc).splitlines()[0][:120]})"
     results: list[str] = []

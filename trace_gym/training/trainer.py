@@ -35,14 +35,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from trace_gym.errors import TraceGymError
-
 from .config import GRPOTrainingConfig, TrainingError, native_bf16
 from .log import TrainLog, plot_reward_curve
 from .pool import EnvPool
 from .rollouts import EnvRolloutFunc, env_reward, plan_groups
 
-TRAIN_SPLIT = "train"
 
 # Settings a resumed run must share with the run it continues (iterations may grow).
 RESUME_FIXED = ("env_ids", "model", "groups", "rollouts_per_group", "lora_rank", "lora_alpha", "lora_target_modules",
@@ -156,7 +153,7 @@ def _check_machine(config: GRPOTrainingConfig) -> None:
 def _env_plan(config: GRPOTrainingConfig) -> tuple[dict[str, list[str] | None], dict[str, dict[str, Any]], dict[str, int | None]]:
     """Per env id: its task list (targets) or None (seeded envs), its make() kwargs
     and its number of difficulty levels (None: it has none)."""
-    from trace_gym.registry import get_entry, make
+    from trace_gym.registry import get_entry, make, make_train
 
     tasks: dict[str, list[str] | None] = {}
     kwargs: dict[str, dict[str, Any]] = {}
@@ -165,13 +162,10 @@ def _env_plan(config: GRPOTrainingConfig) -> tuple[dict[str, list[str] | None], 
         entry = get_entry(env_id)  # an unknown id is a one-line error here, before any model loads
         if entry.kind == "target":
             kwargs[env_id] = {"max_steps": config.max_steps} if config.max_steps else {}
-            try:  # training, its calibration and its redraws play the train split, never the held-out one
-                env = make(env_id, split=TRAIN_SPLIT, **kwargs[env_id])
-                kwargs[env_id]["split"] = TRAIN_SPLIT
-            except TraceGymError:  # a target without a train split (ToolSandbox): its own default, said aloud
-                print(f"trace-gym: {env_id} has no '{TRAIN_SPLIT}' split; training plays its default split",
-                      file=sys.stderr, flush=True)
-                env = make(env_id, **kwargs[env_id])
+            # training, its calibration and its redraws play the train split, never the held-out one
+            env, split = make_train(env_id, **kwargs[env_id])
+            if split is not None:
+                kwargs[env_id]["split"] = split
             try:
                 tasks[env_id] = list(getattr(env.unwrapped, "task_ids", None) or [])
             finally:
