@@ -61,3 +61,25 @@ def test_training_on_the_target_plays_train_tasks_only(started):
     finally:
         env.close()
     assert started and {split for split, _ in started} == {"train"}
+
+
+def test_training_logs_the_tasks_and_seeds_it_played(monkeypatch):
+    """Each iteration's log row names every group it played (draws included), so a
+    run's output says which tasks and seeds it trained on."""
+    from trace_gym.training import GRPOTrainingConfig
+    from trace_gym.training.rollouts import EnvRolloutFunc, episode_key
+
+    def rows_of(reward):
+        def play(self, env_id, keys, group_ids, backend, rows, record):
+            for g in group_ids:
+                for s in range(self.config.rollouts_per_group):
+                    rows[g * self.config.rollouts_per_group + s] = {
+                        "prompt_ids": [1], "completion_ids": [2], "logprobs": [0.0], "env_mask": [1],
+                        "env_reward": reward if s else 0.0, "hinted": False}
+        return play
+
+    monkeypatch.setattr(EnvRolloutFunc, "_play_env", rows_of(1.0))
+    rollout = EnvRolloutFunc(GRPOTrainingConfig(env_ids=[RETAIL], out="x", spot_check=False), pool=None, tokenizer=None)
+    rollout.play([episode_key(RETAIL, task="12"), episode_key("trace/x-v0", seed=77)], backend=None)
+    summary = rollout.records[-1].summary()
+    assert summary["played"] == [f"{RETAIL}|task 12", "trace/x-v0|seed 77"]

@@ -130,6 +130,8 @@ class IterationRecord:
     tokens_sampled: int = 0
     spot_checks: list[str] = field(default_factory=list)
     bounds_hit: list[str] = field(default_factory=list)
+    played: list[str] = field(default_factory=list)
+    """Every group played, draws included: ``env|task ID`` or ``env|seed N`` (K episodes each)."""
     rollout_s: float = 0.0
 
     def first_groups(self) -> list[list[float | None]]:
@@ -157,6 +159,7 @@ class IterationRecord:
             "gave_up": self.gave_up,
             "spot_checks": self.spot_checks,
             "bounds_hit": self.bounds_hit,
+            "played": self.played,
             "tokens_sampled": self.tokens_sampled,
             "rollout_s": round(self.rollout_s, 3),
         }
@@ -221,6 +224,8 @@ class EnvRolloutFunc:
             for env_id, items in by_env.items():
                 self._play_env(env_id, [key for _, key in items], [g for g, _ in items], backend, rows, record)
             record.draws += len(pending)
+            record.played += [f"{key['env']}|{'task' if key.get('task') is not None else 'seed'} "
+                              f"{key.get('task') if key.get('task') is not None else key.get('seed')}" for _, key in pending]
             if draw == 1:
                 record.first_rewards = [row["env_reward"] for row in rows]
             pending = [(g, key) for g, key in pending if not informative([row["env_reward"] for row in rows[g * k:(g + 1) * k]])]
