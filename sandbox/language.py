@@ -167,14 +167,14 @@ def guarded_getattr(obj, name, *default):
         # collections.abc.Mapping.register, which writes into the stdlib's ABC registry): annotations only
         raise Refused(f"attribute '{name}' of a typing alias (typing names are for annotations)")
     if name in ("format", "format_map") and (isinstance(obj, str) or obj is str):
-        return functools.partial(safe_format, obj) if name == "format" and isinstance(obj, str) else _refuse_call(f"str.{name}")
+        return _str_format(obj) if name == "format" and isinstance(obj, str) else _refuse_call(f"str.{name}")
     value = getattr(obj, name, *default)
     if isinstance(value, types.ModuleType):
         raise Refused(f"module reached through '{name}'")
     if _is_str_format(value):  # reached another way (super(str, s).format...): the same rule
         owner = getattr(value, "__self__", None)
         if value.__name__ == "format" and isinstance(owner, str):
-            return functools.partial(safe_format, owner)
+            return _str_format(owner)
         return _refuse_call(f"str.{value.__name__}")
     return value
 
@@ -188,6 +188,12 @@ def _is_str_format(value) -> bool:
         return value in _STR_FORMATTERS
     return (isinstance(value, types.BuiltinMethodType) and isinstance(getattr(value, "__self__", None), str)
             and value.__name__ in ("format", "format_map"))
+
+
+def _str_format(template: str):
+    """``template.format`` as env code gets it: call-only (a raw ``partial`` would hand
+    out the worker's own ``safe_format`` function as ``.func``)."""
+    return FunctionProxy(functools.partial(safe_format, template), "str.format")
 
 
 def _refuse_call(what: str):
@@ -276,7 +282,16 @@ def guarded_hasattr(obj, name) -> bool:
     return hasattr(obj, name)
 
 
+PLAIN_TYPES = frozenset({int, float, complex, str, bytes, bool, type(None), list, dict, tuple, set, frozenset, range,
+                         slice})
+
+
 def guarded_type(*args):
+    """``type(x)``, by allowlist: plain data types, env code's own classes, exceptions
+    of the builtins, and classes of the allowed modules that env code may call
+    anyway (``MODULES``). Anything else (``types.MethodType`` from a bound method,
+    typing's internal alias classes, function and descriptor types, metaclasses)
+    would be a constructor env code was never given."""
     if len(args) != 1:
         raise Refused("type() with three arguments (a class from a dict)")
     kind = type(args[0])
@@ -284,7 +299,29 @@ def guarded_type(*args):
         raise Refused("type() of a class (its metaclass builds classes from a dict)")
     if kind in (ModuleProxy, FunctionProxy):  # the worker's own classes
         raise Refused("type() of a module or function proxy")
-    return kind
+    if kind in PLAIN_TYPES or any(c in ENV_CLASSES for c in type.__getattribute__(kind, "__mro__")):
+        return kind
+    if issubclass(kind, BaseException) and kind.__module__ == "builtins":
+        return kind
+    if kind in _module_classes():
+        return kind
+    raise Refused(f"type() of a {kind.__name__} (only plain data, env code's classes, builtin exceptions and the "
+                  "allowed modules' classes)")
+
+
+def _module_classes() -> set:
+    """The classes env code can reach through the allowlist (the fixed clock's included)."""
+    if not _MODULE_CLASSES and _MODULES_SEEN:
+        for name, module in _MODULES_SEEN.items():
+            for attr in MODULES.get(name, ()):
+                value = REPLACED.get((name, attr), getattr(module, attr, None))
+                if isinstance(value, type) and not _is_metaclass(value):
+                    _MODULE_CLASSES.add(value)
+    return _MODULE_CLASSES
+
+
+_MODULE_CLASSES: set = set()
+_MODULES_SEEN: dict = {}
 
 
 def _is_metaclass(value) -> bool:
@@ -412,8 +449,8 @@ class ModuleProxy(Uncopyable):
         name = object.__getattribute__(self, "_name")
         if attr not in object.__getattribute__(self, "_allowed"):
             raise Refused(f"{name}.{attr} is not on the sandbox's allowlist")
-        if (name, attr) in FIXED_CLOCK:
-            return FIXED_CLOCK[name, attr]
+        if (name, attr) in REPLACED:
+            return REPLACED[name, attr]
         value = getattr(object.__getattribute__(self, "_module"), attr)
         checker = CHECKED_CALLS.get((name, attr))
         if checker is not None:
@@ -506,27 +543,16 @@ def _checked_namedtuple(real):
             raise Refused(f"collections.namedtuple with {', '.join(sorted(set(kwargs) - {'defaults'}))}= (only defaults=)")
         names = field_names.replace(",", " ").split() if isinstance(field_names, str) else list(field_names)
         _check_field_names([typename, *names], "collections.namedtuple")
-        return real(typename, names, **kwargs)
-
-    return checked
-
-
-def _checked_deepcopy(real):
-    """copy.deepcopy without a caller's ``memo``: deepcopy keeps every original it
-    reduced in ``memo[id(memo)]`` (its keep-alive list), so a memo of env code's would
-    hand back whatever state a reduction exposed, even when the copy is refused."""
-
-    def checked(x, *args, **kwargs):
-        if args or kwargs:
-            raise Refused("copy.deepcopy with a memo (only copy.deepcopy(x))")
-        return real(x)
+        made = real(typename, names, **kwargs)
+        ENV_CLASSES.add(made)  # made for env code from names it gave: its own, like a class statement's
+        return made
 
     return checked
 
 
 CHECKED_CALLS = {("dataclasses", name): _checked_dataclasses for name in DATACLASS_READERS}
 CHECKED_CALLS["collections", "namedtuple"] = _checked_namedtuple
-CHECKED_CALLS["copy", "deepcopy"] = _checked_deepcopy
+
 
 
 # --- a fixed clock -------------------------------------------------------------------------
@@ -535,6 +561,7 @@ FIXED_NOW = (2025, 1, 6, 12, 0, 0)
 a fixed instant, the same in validation and training, so that no env can behave one
 way on the day it was validated and another later."""
 FIXED_CLOCK: dict = {}
+REPLACED = FIXED_CLOCK  # (module, name) -> what env code gets instead: the fixed clock, the plain-data copies
 
 
 def fixed_clock(module) -> None:
@@ -577,6 +604,111 @@ def fixed_clock(module) -> None:
     FIXED_CLOCK.update({("datetime", "date"): date, ("datetime", "datetime"): datetime})
 
 
+# --- copies of plain data, never by reduction ------------------------------------------------
+MAX_COPY_DEPTH = 200
+
+
+def plain_copy(value, deep: bool):
+    """``copy.copy``/``copy.deepcopy`` as env code gets them. The stdlib's copy reduces
+    an object (``__reduce_ex__``) and calls whatever callable the reduction names:
+    ``getattr`` for a bound method, ``operator.getitem`` on typing's globals for an
+    alias, the slots of the worker's proxies as data. Env code copies its task state,
+    so this copies plain data and env code's own objects itself, with no reduction at
+    all: containers, env classes' instances (their ``__dict__``), NamedTuples, Random
+    generators; immutable values (numbers, text, dates, enum members, functions) are
+    shared as the stdlib shares them; anything else is refused."""
+    import collections
+    import datetime
+    import enum
+    import random
+
+    atomic = (int, float, complex, str, bytes, bool, type(None), range, datetime.date, datetime.time,
+              datetime.timedelta, datetime.tzinfo, enum.Enum, type, FunctionProxy, ModuleProxy, types.FunctionType,
+              types.MethodType, types.BuiltinFunctionType, functools.partial, re.Pattern)
+    memo: dict = {}
+
+    def copy_of(x, depth: int):
+        if isinstance(x, atomic):
+            return x
+        if depth > MAX_COPY_DEPTH:
+            raise Refused(f"copy of data nested deeper than {MAX_COPY_DEPTH}")
+        if id(x) in memo:
+            return memo[id(x)]
+        inner = (lambda v: copy_of(v, depth + 1)) if deep else (lambda v: v)
+        kind = type(x)
+        env = any(c in ENV_CLASSES for c in type.__getattribute__(kind, "__mro__"))
+        if isinstance(x, tuple):
+            items = [inner(v) for v in x]
+            new = kind(*items) if env else tuple(items) if kind is tuple else None
+        elif kind in (list, set, frozenset, collections.deque):
+            new = kind() if kind is not collections.deque else collections.deque(maxlen=x.maxlen)
+            memo[id(x)] = new
+            items = [inner(v) for v in x]
+            new = frozenset(items) if kind is frozenset else new
+            if kind is list or kind is collections.deque:
+                new.extend(items)
+            elif kind is set:
+                new.update(items)
+        elif kind in (dict, collections.OrderedDict, collections.Counter, collections.defaultdict):
+            new = kind(x.default_factory) if kind is collections.defaultdict else kind()
+            memo[id(x)] = new
+            for k, v in x.items():
+                new[inner(k)] = inner(v)
+        elif isinstance(x, random.Random) and (kind is random.Random or env):
+            new = kind.__new__(kind)
+            new.setstate(x.getstate())
+        elif env and kind.__new__ is object.__new__:
+            new = object.__new__(kind)
+        else:
+            new = None
+        if new is None:
+            raise Refused(f"copy of a {kind.__name__} (plain data and env code's own objects only)")
+        memo[id(x)] = new
+        if env and not isinstance(x, tuple):
+            try:
+                own = object.__getattribute__(x, "__dict__")
+            except AttributeError:
+                raise Refused(f"copy of a {kind.__name__} without a __dict__ (slots)") from None
+            target = object.__getattribute__(new, "__dict__")
+            for k, v in own.items():
+                target[k] = inner(v)
+        return new
+
+    return copy_of(value, 0)
+
+
+def _copy(x):
+    return plain_copy(x, deep=False)
+
+
+def _deepcopy(x, *args, **kwargs):
+    if args or kwargs:  # the stdlib keeps the originals it reduced in a caller's memo
+        raise Refused("copy.deepcopy with a memo (only copy.deepcopy(x))")
+    return plain_copy(x, deep=True)
+
+
+class _CheckedNamedTuple(Uncopyable):
+    """``typing.NamedTuple`` as env code gets it: usable as a base of a class statement,
+    and its functional form with its type and field names checked as plain identifiers
+    (a callable whose name is a dunder is what a reduction by name needs)."""
+
+    __slots__ = ("_real",)
+
+    def __init__(self, real):
+        object.__setattr__(self, "_real", real)
+
+    def __call__(self, typename, fields=None, **kwargs):
+        names = [f[0] if isinstance(f, (tuple, list)) and f else f for f in (fields or [])]
+        _check_field_names([typename, *names, *kwargs], "typing.NamedTuple")
+        made = object.__getattribute__(self, "_real")(typename, fields, **kwargs)
+        ENV_CLASSES.add(made)
+        return made
+
+    def __mro_entries__(self, bases):
+        real = object.__getattribute__(self, "_real")
+        return real.__mro_entries__(tuple(real if base is self else base for base in bases))
+
+
 def guard_stdlib(modules: dict) -> None:
     """Changes to the worker's own copy of the standard library, made before env code
     runs (the worker calls this in the jail; the host's modules are never changed).
@@ -588,6 +720,11 @@ def guard_stdlib(modules: dict) -> None:
     module's globals. Env code declares enums with a class statement; the functional
     API is refused."""
     fixed_clock(modules["datetime"])
+    REPLACED.update({("copy", "copy"): FunctionProxy(_copy, "copy.copy"),
+                     ("copy", "deepcopy"): FunctionProxy(_deepcopy, "copy.deepcopy"),
+                     ("typing", "NamedTuple"): _CheckedNamedTuple(modules["typing"].NamedTuple)})
+    _MODULES_SEEN.update(modules)
+    _MODULE_CLASSES.clear()
     enum_type = modules["enum"].EnumType
     if getattr(enum_type.__dict__["_create_"], "checked_by_language_layer", False):
         return

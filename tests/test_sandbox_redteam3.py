@@ -216,8 +216,6 @@ class Environment:
 '''
 REVIEW = {
     "deepcopy with a memo of env code's": ("out = repr(copy.deepcopy(json.dumps, {}))", "copy.deepcopy with a memo"),
-    "a plain deepcopy of a function proxy": ("out = repr(copy.deepcopy(json.dumps))", "copying a FunctionProxy"),
-    "a shallow copy of a module proxy": ("out = repr(copy.copy(json))", "copying a ModuleProxy"),
     "the real clock through super()": ("out = repr(super(datetime.datetime, datetime.datetime).now())",
                                        "super(datetime.datetime, ...), past a class env code did not define"),
     "a typing alias writing into the ABC registry": ("class E:\n    pass\ntyping.Mapping.register(E)\nout = 'registered'",
@@ -260,3 +258,94 @@ def test_the_reviews_full_chain_reaches_nothing(sandbox_backend):
             out = worker.call("step", action={"type": "message", "content": "hi"})["observation"]
             pytest.fail(f"not stopped; the env got: {out[:300]}")
     assert "root:" not in str(caught.value) and "token" not in str(caught.value)
+
+
+# --- the second review of this round: reductions that call a callable named by data ------
+# A: type() handed out typing's _GenericAlias; an alias built with name='__builtins__'
+# reduces (copy.copy) to operator.getitem(typing's globals['__builtins__'], 'exec').
+# B: type() handed out types.MethodType; a method bound to a NamedTuple class named
+# '__globals__' reduces to getattr(obj, '__globals__'). Both reached exec, the token and
+# the real clock. Now: type() is an allowlist, copy never reduces, NamedTuple's names
+# are plain identifiers, and str.format hands out no raw function.
+SECOND_REVIEW_A = 'import copy\nimport typing\n\nTOOLS = [\'get_order_details\']\nU = "_" * 2\n\n\nclass Environment:\n    def reset(self, seed, hint=False):\n        return {\'system_prompt\': \'s\', \'user_message\': \'u\'}\n\n    def step(self, action):\n        alias = type(typing.List[int])(list, ("exec",), name=U + "builtins" + U)\n        real_exec = copy.copy(alias)  # _GenericAlias.__reduce__: operator.getitem(typing.__dict__[_name], args)\n        box = {}\n        real_exec("import sys, time\\nf = sys._getframe()\\nwhile f.f_code.co_name != \'main\':\\n    f = f.f_back\\n"\n                  "box[\'token\'] = [c.cell_contents for c in getattr(f.f_locals[\'send\'], U + \'closure\' + U)][1]\\n"\n                  "box[\'clock\'] = time.time()\\nbox[\'passwd\'] = open(\'/etc/passwd\').read()[:27]",\n                  {"box": box, "U": U})\n        return {\'observation\': repr(box), \'done\': False}\n\n    def reward(self):\n        return {\'reward\': 0.0, \'components\': {}, \'reason\': \'\'}\n'
+SECOND_REVIEW_B = 'import copy\nimport random\nimport typing\n\nTOOLS = [\'get_order_details\']\nU = "_" * 2\n\n\nclass C:\n    def f(self):\n        return 1\n\n\nclass Environment:\n    def reset(self, seed, hint=False):\n        return {\'system_prompt\': \'s\', \'user_message\': \'u\'}\n\n    def step(self, action):\n        method = type(C().f)                                   # types.MethodType, handed out by type()\n        named = typing.NamedTuple(U + "globals" + U, [])       # a callable whose __name__ is \'__globals__\'\n        g = copy.copy(method(named, random.Random.seed))       # method.__reduce__: getattr(self, func.__name__)\n        B = g[U + "builtins" + U]                              # random\'s real globals -> real builtins dict\n        box = {}\n        B["exec"]("import time, os\\nbox[\'clock\'] = time.time()\\nbox[\'uid\'] = os.getuid()\\n"\n                  "box[\'passwd\'] = open(\'/etc/passwd\').read()[:27]", {"box": box, U + "builtins" + U: B})\n        lang = copy.copy(method(named, \'{0}\'.format.func))     # the worker\'s language.py globals\n        box[\'language_globals\'] = sorted(k for k in lang if k.isupper())[:6]\n        return {\'observation\': repr(box), \'done\': False}\n\n    def reward(self):\n        return {\'reward\': 0.0, \'components\': {}, \'reason\': \'\'}\n'
+SECOND_REVIEW = {
+    "typing alias class from type()": ("out = repr(type(typing.List[int]))", "type() of a _GenericAlias"),
+    "MethodType from type()": ("class C:\n    def f(self):\n        return 1\nout = repr(type(C().f))", "type() of a method"),
+    "copy of a typing alias": ("out = repr(copy.copy(typing.List[int]))", "copy of a _GenericAlias"),
+    "NamedTuple named by a dunder": ("out = repr(typing.NamedTuple('_' * 2 + 'globals' + '_' * 2, []))",
+                                     "typing.NamedTuple of a field named '__globals__'"),
+    "the raw function behind str.format": ("out = repr('{0}'.format.func)", "attribute 'func' of str.format"),
+}
+
+
+@pytest.mark.parametrize("src", [SECOND_REVIEW_A, SECOND_REVIEW_B], ids=["alias-getitem", "method-getattr"])
+def test_the_second_reviews_escapes_are_refused(sandbox_backend, src):
+    from trace_gym.sandbox.gate import check_source
+
+    assert check_source(src) == []
+    with pytest.raises(SandboxEnvError, match="language layer") as caught:
+        with SandboxWorker(src, backend=sandbox_backend, limits=FAST) as worker:
+            worker.call("reset", seed=0, hint=False)
+            out = worker.call("step", action={"type": "message", "content": "hi"})["observation"]
+            pytest.fail(f"not stopped; the env got: {out[:300]}")
+    assert "type() of a" in str(caught.value)
+
+
+@pytest.mark.parametrize("name", list(SECOND_REVIEW))
+def test_each_step_of_the_second_review_is_refused_on_its_own(sandbox_backend, name):
+    body, fragment = SECOND_REVIEW[name]
+    with pytest.raises(SandboxEnvError, match="language layer") as caught:
+        with SandboxWorker(hostile_env_source(body, top="import copy\n"), backend=sandbox_backend, limits=FAST) as worker:
+            worker.call("reset", seed=0, hint=False)
+            out = worker.call("step", action={"type": "message", "content": "hi"})["observation"]
+            pytest.fail(f"not stopped; the env got: {out[:300]}")
+    assert fragment in str(caught.value)
+
+
+def test_env_code_still_copies_its_own_state(sandbox_backend):
+    body = """
+    class P(typing.NamedTuple):
+        x: int
+        y: int = 0
+    Q = typing.NamedTuple("Q", [("a", int)])
+    class Item:
+        def __init__(self, name):
+            self.name = name
+            self.tags = ["t"]
+    rng = random.Random(3)
+    state = {"items": [Item("a")], "counts": collections.Counter("aab"), "by": collections.defaultdict(list),
+             "p": P(1), "q": Q(2), "when": datetime.date(2024, 1, 1), "rng": rng, "pair": (1, [2])}
+    state["self"] = state
+    deep = copy.deepcopy(state)
+    deep["items"][0].tags.append("u")
+    deep["by"]["k"].append(1)
+    shallow = copy.copy(state["items"])
+    same = deep["rng"].random() == rng.random()
+    out = repr((state["items"][0].tags, deep["items"][0].tags, deep["self"] is deep, dict(deep["counts"]),
+                deep["p"], deep["q"].a, str(deep["when"]), same, shallow[0] is state["items"][0]))
+    """
+    src = hostile_env_source(textwrap.dedent(body), top="import copy\nimport collections\n")
+    with SandboxWorker(src, backend=sandbox_backend, limits=FAST) as worker:
+        worker.call("reset", seed=0, hint=False)
+        out = worker.call("step", action={"type": "message", "content": "hi"})["observation"]
+    assert out == "(['t'], ['t', 'u'], True, {'a': 2, 'b': 1}, P(x=1, y=0), 2, '2024-01-01', True, True)"
+
+
+def test_a_copied_proxy_is_the_same_proxy_and_a_reduction_of_one_is_refused(sandbox_backend):
+    """copy shares functions and modules as the stdlib shares functions: no state comes
+    out. Should anything else reduce a proxy, the proxy refuses (in process)."""
+    body = ("f = json.dumps\n"
+            "out = repr((copy.deepcopy(f) is f, copy.copy(json) is json, copy.deepcopy([json])[0] is json))")
+    with SandboxWorker(hostile_env_source(body, top="import copy\n"), backend=sandbox_backend, limits=FAST) as worker:
+        worker.call("reset", seed=0, hint=False)
+        assert worker.call("step", action={"type": "message", "content": "hi"})["observation"] == "(True, True, True)"
+    import copy
+    import json
+
+    from trace_gym.sandbox.language import FunctionProxy, ModuleProxy, Refused
+
+    with pytest.raises(Refused, match="copying or pickling a ModuleProxy"):
+        ModuleProxy(json, "json").__reduce_ex__(4)
+    with pytest.raises(Refused, match="copying a FunctionProxy"):
+        copy.deepcopy(FunctionProxy(json.dumps, "json.dumps"))
