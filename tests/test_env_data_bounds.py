@@ -251,3 +251,17 @@ def test_an_iteration_past_max_iteration_s_stops_redrawing(monkeypatch):
         record = rollout.records[-1]
         assert record.draws == 2 * draws and record.episodes_played == 2 * 4 * draws  # 2 groups of K = 4
         assert bool(record.bounds_hit) == (draws == 1)
+
+
+def test_the_spot_check_plays_the_oracle_under_the_envs_own_step_limit(sandbox_backend):
+    """Training may cap episodes shorter than an env's oracle needs (the quickstart's
+    max_steps = 6); the spot check judges as validation did, under the env's own limit.
+    Found by the quickstart: structured-data's oracle 'scored 0.43' at 6 steps."""
+    from trace_gym.registry import make
+    from trace_gym.training import GRPOTrainingConfig
+    from trace_gym.training.rollouts import EnvRolloutFunc
+
+    env_id = "trace/structured-data-v0"
+    pool = SimpleNamespace(make_env=lambda e: make(e, backend=sandbox_backend, max_steps=2))
+    rollout = EnvRolloutFunc(GRPOTrainingConfig(env_ids=[env_id], out="x", max_steps=2), pool=pool, tokenizer=None)
+    assert "oracle solved" in rollout.spot_check(env_id, 533928935)

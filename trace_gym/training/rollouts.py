@@ -260,6 +260,11 @@ class EnvRolloutFunc:
         limits = ValidationConfig()
         problems = []
         env = self.pool.make_env(env_id)
+        # judged as validation judged it: under the env's own step limit (validation's cap), not training's
+        # max_steps, which may cut an oracle short of its last call
+        declared = env.unwrapped.worker.info.get("max_steps")
+        env.unwrapped.max_steps = min(declared if isinstance(declared, int) and declared > 0 else limits.max_episode_steps,
+                                      limits.max_episode_steps)
         try:
             leaks = hint_leaks(env.unwrapped.worker, seed, zlib.crc32(f"{seed}|other".encode()) & 0x7FFFFFFF)
             if leaks:
