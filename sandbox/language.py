@@ -143,8 +143,8 @@ def _env_owns(obj, name: str) -> bool:
 
 def refusal(obj, name) -> str | None:
     """Why reading ``obj.<name>`` is refused, or None."""
-    if not isinstance(name, str):
-        return "an attribute name that is not a string"
+    if type(name) is not str:  # a str subclass could answer startswith() as it likes
+        return "an attribute name that is not a plain string"
     if name.startswith("__") or name.endswith("__"):
         return f"dunder attribute '{name}'"
     if name.startswith(INTROSPECTION_PREFIXES) or name in INTROSPECTION_NAMES:
@@ -162,6 +162,9 @@ def guarded_getattr(obj, name, *default):
         # super(X, ...) of a class env code did not define looks past the worker's overrides (the fixed clock's
         # datetime.now, a proxy's refusals) into the real class; super() inside env classes is unaffected
         raise Refused(f"super({obj.__thisclass__.__name__}, ...), past a class env code did not define")
+    if isinstance(obj, BaseException) and name == "obj":
+        # AttributeError.obj is the object a lookup failed on: inside stdlib code, an object of the worker's
+        raise Refused("attribute 'obj' of an exception (the object a failed lookup was made on)")
     if type(obj).__module__ == "typing":
         # typing's aliases hand ordinary attribute names to their origin class (typing.Mapping.register is
         # collections.abc.Mapping.register, which writes into the stdlib's ABC registry): annotations only
@@ -487,7 +490,7 @@ def plain_identifier(name) -> bool:
     """A name passed as data (a field, a member, a namedtuple's field) that stdlib code
     will read or write as an attribute: an identifier, not a keyword, not private
     (``_x``) and not a dunder."""
-    return isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name) and not name.startswith("_")
+    return type(name) is str and name.isidentifier() and not keyword.iskeyword(name) and not name.startswith("_")
 
 
 DATACLASS_READERS = ("dataclass", "fields", "asdict", "astuple", "replace")
@@ -518,6 +521,10 @@ def _checked_dataclasses(real):
         if isinstance(cls, type):
             annotations = type.__getattribute__(cls, "__dict__").get("__annotations__", {})
             _check_field_names(list(annotations) if isinstance(annotations, dict) else [None], where)
+            if not type.__getattribute__(cls, "__dict__").get("__doc__"):
+                # dataclass writes a missing docstring from inspect.signature(cls), which may parse a base
+                # class's docstring as a signature and eval() the dotted names in it against sys.modules
+                type.__setattr__(cls, "__doc__", cls.__name__)
         made = make(cls)
         _check_field_names(_dataclass_field_names(made), where)
         return made
@@ -720,6 +727,9 @@ def guard_stdlib(modules: dict) -> None:
     module's globals. Env code declares enums with a class statement; the functional
     API is refused."""
     fixed_clock(modules["datetime"])
+    # asdict/astuple deep-copy every field value that is not a dataclass or container with the copy module:
+    # the jail's dataclasses gets the plain-data copy instead, so no reduction runs there either
+    modules["dataclasses"].copy = types.SimpleNamespace(deepcopy=lambda x, memo=None: plain_copy(x, deep=True))
     REPLACED.update({("copy", "copy"): FunctionProxy(_copy, "copy.copy"),
                      ("copy", "deepcopy"): FunctionProxy(_deepcopy, "copy.deepcopy"),
                      ("typing", "NamedTuple"): _CheckedNamedTuple(modules["typing"].NamedTuple)})

@@ -47,6 +47,9 @@ def main():
 
     modules = {name: __import__(name, fromlist=["_"]) for name in language.ALLOWED_MODULES}
     language.guard_stdlib(modules)  # the jail's own stdlib: enum's functional API checked
+    # no lookup by name through sys.modules (inspect's signature parser does one) finds the worker's state
+    sys.modules.pop("language", None)
+    sys.modules.pop("__main__", None)
     seccomp_status = install_seccomp() if init.get("seccomp", True) else "off"
     printed = CappedText(MAX_PRINT)
     sys.stdout = printed

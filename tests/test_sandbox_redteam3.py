@@ -246,20 +246,6 @@ def test_the_fixed_clock_hands_out_no_real_date(sandbox_backend):
     assert out == repr(("2025-01-06", "2025-01-06"))
 
 
-def test_the_reviews_full_chain_reaches_nothing(sandbox_backend):
-    """The chain as the reviewer wrote it (its own try/except swallows each refusal):
-    it ends in an error of its own making, with no host file, builtin or token in it."""
-    from trace_gym.sandbox.gate import check_source
-
-    assert check_source(DEEPCOPY_MEMO_ESCAPE) == []
-    with pytest.raises(SandboxEnvError) as caught:
-        with SandboxWorker(DEEPCOPY_MEMO_ESCAPE, backend=sandbox_backend, limits=FAST) as worker:
-            worker.call("reset", seed=0, hint=False)
-            out = worker.call("step", action={"type": "message", "content": "hi"})["observation"]
-            pytest.fail(f"not stopped; the env got: {out[:300]}")
-    assert "root:" not in str(caught.value) and "token" not in str(caught.value)
-
-
 # --- the second review of this round: reductions that call a callable named by data ------
 # A: type() handed out typing's _GenericAlias; an alias built with name='__builtins__'
 # reduces (copy.copy) to operator.getitem(typing's globals['__builtins__'], 'exec').
@@ -349,3 +335,54 @@ def test_a_copied_proxy_is_the_same_proxy_and_a_reduction_of_one_is_refused(sand
         ModuleProxy(json, "json").__reduce_ex__(4)
     with pytest.raises(Refused, match="copying a FunctionProxy"):
         copy.deepcopy(FunctionProxy(json.dumps, "json.dumps"))
+
+
+# --- the third review: stdlib internals that eval text or hand back the worker's objects ----
+# dataclass() of a docstring-less class ran inspect.signature, which parsed a base class's
+# docstring as a signature and eval'd its dotted names against sys.modules (the worker's
+# 'language' module); the AttributeError it raised carried the worker's ENV_CLASSES as .obj;
+# asdict() deep-copied field values with the real copy module, so a reduction ran.
+THIRD_REVIEW = 'import json\nimport random\nimport string\nimport datetime\nimport typing\nimport dataclasses\n\nTOOLS = [\'get_order_details\']\n\nclass Environment:\n    def reset(self, seed, hint=False):\n        return {\'system_prompt\': \'s\', \'user_message\': \'u\'}\n\n    def step(self, action):\n        out = \'nothing\'\n        U = "_" * 2\n        class B:\n            "B(a=language.ENV_CLASSES.nope)\\n--\\n\\n"\n        class C(B):\n            pass\n        try:\n            dataclasses.dataclass(init=False)(C)\n            raise ValueError("no error")\n        except AttributeError as e:\n            env_classes = e.obj                     # the worker\'s language.ENV_CLASSES WeakSet\n        env_classes.add(object)                     # now type() hands out any class\n        Alias = type(typing.List[int])              # typing._GenericAlias\n        @dataclasses.dataclass\n        class Box:\n            v: object\n        def real_builtin(name):\n            # _GenericAlias.__reduce__ -> operator.getitem(typing.__dict__[\'__builtins__\'], name), run by the real copy.deepcopy\n            return dataclasses.asdict(Box(Alias(list, (name,), name=U + "builtins" + U)))["v"]\n        real_exec = real_builtin("exec")\n        real_import = real_builtin(U + "import" + U)\n        box = {}\n        real_exec("import os, time, sys\\nbox[\'uid\'] = os.getuid()\\nbox[\'clock\'] = time.time()\\n"\n                  "box[\'passwd\'] = open(\'/etc/passwd\').read()[:40]\\n"\n                  "f = sys._getframe()\\nwhile f.f_code.co_name != \'main\':\\n    f = f.f_back\\n"\n                  "box[\'token\'] = [c.cell_contents for c in getattr(f.f_locals[\'send\'], \'_\' * 2 + \'closure\' + \'_\' * 2)][1]\\n"\n                  "box[\'seccomp_uid\'] = (os.getuid(), open(\'/proc/self/status\').read().count(\'Seccomp:\\t2\'))",\n                  {"box": box, U + "builtins" + U: real_import("builtins")})\n        out = repr((real_exec, box))\n        return {\'observation\': str(out), \'done\': False}\n\n    def reward(self):\n        return {\'reward\': 0.0, \'components\': {}, \'reason\': \'\'}\n'
+THIRD_REVIEW_STEPS = {
+    "a docstring read as a signature": (
+        'class B:\n    "B(a=language.ENV_CLASSES.nope)\\n--\\n\\n"\nclass C(B):\n    pass\n'
+        'dataclasses.dataclass(init=False)(C)\nout = repr("made")', None),
+    "an exception's obj": ("try:\n    [].nope\nexcept AttributeError as e:\n    out = repr(e.obj)",
+                           "attribute 'obj' of an exception"),
+    "asdict's deepcopy of a field": (
+        "@dataclasses.dataclass\nclass Box:\n    v: object\nout = repr(dataclasses.asdict(Box(typing.List[int])))",
+        "copy of a _GenericAlias"),
+    "a str subclass as a name": (
+        "class S(str):\n    def startswith(self, p):\n        return False\n"
+        "out = repr(collections.namedtuple(S('_' * 2 + 'globals' + '_' * 2), ['a']))", "plain identifiers only"),
+}
+
+
+@pytest.mark.parametrize("src", [DEEPCOPY_MEMO_ESCAPE, THIRD_REVIEW], ids=["first-review", "third-review"])
+def test_each_reviews_full_chain_reaches_nothing(sandbox_backend, src):
+    """Each chain as its reviewer wrote it (the first one's try/except swallows each
+    refusal): it ends in an error, with no host file, builtin or token in it."""
+    from trace_gym.sandbox.gate import check_source
+
+    assert check_source(src) == []
+    with pytest.raises(SandboxEnvError) as caught:
+        with SandboxWorker(src, backend=sandbox_backend, limits=FAST) as worker:
+            worker.call("reset", seed=0, hint=False)
+            out = worker.call("step", action={"type": "message", "content": "hi"})["observation"]
+            pytest.fail(f"not stopped; the env got: {out[:300]}")
+    assert "token" not in str(caught.value) and "root:" not in str(caught.value)
+
+
+@pytest.mark.parametrize("name", list(THIRD_REVIEW_STEPS))
+def test_each_step_of_the_third_review_is_stopped(sandbox_backend, name):
+    body, fragment = THIRD_REVIEW_STEPS[name]
+    src = hostile_env_source(body, top="import dataclasses\nimport collections\n")
+    with SandboxWorker(src, backend=sandbox_backend, limits=FAST) as worker:
+        worker.call("reset", seed=0, hint=False)
+        if fragment is None:  # the docstring is never parsed: the class gets its own before dataclass() runs
+            assert worker.call("step", action={"type": "message", "content": "hi"})["observation"] == "'made'"
+            return
+        with pytest.raises(SandboxEnvError, match="language layer") as caught:
+            out = worker.call("step", action={"type": "message", "content": "hi"})["observation"]
+            pytest.fail(f"not stopped; the env got: {out[:300]}")
+    assert fragment in str(caught.value)
