@@ -38,6 +38,7 @@ the worker.
 
 from __future__ import annotations
 
+import abc
 import builtins
 import dataclasses
 import functools
@@ -165,6 +166,9 @@ def guarded_getattr(obj, name, *default):
     if isinstance(obj, BaseException) and name == "obj":
         # AttributeError.obj is the object a lookup failed on: inside stdlib code, an object of the worker's
         raise Refused("attribute 'obj' of an exception (the object a failed lookup was made on)")
+    if name == "register" and isinstance(obj, abc.ABCMeta):
+        # register() on an env subclass of an ABC changes isinstance() for the stdlib ABC above it too
+        raise Refused("register() of an abstract base class (it writes into the stdlib's ABC registry)")
     if type(obj).__module__ == "typing":
         # typing's aliases hand ordinary attribute names to their origin class (typing.Mapping.register is
         # collections.abc.Mapping.register, which writes into the stdlib's ABC registry): annotations only
@@ -289,6 +293,16 @@ PLAIN_TYPES = frozenset({int, float, complex, str, bytes, bool, type(None), list
                          slice})
 
 
+def guarded_build_class(func, name, *bases, **kwargs):
+    """``__build_class__`` with every base a class or one of typing's forms (an alias,
+    the checked NamedTuple): an object of env code's among the bases would be compared
+    (``__eq__``) by typing's ``__mro_entries__`` with typing's own internals."""
+    for base in bases:
+        if not (isinstance(base, type) or type(base).__module__ == "typing" or isinstance(base, _CheckedNamedTuple)):
+            raise Refused(f"class {name} with a base that is not a class (a {type(base).__name__})")
+    return builtins.__build_class__(func, name, *bases, **kwargs)
+
+
 def guarded_type(*args):
     """``type(x)``, by allowlist: plain data types, env code's own classes, exceptions
     of the builtins, and classes of the allowed modules that env code may call
@@ -366,6 +380,9 @@ def inplacevar(op: str, x, y):
     return _INPLACE[op](x, y)
 
 
+BUILTIN_DATA = (str, bytes, int, float, list, dict, tuple, set, frozenset)
+
+
 class EnvMeta:
     """Every class statement of env code goes through here (RestrictedPython adds
     ``metaclass=__metaclass__``): the real metaclass of its bases builds it, the
@@ -390,6 +407,13 @@ class EnvMeta:
         extra = [k for k in namespace if isinstance(k, str) and k.startswith("__") and k.endswith("__") and k not in CLASS_DUNDERS]
         if extra:
             raise Refused(f"class {name} defining {', '.join(sorted(extra))}")
+        for base in bases:  # stdlib code calls these methods on what it is given, with its own data as arguments
+            builtin = next((t for t in BUILTIN_DATA if isinstance(base, type) and issubclass(base, t)), None)
+            hooks = sorted(k for k in namespace if builtin is not None and isinstance(k, str) and hasattr(builtin, k)
+                           and not k.startswith("__"))
+            if hooks:
+                raise Refused(f"class {name} overriding {builtin.__name__}.{hooks[0]} (stdlib code calls it with its own "
+                              "data)")
         cls = self._winner(bases)(name, bases, namespace, **kwargs)
         ENV_CLASSES.add(cls)
         return cls
@@ -518,6 +542,8 @@ def _checked_dataclasses(real):
     where = f"dataclasses.{real.__name__}"
 
     def decorate(cls, make):
+        if not (isinstance(cls, type) and cls in ENV_CLASSES):
+            raise Refused(f"{where} of {getattr(cls, '__name__', type(cls).__name__)}, which env code did not define")
         if isinstance(cls, type):
             annotations = type.__getattribute__(cls, "__dict__").get("__annotations__", {})
             _check_field_names(list(annotations) if isinstance(annotations, dict) else [None], where)
@@ -759,7 +785,8 @@ def env_globals(modules: dict, print_sink) -> dict:
             return proxies[name.split(".")[0]]
         return proxies[name]
 
-    table.update({"__import__": safe_import, "hasattr": guarded_hasattr, "type": guarded_type})
+    table.update({"__import__": safe_import, "hasattr": guarded_hasattr, "type": guarded_type,
+                  "__build_class__": guarded_build_class})
     PrintCollector.sink = print_sink
     return {
         "__builtins__": table,

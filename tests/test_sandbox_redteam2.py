@@ -136,9 +136,10 @@ def test_dataclass_refuses_dunder_annotations_however_the_class_was_made():
     annotation; dataclass() would read object.__getattribute__ as that field's default."""
     import dataclasses
 
-    from trace_gym.sandbox.language import Refused, _checked_dataclasses
+    from trace_gym.sandbox.language import ENV_CLASSES, Refused, _checked_dataclasses
 
     made = type("Made", (), {D + "annotations" + D: {D + "getattribute" + D: int}})
+    ENV_CLASSES.add(made)  # as env code's own (dataclass() of any other class is refused before this check)
     with pytest.raises(Refused, match="field named '__getattribute__'"):
         _checked_dataclasses(dataclasses.dataclass)(made)
     with pytest.raises(Refused, match="field named '__getattribute__'"):

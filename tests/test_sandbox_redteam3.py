@@ -108,10 +108,11 @@ def test_legitimate_enums_namedtuples_and_dataclasses_still_run(sandbox_backend)
 def test_field_names_taken_as_data_are_plain_identifiers_only(name):
     """In process, the checks the proxies apply: a dataclass's fields (from annotations
     that did not come from a class statement) and a namedtuple's."""
-    from trace_gym.sandbox.language import CHECKED_CALLS, Refused, plain_identifier
+    from trace_gym.sandbox.language import CHECKED_CALLS, ENV_CLASSES, Refused, plain_identifier
 
     assert not plain_identifier(name)
     cls = type("Made", (), {"__annotations__": {name: int}})
+    ENV_CLASSES.add(cls)  # as a class statement of env code's would be
     with pytest.raises(Refused, match="plain identifiers only"):
         CHECKED_CALLS["dataclasses", "dataclass"](dataclasses.dataclass)(cls)
     import collections
@@ -354,7 +355,7 @@ THIRD_REVIEW_STEPS = {
         "copy of a _GenericAlias"),
     "a str subclass as a name": (
         "class S(str):\n    def startswith(self, p):\n        return False\n"
-        "out = repr(collections.namedtuple(S('_' * 2 + 'globals' + '_' * 2), ['a']))", "plain identifiers only"),
+        "out = repr(collections.namedtuple(S('_' * 2 + 'globals' + '_' * 2), ['a']))", "class S overriding str.startswith"),
 }
 
 
@@ -386,3 +387,40 @@ def test_each_step_of_the_third_review_is_stopped(sandbox_backend, name):
             out = worker.call("step", action={"type": "message", "content": "hi"})["observation"]
             pytest.fail(f"not stopped; the env got: {out[:300]}")
     assert fragment in str(caught.value)
+
+
+# --- the fourth review: no escape, four writes into state env code did not define ----------
+FOURTH_REVIEW = {
+    "dataclass() of a stdlib class": ("dataclasses.dataclass(random.Random)\nout = 'rewritten'",
+                                      "dataclasses.dataclass of Random, which env code did not define"),
+    "dataclass() of the fixed clock's class": ("dataclasses.dataclass(datetime.datetime)\nout = 'rewritten'",
+                                               "which env code did not define"),
+    "an object of env code's among a class's bases": (
+        "class Spy:\n    def __eq__(self, other):\n        return False\nclass C(Spy(), typing.Mapping):\n    pass\nout = 'x'",
+        "class C with a base that is not a class (a Spy)"),
+    "register() through an env subclass of an ABC": ("class M(typing.Mapping):\n    pass\nM.register(str)\nout = 'x'",
+                                                     "register() of an abstract base class"),
+    "a str subclass hooking translate": (
+        "class S(str):\n    def translate(self, table):\n        return 'x'\nout = 'x'", "class S overriding str.translate"),
+}
+
+
+@pytest.mark.parametrize("name", list(FOURTH_REVIEW))
+def test_each_write_of_the_fourth_review_is_refused(sandbox_backend, name):
+    body, fragment = FOURTH_REVIEW[name]
+    src = hostile_env_source(body, top="import dataclasses\n")
+    with pytest.raises(SandboxEnvError, match="language layer") as caught:
+        with SandboxWorker(src, backend=sandbox_backend, limits=FAST) as worker:
+            worker.call("reset", seed=0, hint=False)
+            out = worker.call("step", action={"type": "message", "content": "hi"})["observation"]
+            pytest.fail(f"not stopped; the env got: {out[:300]}")
+    assert fragment in str(caught.value)
+
+
+def test_str_enums_and_typing_bases_still_build(sandbox_backend):
+    body = ("class Color(str, enum.Enum):\n    RED = 'red'\nclass P(typing.NamedTuple):\n    x: int\n"
+            "class M(typing.Mapping):\n    pass\nout = repr((Color.RED.value, Color('red').name, P(3).x, 'M'))")
+    with SandboxWorker(hostile_env_source(body, top="import enum\n"), backend=sandbox_backend, limits=FAST) as worker:
+        worker.call("reset", seed=0, hint=False)
+        out = worker.call("step", action={"type": "message", "content": "hi"})["observation"]
+    assert out == "('red', 'RED', 3, 'M')"
