@@ -149,7 +149,7 @@ def test_an_answer_that_never_validates_ends_at_the_limit_with_the_last_report(t
         env = {"OPENAI_BASE_URL": double.base_url, "OPENAI_API_KEY": "test-key"}
         cli = run_cli("synthesize", "--capabilities", str(capabilities_file(tmp_path)), "--target", TARGET,
                       "--analyst", "openai:double", "--registry", str(registry), "--backend", "bwrap", "--seeds", "30",
-                      "--max-attempts", "2", "--cache", str(tmp_path / "cli-cache"), env=env)
+                      "--validation-seed", "0", "--max-attempts", "2", "--cache", str(tmp_path / "cli-cache"), env=env)
     assert cli.returncode == 1, cli.stderr[-2000:]
     assert "FAILED" in cli.stdout and "refused by validation" in cli.stdout and "last report for exact_lookup" in cli.stdout
     assert "FAIL  reward_range" in cli.stdout and "2 calls" in cli.stdout
@@ -178,7 +178,8 @@ def test_kill_9_mid_run_leaves_no_half_written_env_folder(tmp_path):
     registry = tmp_path / "registry"
     caps = capabilities_file(tmp_path)
     args = ["synthesize", "--capabilities", str(caps), "--target", TARGET, "--analyst", "openai:double",
-            "--registry", str(registry), "--backend", "bwrap", "--seeds", "30", "--cache", str(tmp_path / "cache")]
+            "--registry", str(registry), "--backend", "bwrap", "--seeds", "30", "--validation-seed", "0",
+            "--cache", str(tmp_path / "cache")]
     with OpenAIDouble(replay(fenced(GOOD))) as double:
         env = {**os.environ, "OPENAI_BASE_URL": double.base_url, "OPENAI_API_KEY": "test-key"}
         exe = str(Path(PYTHON).parent / "trace-gym")

@@ -159,6 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("--cache", default=None, help="analyst answer cache folder (default ~/.cache/trace-gym/synthesis)")
     synth.add_argument("--backend", default="auto", help="sandbox backend for validation: auto, docker, bwrap")
     synth.add_argument("--seeds", type=count, default=None, help="validation seeds (default 100)")
+    synth.add_argument("--validation-seed", type=int, default=None,
+                       help="where validation draws its seeds (default: fresh for each run, as training draws them)")
     synth.add_argument("--json", action="store_true", help="print the result as JSON")
     synth.set_defaults(func=cmd_synthesize)
 
@@ -479,7 +481,7 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
     from .synthesis import SynthesisConfig, synthesize
     from .validation import ValidationConfig
 
-    validation = ValidationConfig(**({"seeds": args.seeds} if args.seeds else {}))
+    validation = ValidationConfig(**({"seeds": args.seeds} if args.seeds else {}), seed=args.validation_seed)
     config = SynthesisConfig(max_attempts=args.max_attempts, max_calibration_rounds=args.max_calibration_rounds,
                              policy=args.policy, validation=validation, backend=args.backend, resume=args.resume)
     cache = Path(args.cache) if args.cache else Path.home() / ".cache" / "trace-gym" / "synthesis"

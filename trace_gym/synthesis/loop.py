@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -147,7 +148,12 @@ class Synthesizer:
                 shutil.rmtree(staging, ignore_errors=True)
 
     def _run(self, capability: Capability, env_id: str, staging: Path, folder: Path) -> Outcome:
-        validation_config = ValidationConfig(**{**asdict(self.config.validation), "policy": self.config.policy})
+        # one seed for the run's validations: the final re-validation replays the seeds the candidate passed on
+        # (fresh seeds there would judge a borderline env anew, not its determinism)
+        self._validation_seed = self.config.validation.seed if self.config.validation.seed is not None \
+            else secrets.randbits(31)
+        validation_config = ValidationConfig(**{**asdict(self.config.validation), "policy": self.config.policy,
+                                                "seed": self._validation_seed})
         messages = [{"role": "user", "content": generation_prompt(capability, self.context)}]
         attempts: list[Attempt] = []
         best: tuple[str, ValidationReport, dict[str, Any] | None] | None = None
@@ -242,7 +248,7 @@ class Synthesizer:
             "calibration": _calibration_figures(calibration),
         }
         (staging / "manifest.toml").write_text(manifest_text(env_id, self.target.id, capability, provenance), encoding="utf-8")
-        final_config = ValidationConfig(**{**asdict(self.config.validation), "policy": None})
+        final_config = ValidationConfig(**{**asdict(self.config.validation), "policy": None, "seed": self._validation_seed})
         report = validate(staging, backend=self.config.backend, config=final_config, write=True)
         if not report.passed:
             raise SynthesisError(f"{env_id} passed validation but not its final re-validation (is it deterministic?): "
