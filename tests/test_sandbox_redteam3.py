@@ -26,6 +26,18 @@ from trace_gym.sandbox import Limits, SandboxEnvError, SandboxViolation, Sandbox
 FAST = Limits(call_timeout_s=5.0, start_timeout_s=20.0, memory_mb=256)
 TOP = "import dataclasses\nimport enum\nimport functools\nimport collections\nU = '_' * 2\n"
 
+
+def stopped(backend, src: str, layer: str | None = "language layer") -> str:
+    """The error that stopped ``src``'s first step in the jail (the test fails, with what
+    the env got, if nothing stopped it)."""
+    with pytest.raises(SandboxEnvError, match=layer) as caught:
+        with SandboxWorker(src, backend=backend, limits=FAST) as worker:
+            worker.call("reset", seed=0, hint=False)
+            out = worker.call("step", action={"type": "message", "content": "hi"})["observation"]
+            pytest.fail(f"not stopped; the env got: {out[:300]}")
+    return str(caught.value)
+
+
 TYPED_DICT_TO_DATACLASS_EXEC = """
 TD = typing.TypedDict("TD", {"a": int, "b=print(1) or 2, c": int})
 class E:
@@ -77,13 +89,9 @@ def test_each_attack_as_written_is_refused_by_the_static_gate(name):
 @pytest.mark.parametrize("name", list(ATTACKS))
 def test_each_attack_laundered_past_the_gate_is_refused_by_the_language_layer(sandbox_backend, name):
     body, fragment = ATTACKS[name]
-    with pytest.raises(SandboxEnvError, match="language layer") as caught:
-        with SandboxWorker(source(body, laundered=True), backend=sandbox_backend, limits=FAST) as worker:
-            worker.call("reset", seed=0, hint=False)
-            out = worker.call("step", action={"type": "message", "content": "hi"})["observation"]
-            pytest.fail(f"not stopped; the env got: {out[:300]}")
-    assert fragment in str(caught.value)
-    assert "token=" not in str(caught.value)
+    error = stopped(sandbox_backend, source(body, laundered=True))
+    assert fragment in error
+    assert "token=" not in error
 
 
 def test_legitimate_enums_namedtuples_and_dataclasses_still_run(sandbox_backend):
@@ -231,12 +239,8 @@ def test_the_reviews_attacks_are_refused_by_the_language_layer(sandbox_backend, 
     from trace_gym.sandbox.gate import check_source
 
     assert check_source(src) == []  # the gate sees nothing wrong: the run time must stop it
-    with pytest.raises(SandboxEnvError, match="language layer") as caught:
-        with SandboxWorker(src, backend=sandbox_backend, limits=FAST) as worker:
-            worker.call("reset", seed=0, hint=False)
-            out = worker.call("step", action={"type": "message", "content": "hi"})["observation"]
-            pytest.fail(f"not stopped; the env got: {out[:300]}")
-    assert fragment in str(caught.value)
+    error = stopped(sandbox_backend, src)
+    assert fragment in error
 
 
 def test_the_fixed_clock_hands_out_no_real_date(sandbox_backend):
@@ -271,23 +275,15 @@ def test_the_second_reviews_escapes_are_refused(sandbox_backend, src):
     from trace_gym.sandbox.gate import check_source
 
     assert check_source(src) == []
-    with pytest.raises(SandboxEnvError, match="language layer") as caught:
-        with SandboxWorker(src, backend=sandbox_backend, limits=FAST) as worker:
-            worker.call("reset", seed=0, hint=False)
-            out = worker.call("step", action={"type": "message", "content": "hi"})["observation"]
-            pytest.fail(f"not stopped; the env got: {out[:300]}")
-    assert "type() of a" in str(caught.value)
+    error = stopped(sandbox_backend, src)
+    assert "type() of a" in error
 
 
 @pytest.mark.parametrize("name", list(SECOND_REVIEW))
 def test_each_step_of_the_second_review_is_refused_on_its_own(sandbox_backend, name):
     body, fragment = SECOND_REVIEW[name]
-    with pytest.raises(SandboxEnvError, match="language layer") as caught:
-        with SandboxWorker(hostile_env_source(body, top="import copy\n"), backend=sandbox_backend, limits=FAST) as worker:
-            worker.call("reset", seed=0, hint=False)
-            out = worker.call("step", action={"type": "message", "content": "hi"})["observation"]
-            pytest.fail(f"not stopped; the env got: {out[:300]}")
-    assert fragment in str(caught.value)
+    error = stopped(sandbox_backend, hostile_env_source(body, top="import copy\n"))
+    assert fragment in error
 
 
 def test_env_code_still_copies_its_own_state(sandbox_backend):
@@ -366,27 +362,20 @@ def test_each_reviews_full_chain_reaches_nothing(sandbox_backend, src):
     from trace_gym.sandbox.gate import check_source
 
     assert check_source(src) == []
-    with pytest.raises(SandboxEnvError) as caught:
-        with SandboxWorker(src, backend=sandbox_backend, limits=FAST) as worker:
-            worker.call("reset", seed=0, hint=False)
-            out = worker.call("step", action={"type": "message", "content": "hi"})["observation"]
-            pytest.fail(f"not stopped; the env got: {out[:300]}")
-    assert "token" not in str(caught.value) and "root:" not in str(caught.value)
+    error = stopped(sandbox_backend, src, layer=None)  # any error: the chain swallows the layer's own
+    assert "token" not in error and "root:" not in error
 
 
 @pytest.mark.parametrize("name", list(THIRD_REVIEW_STEPS))
 def test_each_step_of_the_third_review_is_stopped(sandbox_backend, name):
     body, fragment = THIRD_REVIEW_STEPS[name]
     src = hostile_env_source(body, top="import dataclasses\nimport collections\n")
-    with SandboxWorker(src, backend=sandbox_backend, limits=FAST) as worker:
-        worker.call("reset", seed=0, hint=False)
-        if fragment is None:  # the docstring is never parsed: the class gets its own before dataclass() runs
+    if fragment is None:  # the docstring is never parsed: the class gets its own before dataclass() runs
+        with SandboxWorker(src, backend=sandbox_backend, limits=FAST) as worker:
+            worker.call("reset", seed=0, hint=False)
             assert worker.call("step", action={"type": "message", "content": "hi"})["observation"] == "'made'"
-            return
-        with pytest.raises(SandboxEnvError, match="language layer") as caught:
-            out = worker.call("step", action={"type": "message", "content": "hi"})["observation"]
-            pytest.fail(f"not stopped; the env got: {out[:300]}")
-    assert fragment in str(caught.value)
+        return
+    assert fragment in stopped(sandbox_backend, src)
 
 
 # --- the fourth review: no escape, four writes into state env code did not define ----------
@@ -409,12 +398,8 @@ FOURTH_REVIEW = {
 def test_each_write_of_the_fourth_review_is_refused(sandbox_backend, name):
     body, fragment = FOURTH_REVIEW[name]
     src = hostile_env_source(body, top="import dataclasses\n")
-    with pytest.raises(SandboxEnvError, match="language layer") as caught:
-        with SandboxWorker(src, backend=sandbox_backend, limits=FAST) as worker:
-            worker.call("reset", seed=0, hint=False)
-            out = worker.call("step", action={"type": "message", "content": "hi"})["observation"]
-            pytest.fail(f"not stopped; the env got: {out[:300]}")
-    assert fragment in str(caught.value)
+    error = stopped(sandbox_backend, src)
+    assert fragment in error
 
 
 def test_str_enums_and_typing_bases_still_build(sandbox_backend):
