@@ -27,7 +27,6 @@ import secrets
 import statistics
 import time
 import traceback
-import zlib
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -95,9 +94,11 @@ class ValidationConfig:
 
 
 def draw_seeds(run_seed: int, purpose: str, n: int) -> list[int]:
-    """``n`` env seeds as training draws them (``rollouts.plan_keys``): 31-bit, from a
-    token of the run's seed, so they are spread over the whole range."""
-    return [zlib.crc32(f"{run_seed}|{purpose}|{i}".encode()) & 0x7FFFFFFF for i in range(n)]
+    """``n`` env seeds as training draws them: 31-bit, from the run's seed
+    (``rollout.episode_seed``, the project's one seed formula)."""
+    from .rollout import episode_seed
+
+    return [episode_seed(run_seed, purpose, i) for i in range(n)]
 
 
 @dataclass
@@ -621,15 +622,11 @@ def check_hints(ctx: _Context) -> CheckResult:
     seeds = ctx.seeds("main", min(20, ctx.config.seeds))
     per_seed, numbers = [], []
     for seed in seeds:
-        plain = env.worker.call("reset", seed=seed, hint=False)
-        oracle = env.worker.call("oracle") or []
-        hinted = env.worker.call("reset", seed=seed, hint=True)
+        plain, hinted, oracle, hint_text, known = _hinted_reset(env.worker, seed)
         if hinted["user_message"] != plain["user_message"]:
             changed_user += 1
         if hinted["system_prompt"] == plain["system_prompt"]:
             unchanged += 1
-        hint_text = hinted["system_prompt"].replace(plain["system_prompt"], " ")
-        known = plain["system_prompt"] + " " + plain["user_message"]
         per_seed.append((seed, hint_text.lower(), known.lower(), {v.lower() for v in _oracle_values(oracle)}))
         numbers.append((seed, _numbers(hint_text), _numbers(known), _numbers(" ".join(_oracle_messages(oracle)))))
     leaks = []
@@ -783,17 +780,24 @@ def _numbers(text: str) -> set[str]:
     return out
 
 
+def _hinted_reset(worker: Any, seed: int) -> tuple[dict, dict, list, str, str]:
+    """A seed reset without and with its hint, and its oracle: (plain, hinted, oracle,
+    what the hint adds, what the agent is told anyway)."""
+    plain = worker.call("reset", seed=seed, hint=False)
+    oracle = worker.call("oracle") or []
+    hinted = worker.call("reset", seed=seed, hint=True)
+    hint_text = hinted["system_prompt"].replace(plain["system_prompt"], " ")
+    return plain, hinted, oracle, hint_text, plain["system_prompt"] + " " + plain["user_message"]
+
+
 def hint_leaks(worker: Any, seed: int, other: int) -> list[str]:
     """What ``seed``'s hint gives away, judged one seed at a time (training's spot
     check; ``check_hints`` judges many): an oracle value or a number of the oracle's
     messages that the hint states and nothing else the agent is told does. A value
     that ``other``'s hint states too is generic advice, not this seed's answer."""
-    plain = worker.call("reset", seed=seed, hint=False)
-    oracle = worker.call("oracle") or []
-    hinted = worker.call("reset", seed=seed, hint=True)
+    _, _, oracle, hint, known = _hinted_reset(worker, seed)
+    hint, known = hint.lower(), known.lower()
     elsewhere = worker.call("reset", seed=other, hint=True)["system_prompt"].lower()
-    hint = hinted["system_prompt"].replace(plain["system_prompt"], " ").lower()
-    known = (plain["system_prompt"] + " " + plain["user_message"]).lower()
     leaks = [f"the hint spells out '{value}'" for value in sorted({v.lower() for v in _oracle_values(oracle)})
              if value in hint and value not in known and value not in elsewhere]
     numbers = _numbers(hint) & _numbers(" ".join(_oracle_messages(oracle))) - _numbers(known) - _numbers(elsewhere)

@@ -254,7 +254,7 @@ class EnvRolloutFunc:
         budget), and scans the seed's hinted prompt for its answer. Raises
         ``EnvTurnedError`` (one line) when any of them disagrees with validation."""
         from trace_gym.agents import make_agent
-        from trace_gym.rollout import Episode, run_episode
+        from trace_gym.rollout import Episode, episode_seed, run_episode
         from trace_gym.validation import ValidationConfig, hint_leaks
 
         limits = ValidationConfig()
@@ -266,7 +266,7 @@ class EnvRolloutFunc:
         env.unwrapped.max_steps = min(declared if isinstance(declared, int) and declared > 0 else limits.max_episode_steps,
                                       limits.max_episode_steps)
         try:
-            leaks = hint_leaks(env.unwrapped.worker, seed, zlib.crc32(f"{seed}|other".encode()) & 0x7FFFFFFF)
+            leaks = hint_leaks(env.unwrapped.worker, seed, episode_seed(seed, "other", 0))
             if leaks:
                 problems.append("; ".join(leaks[:2]))
             for name in ("oracle", "message_only"):
