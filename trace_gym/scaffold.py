@@ -65,7 +65,7 @@ class Environment:
             "looked_up": 1.0 if self.looked_up else 0.0,
             "correct_answer": 1.0 if said else 0.0,
         }}
-        reward = 0.2 * components["used_tool"] + 0.3 * components["looked_up"] + 0.5 * components["correct_answer"]
+        reward = 0.1 * components["used_tool"] + 0.2 * components["looked_up"] + 0.7 * components["correct_answer"]
         return {{"reward": reward, "components": components, "reason": "looked up, then answered"}}
 
     def oracle(self):
@@ -99,9 +99,9 @@ Describe the scenario, how it varies across seeds, and why success here
 transfers to the target.
 
 ## Reward
-- `used_tool` (0.2): the agent called the tool at all.
-- `looked_up` (0.3): the record was looked up with the exact value.
-- `correct_answer` (0.5): the final message states the record's state.
+- `used_tool` (0.1): the agent called the tool at all.
+- `looked_up` (0.2): the record was looked up with the exact value.
+- `correct_answer` (0.7): the final message states the record's state.
 
 Validate with `trace-gym validate {folder}`.
 """
