@@ -12,6 +12,15 @@ REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 
 
+def capability(name: str, description: str, *, selected: bool = True):
+    """An identified capability as identification records it (figures of a plain selection)."""
+    from trace_gym.identification.stats import SelectedCapability
+
+    return SelectedCapability(name, description, gap_mean=0.3, gap_std=0.0, coverage_mean=0.5, coverage_std=0.0,
+                              er_plus_mean=0.1, er_minus_mean=0.4, runs_passed=5 if selected else 0, runs=5,
+                              selected=selected, runs_required=4)
+
+
 def run_cli(*args: str, timeout: float = 600, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """Run the installed console script as a user would."""
     exe = shutil.which("trace-gym", path=str(Path(PYTHON).parent)) or "trace-gym"

@@ -106,6 +106,10 @@ CASES = [
     (("baseline", "gepa"), ["--env", "trace/tau2-retail-v0", "--budget", "0", "--out", "{root}/g"], "argument --budget: must be at least 1"),
     (("baseline", "gepa"), ["--env", "trace/tau2-retail-v0", "--budget", "20", "--seed-prompt", "@{missing}", "--out", "{root}/g"], "missing.jsonl"),
     (("baseline", "gepa"), ["--env", "trace/tau2-retail-v0", "--budget", "20", "--model", "gpt", "--out", "{root}/g"], "unknown model 'gpt'"),
+    (("evaluate",), ["{dir}"], "holds no run of trace-gym run"),
+    (("evaluate",), ["{dir}", "--tasks", "0"], "--tasks: must be at least 1"),
+    (("route",), ["{dir}", "--message", "hi", "--tasks", "2"], "not both"),
+    (("route",), ["{missing}"], "holds no run of trace-gym run"),
     (("report",), ["{missing}"], "no trajectory file"),
     (("report",), ["{malformed}"], "is not a trajectory record"),
 ]

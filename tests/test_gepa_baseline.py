@@ -132,7 +132,7 @@ def test_cli_baseline_gepa_prints_the_search_and_the_held_out_row(api, tmp_path)
                      env={"OPENAI_BASE_URL": api.base_url, "OPENAI_API_KEY": "test-key"})
     assert result.returncode == 0, result.stderr
     assert "candidate 1 of 2" in result.stdout and "| gepa |" in result.stdout
-    row = json.loads((out / "eval" / "results.json").read_text())[0]
+    row = json.loads((out / "eval" / "results.json").read_text())["results"][0]
     assert row["method"] == "gepa" and row["pass_1"] == 1.0 and row["cost"]["train_rollouts"] == 12
     again = run_cli("baseline", "gepa", "--env", "trace/tau2-retail-v0", "--model", "openai:policy", "--budget", "12",
                     "--val-tasks", "4", "--minibatch", "2", "--out", str(out), env={"OPENAI_BASE_URL": api.base_url, "OPENAI_API_KEY": "test-key"})
@@ -177,7 +177,7 @@ methods = ["base", "gepa"]
     env = {"OPENAI_BASE_URL": api.base_url, "OPENAI_API_KEY": "test-key"}
     result = run_cli("run", str(config), env=env)
     assert result.returncode == 0, result.stderr
-    rows = {r["method"]: r for r in json.loads((tmp_path / "run" / "eval" / "results.json").read_text())}
+    rows = {r["method"]: r for r in json.loads((tmp_path / "run" / "eval" / "results.json").read_text())["results"]}
     assert rows["base"]["pass_1"] == 0.0 and rows["gepa"]["pass_1"] == 1.0
     assert rows["gepa"]["cost"] == {"train_rollouts": 12, "analyst_calls": 1, "wall_s": rows["gepa"]["cost"]["wall_s"]}
     table = (tmp_path / "run" / "eval" / "results.md").read_text()

@@ -1,10 +1,11 @@
 """Routing by the base model's label scores, and the evaluation figures built on it."""
 
-import json
-
 import pytest
 
+from conftest import capability
+from trace_gym.artifacts import Identification
 from trace_gym.evaluation import gold_route, method_result, results_table, routing_accuracy
+from trace_gym.identification.stats import Label
 from trace_gym.routing import RouteCapability, Router, RoutingError, capabilities_from_identification
 from trace_gym.trajectory import Message, Trajectory
 
@@ -94,16 +95,14 @@ def test_routing_accuracy_and_method_figures_by_hand():
 
 
 def test_capabilities_from_identification_reads_selection_and_lacking_examples(tmp_path):
-    (tmp_path / "capabilities.json").write_text(json.dumps({"selected": [
-        {"name": "precise_arguments", "description": "Exact values."},
-        {"name": "complete_actions", "description": "Every write."}]}))
-    (tmp_path / "labels.jsonl").write_text("\n".join(json.dumps(r) for r in [
-        {"episode_id": "e1", "capability": "precise_arguments", "label": "LACKING"},
-        {"episode_id": "e2", "capability": "precise_arguments", "label": "PRESENT"}]) + "\n")
+    Identification([capability("precise_arguments", "Exact values."), capability("complete_actions", "Every write."),
+                    capability("policy_adherence", "Rules.", selected=False)],
+                   labels=[Label("e1", "precise_arguments", "LACKING"), Label("e2", "precise_arguments", "PRESENT")]
+                   ).save(tmp_path)
     caps = capabilities_from_identification(tmp_path, {"precise_arguments": "pa"},
                                             trajectories=[_trajectory("e1", "1", False), _trajectory("e2", "2", True)])
     assert [(c.name, c.adapter, c.examples) for c in caps] == [("precise_arguments", "pa", ["task 1"])]
-    with pytest.raises(RoutingError, match="no capabilities.json"):
+    with pytest.raises(RoutingError, match="no file at .*capabilities.json"):
         capabilities_from_identification(tmp_path / "missing", {})
 
 
@@ -115,9 +114,9 @@ def test_local_router_picks_the_capability_the_task_names():
     from trace_gym.llm import EMBEDDED_DEFAULT, make_backend
 
     router = Router(make_backend(EMBEDDED_DEFAULT), CAPS, max_examples=0, calibrate=True)
-    for label, capability in (("B", "complete_actions"), ("C", "communicates_required_info")):
+    for label, wanted in (("B", "complete_actions"), ("C", "communicates_required_info")):
         decision = router.route(" ".join([label] * 12))
-        assert decision.capability == capability, decision
+        assert decision.capability == wanted, decision
 
 
 

@@ -230,7 +230,7 @@ def test_offline_every_gold_capability_on_retail_is_served_by_a_validated_regist
 
 def test_user_mistakes_are_one_line(tmp_path):
     result = run_cli("synthesize", "--capabilities", str(tmp_path / "missing.json"), "--target", TARGET)
-    assert result.returncode == 2 and result.stderr.count("\n") == 1 and "no capabilities file" in result.stderr
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and "no file at" in result.stderr
     (tmp_path / "c.json").write_text(json.dumps({"selected": [{"name": "x_y", "description": "d"}]}))
     for extra, words in ((["--analyst", "gpt-4"], "unknown analyst"), (["--only", "nope"], "--only nope"),
                          (["--target", "trace/tool-precision-v0"], "is not a target")):

@@ -172,6 +172,31 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--check", action="store_true", help="check the config and exit (nothing runs)")
     run.set_defaults(func=cmd_run)
 
+    def over_a_run(name: str, help: str, description: str) -> argparse.ArgumentParser:
+        verb = sub.add_parser(name, help=help, description=description)
+        verb.add_argument("run_dir", metavar="RUN", help="the run directory of an earlier trace-gym run")
+        return verb
+
+    evaluate = over_a_run("evaluate", "play every method of an earlier run on the held-out split (its table and report)",
+                          "The evaluate stage alone, over the artifacts of an earlier `trace-gym run` (its adapters, "
+                          "identification and GEPA prompt): one row per method, written to RUN/eval/ and RUN/report.md. "
+                          "Episodes already played are kept.")
+    evaluate.add_argument("--methods", default=None, help="comma-separated rows (default: the run's [evaluate] methods): "
+                          "base, trace, grpo-target, merged, summed, control, gepa")
+    evaluate.add_argument("--split", default=None, help="the held-out split (default: the run's, test)")
+    evaluate.add_argument("--tasks", type=int, default=None, help="only the first N tasks of the split")
+    evaluate.add_argument("--samples", type=int, default=None, help="episodes per task (pass^k up to this)")
+    evaluate.set_defaults(func=cmd_evaluate)
+
+    route = over_a_run("route", "which adapter TRACE's router picks, per task or message, from an earlier run",
+                       "The router of an earlier run (the base model scoring each capability's label against the "
+                       "task's opening) on the given messages, or on the opening of each task of a split.")
+    route.add_argument("--message", action="append", default=None, help="a task's opening message (repeatable)")
+    route.add_argument("--split", default=None, help="route the tasks of this split (default: the run's evaluation split)")
+    route.add_argument("--tasks", type=int, default=None, help="only the first N tasks of the split")
+    route.add_argument("--json", action="store_true", help="print the decisions as JSON lines")
+    route.set_defaults(func=cmd_route)
+
     train = sub.add_parser("train", help="train one LoRA adapter with GRPO (TRL + peft) on registry envs",
                            description="GRPO on one env (a capability env, or a target: the GRPO-on-target baseline) or "
                                        "on a mixture (--env A,B,C: the merged-adapter baseline). Defaults are the TRACE "
@@ -526,6 +551,38 @@ def cmd_run(args: argparse.Namespace) -> int:
     report = run_pipeline(config, resume=args.resume, from_stage=args.from_stage,
                           say=lambda message: print(message, file=sys.stderr, flush=True))
     print(f"report: {report} (every figure is read from {config.run_dir}/; under each table, what its figures mean)")
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from .pipeline import evaluate_run
+
+    for name in ("tasks", "samples"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise TraceGymError(f"--{name}: must be at least 1, got {getattr(args, name)}")
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
+    report = evaluate_run(args.run_dir, methods=methods, split=args.split, tasks=args.tasks, samples=args.samples,
+                          say=lambda message: print(message, file=sys.stderr, flush=True))
+    print(f"report: {report} (the table: {args.run_dir}/eval/results.md)")
+    return 0
+
+
+def cmd_route(args: argparse.Namespace) -> int:
+    from .pipeline import route_run
+
+    if args.message and (args.split or args.tasks):
+        raise TraceGymError("give --message, or --split/--tasks, not both")
+    if args.tasks is not None and args.tasks < 1:
+        raise TraceGymError(f"--tasks: must be at least 1, got {args.tasks}")
+    decisions = route_run(args.run_dir, messages=args.message, split=args.split, tasks=args.tasks)
+    for task, decision in decisions:
+        if args.json:
+            print(json.dumps({"task": task, **decision.as_dict()}))
+        else:
+            shown = decision.calibrated or decision.scores
+            scores = ", ".join(f"{k} {v:.2f}" for k, v in shown.items())
+            print(f"{str(task)[:60]}: {decision.capability or 'none'} (adapter {decision.adapter or 'none'}; "
+                  f"{'calibrated ' if decision.calibrated else ''}scores {scores})")
     return 0
 
 

@@ -40,6 +40,7 @@ from .synthesis.loop import SynthesisConfig
 
 STAGES = ("rollout", "identify", "synthesize", "train", "gepa", "evaluate")
 METHODS = ("base", "trace", "grpo-target", "merged", "summed", "control", "gepa")
+"""The default rows of ``[evaluate] methods`` (``trace_gym.evaluation.METHODS`` holds every registered one)."""
 DEFAULT_STAGES = ("rollout", "identify", "synthesize", "train", "evaluate")
 """The GEPA baseline is opt-in: add "gepa" to ``[run] stages`` (it plays as many episodes as TRACE trained on)."""
 
@@ -204,7 +205,11 @@ class PipelineConfig:
 
 def load_config(path: str | Path) -> PipelineConfig:
     """Read and check a pipeline config; every mistake is one line naming the field."""
-    data = read_toml(path)
+    return config_from_data(read_toml(path))
+
+
+def config_from_data(data: dict[str, Any]) -> PipelineConfig:
+    """A checked config from its tables (a TOML file's, or a run's ``config.json``)."""
     sections = {f.name: f for f in dataclasses.fields(PipelineConfig)}
     unknown = sorted(set(data) - set(sections))
     if unknown:
@@ -234,9 +239,11 @@ def check_config(config: PipelineConfig) -> None:
         raise ConfigError(f"[run] target: {exc}") from None
     if entry.kind != "target":
         raise ConfigError(f"[run] target: {entry.id} is a training env, not a target benchmark")
-    bad = [m for m in config.evaluate.methods if m not in METHODS]
+    from .evaluation import METHODS as REGISTERED  # the built-in rows and any a user registered
+
+    bad = [m for m in config.evaluate.methods if m not in REGISTERED]
     if bad:
-        raise ConfigError(f"[evaluate] methods: unknown method '{bad[0]}'; methods are {', '.join(METHODS)}")
+        raise ConfigError(f"[evaluate] methods: unknown method '{bad[0]}'; methods are {', '.join(REGISTERED)}")
     _check_model(config.policy.model, "[policy] model")
     grpo_config(config, ["<env>"], "<out>")  # every [train.grpo] mistake, now
     for capability in config.train.control:
@@ -410,17 +417,86 @@ def run_pipeline(config: PipelineConfig, *, resume: bool = False, from_stage: st
         if record and record.inputs_hash == inputs and not redo:
             say(f"[{stage}] unchanged since {record.finished_at}; kept ({_summary(record.outputs)})")
             continue
-        say(f"[{stage}] running")
-        started = time.perf_counter()
-        outputs = STAGE_FUNCTIONS[stage](config, state, lambda m, s=stage: say(f"[{s}] {m}"))
-        state.stages[stage] = StageRecord(stage, inputs, outputs, round(time.perf_counter() - started, 1),
-                                          datetime.now(timezone.utc).isoformat(timespec="seconds"))
-        # A redone stage invalidates what came after it: their recorded inputs no longer match.
-        state.save()
-        say(f"[{stage}] done in {state.stages[stage].wall_s:.0f}s ({_summary(outputs)})")
+        _run_stage(config, state, stage, say)
     from .pipeline_report import write_report
 
     return write_report(config, state)
+
+
+def _run_stage(config: PipelineConfig, state: RunState, stage: str, say: Callable[[str], None]) -> None:
+    inputs = stage_inputs_hash(config, stage, state)
+    say(f"[{stage}] running")
+    started = time.perf_counter()
+    outputs = STAGE_FUNCTIONS[stage](config, state, lambda m, s=stage: say(f"[{s}] {m}"))
+    state.stages[stage] = StageRecord(stage, inputs, outputs, round(time.perf_counter() - started, 1),
+                                      datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    # A redone stage invalidates what came after it: their recorded inputs no longer match.
+    state.save()
+    say(f"[{stage}] done in {state.stages[stage].wall_s:.0f}s ({_summary(outputs)})")
+
+
+def load_run(run_dir: str | Path) -> tuple[PipelineConfig, RunState]:
+    """An earlier run's config and state (``config.json``, ``state.json`` in its folder)."""
+    run_dir = Path(run_dir)
+    path = run_dir / "config.json"
+    if not (run_dir / "state.json").exists() or not path.exists():
+        raise PipelineError(f"{run_dir} holds no run of trace-gym run (no config.json and state.json there)")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise PipelineError(f"{path} is damaged ({exc})") from None
+    config = config_from_data(data)
+    config.run.dir = str(run_dir)  # where it is now, if it moved
+    return config, RunState(run_dir)
+
+
+def evaluate_run(run_dir: str | Path, *, methods: list[str] | None = None, split: str | None = None,
+                 tasks: int | None = None, samples: int | None = None, say: Callable[[str], None] = print) -> Path:
+    """``trace-gym evaluate RUN``: the evaluate stage alone, over the artifacts of an
+    earlier run, with its ``[evaluate]`` settings or these; returns ``report.md``."""
+    config, state = load_run(run_dir)
+    changes = {k: v for k, v in {"methods": methods, "split": split, "tasks": tasks, "samples": samples}.items()
+               if v is not None}
+    config.evaluate = dataclasses.replace(config.evaluate, **changes)
+    if "evaluate" not in config.run.stages:
+        config.run.stages = [*config.run.stages, "evaluate"]
+    check_config(config)
+    if changes:
+        (config.run_dir / "config.json").write_text(json.dumps(to_table(config), indent=2, default=str) + "\n")
+    _run_stage(config, state, "evaluate", say)
+    from .pipeline_report import write_report
+
+    return write_report(config, state)
+
+
+def route_run(run_dir: str | Path, *, messages: list[str] | None = None, split: str | None = None,
+              tasks: int | None = None) -> list[tuple[str, Any]]:
+    """``trace-gym route RUN``: the routing decision of TRACE's router, built from an
+    earlier run's artifacts, for each message, or for the first observation of each task
+    of ``split`` (the first ``tasks``); returns (task or message, decision) pairs."""
+    from .evaluation import Unavailable, get_method
+    from .llm import make_backend
+
+    config, state = load_run(run_dir)
+    ctx = eval_context(config, state, make_backend(config.policy.model))  # the base model routes: no adapter needed
+    try:
+        router = get_method("trace").build(ctx).kwargs["router"]
+    except Unavailable as exc:
+        raise PipelineError(f"{run_dir}: nothing to route to ({exc})") from None
+    if messages:
+        return [(m, router.route(m)) for m in messages]
+    from .registry import make
+
+    env = make(config.run.target, split=split or config.evaluate.split)
+    try:
+        ids = list(env.unwrapped.task_ids)[:tasks]
+        out = []
+        for task_id in ids:
+            observation, _ = env.reset(options={"task_id": task_id})
+            out.append((task_id, router.route(observation)))
+        return out
+    finally:
+        env.close()
 
 
 def _summary(outputs: dict[str, Any]) -> str:
@@ -491,6 +567,7 @@ def _given_trajectories(config: PipelineConfig) -> dict[str, Any]:
 
 
 def stage_identify(config: PipelineConfig, state: RunState, say: Callable[[str], None]) -> dict[str, Any]:
+    from .artifacts import Identification
     from .identification import identify, make_analyst
     from .identification.stats import DegenerateInputError
     from .store import read_trajectories
@@ -506,9 +583,7 @@ def stage_identify(config: PipelineConfig, state: RunState, say: Callable[[str],
         result = identify(trajectories, analyst, out, config=config.identify.selection, seed=config.run.seed, progress=say)
     except DegenerateInputError as exc:
         # No contrast is possible (all successes or all failures): say so, select nothing.
-        out.mkdir(parents=True, exist_ok=True)
-        payload = {"selected": [], "candidates": [], "degenerate": str(exc), "analyst": {"calls": 0, "tokens": 0}}
-        (out / "capabilities.json").write_text(json.dumps(payload, indent=2) + "\n")
+        Identification([], {"calls": 0, "tokens": 0}, degenerate=str(exc)).save(out)
         say(f"no capability can be selected: {exc}")
         return {"dir": str(out), "selected": [], "degenerate": str(exc), "analyst_calls": 0,
                 "summary": "nothing selected (no contrast possible)"}
@@ -540,6 +615,7 @@ def _require(state: RunState, stage: str, by: str) -> dict[str, Any]:
 
 
 def stage_synthesize(config: PipelineConfig, state: RunState, say: Callable[[str], None]) -> dict[str, Any]:
+    from .artifacts import EnvRecord, EnvSet
     from .synthesis import synthesize
 
     identified = _require(state, "identify", "synthesize")
@@ -547,7 +623,7 @@ def stage_synthesize(config: PipelineConfig, state: RunState, say: Callable[[str
     registry = out / "registry"
     registry.mkdir(parents=True, exist_ok=True)
     _expose_registry(registry)  # the run's own envs are visible to gym.make here and in workers
-    rows: list[dict[str, Any]] = []
+    envs = EnvSet()
     if not identified["selected"]:
         say("no capability was selected; nothing to synthesize")
         summary, calls, tokens = "nothing to synthesize", 0, 0
@@ -566,17 +642,14 @@ def stage_synthesize(config: PipelineConfig, state: RunState, say: Callable[[str
 
         for o in result.outcomes:
             status = read_manifest(Path(o.path)).validation_status() if o.path else "-"
-            rows.append({"capability": o.capability, "env_id": o.env_id, "path": o.path, "source": o.status,
-                         "status": status, "attempts": len(o.attempts), "message": o.message})
+            envs.envs.append(EnvRecord(o.capability, o.env_id, o.path, o.status, status, len(o.attempts), o.message))
         for note in result.notes:
             say(note)
-        usable = [r for r in rows if r["env_id"]]
-        summary = f"{len(usable)} of {len(rows)} capabilities have an env"
+        summary = f"{len(envs.trainable())} of {len(envs.envs)} capabilities have an env"
         calls, tokens = result.calls, result.tokens
-    envs_json = out / "envs.json"
-    envs_json.write_text(json.dumps(rows, indent=2) + "\n")
+    envs_json = envs.save(out)
     return {"envs_json": str(envs_json), "registry": str(registry), "sha256": content_hash(envs_json, registry),
-            "envs": {r["capability"]: r["env_id"] for r in rows if r["env_id"]}, "analyst_calls": calls,
+            "envs": envs.trainable(), "analyst_calls": calls,
             "analyst_tokens": tokens, "summary": summary}
 
 
@@ -598,8 +671,10 @@ def training_plan(config: PipelineConfig, envs: dict[str, str]) -> list[dict[str
     baselines at the same total rollout budget, then the causal control."""
     from .synthesis import serving_envs
 
+    from .evaluation import baseline_scale
+
     plan = [{"name": cap, "kind": "capability", "envs": [env_id], "scale": 1} for cap, env_id in sorted(envs.items())]
-    total = max(1, len(plan))  # the baselines get as many rollouts as all capability adapters together
+    total = baseline_scale(len(plan))  # the baselines get as many rollouts as all capability adapters together
     if config.train.grpo_target and plan:
         plan.append({"name": "grpo-target", "kind": "baseline", "envs": [config.run.target], "scale": total})
     if config.train.merged and len(envs) > 1:  # one adapter over all capability envs: only a baseline with two or more
@@ -613,6 +688,8 @@ def training_plan(config: PipelineConfig, envs: dict[str, str]) -> list[dict[str
 
 
 def stage_train(config: PipelineConfig, state: RunState, say: Callable[[str], None]) -> dict[str, Any]:
+    from .artifacts import AdapterRecord, AdapterSet, EnvSet, UntrainableRecord
+    from .evaluation import trace_budget
     from .training.calibration import UntrainableEnvError
     from .training.log import TrainLog
     from .training.rollouts import EnvTurnedError
@@ -622,8 +699,8 @@ def stage_train(config: PipelineConfig, state: RunState, say: Callable[[str], No
     _expose_registry(synthesized["registry"])
     out = config.run_dir / "adapters"
     out.mkdir(parents=True, exist_ok=True)
-    rows, untrainable = [], []
-    plan = training_plan(config, synthesized["envs"])
+    made = AdapterSet()
+    plan = training_plan(config, EnvSet.load(synthesized["envs_json"]).trainable())
     if not plan:
         say("no capability env to train on")
     for i, job in enumerate(plan, 1):
@@ -640,35 +717,34 @@ def stage_train(config: PipelineConfig, state: RunState, say: Callable[[str], No
                 train(run, resume=resume)
             except (UntrainableEnvError, EnvTurnedError) as exc:  # the run goes on without this adapter; the report says why
                 say(f"({i}/{len(plan)}) {job['name']}: not trained: {exc}")
-                untrainable.append({"name": job["name"], "envs": job["envs"], "reason": str(exc),
-                                    "calibration": str(folder / "calibration.json")})
+                made.untrainable.append(UntrainableRecord(job["name"], job["envs"], str(exc), str(folder / "calibration.json")))
                 continue
         log = TrainLog(folder / "train_log.jsonl").read()
-        rows.append({**{k: v for k, v in job.items() if k != "scale"}, "adapter": str(folder / "adapter"),
-                     "train_log": str(folder / "train_log.jsonl"), "iterations": run.iterations,
-                     "rollouts": log[-1]["rollouts"] if log else 0,
-                     "episodes_played": (log[-1].get("episodes_played", 0) + log[-1].get("calibration_episodes", 0))
-                     if log else 0,
-                     "calibration": str(folder / "calibration.json") if (folder / "calibration.json").exists() else None,
-                     "wall_s": log[-1].get("elapsed_s") if log else None,
-                     "reward_curve": str(folder / "reward_curve.png") if (folder / "reward_curve.png").exists() else None})
-    adapters_json = out / "adapters.json"
-    adapters_json.write_text(json.dumps(rows, indent=2) + "\n")
-    trace_rollouts = sum(r["rollouts"] for r in rows if r["kind"] == "capability")
-    return {"adapters_json": str(adapters_json), "sha256": content_hash(adapters_json, *[Path(r["adapter"]) for r in rows]),
-            "curves": {r["name"]: r["reward_curve"] for r in rows if r["reward_curve"]}, "untrainable": untrainable,
-            "summary": f"{len(rows)} adapters; the TRACE adapters used {trace_rollouts} rollouts"
-                       + (f"; untrainable for this policy: {', '.join(u['name'] for u in untrainable)}" if untrainable else "")}
+        made.adapters.append(AdapterRecord(
+            job["name"], job["kind"], job["envs"], str(folder / "adapter"), str(folder / "train_log.jsonl"), run.iterations,
+            rollouts=log[-1]["rollouts"] if log else 0,
+            episodes_played=(log[-1].get("episodes_played", 0) + log[-1].get("calibration_episodes", 0)) if log else 0,
+            calibration=str(folder / "calibration.json") if (folder / "calibration.json").exists() else None,
+            wall_s=log[-1].get("elapsed_s") if log else None,
+            reward_curve=str(folder / "reward_curve.png") if (folder / "reward_curve.png").exists() else None,
+            capability=job.get("capability")))
+    adapters_json = made.save(out)
+    untrainable = [u.name for u in made.untrainable]
+    return {"adapters_json": str(adapters_json),
+            "sha256": content_hash(adapters_json, *[Path(a.adapter) for a in made.adapters]),
+            "summary": f"{len(made.adapters)} adapters; the TRACE adapters used {trace_budget(made)} rollouts"
+                       + (f"; untrainable for this policy: {', '.join(untrainable)}" if untrainable else "")}
 
 
 def stage_gepa(config: PipelineConfig, state: RunState, say: Callable[[str], None]) -> dict[str, Any]:
+    from .artifacts import AdapterSet
+    from .evaluation import trace_budget
     from .gepa_baseline import run_gepa
 
     budget = config.gepa.budget
     if budget is None:
         trained = _require(state, "train", "gepa (its budget is the TRACE adapters' rollouts; or set [gepa] budget)")
-        adapters = json.loads(Path(trained["adapters_json"]).read_text())
-        budget = sum(a["rollouts"] for a in adapters if a["kind"] == "capability")
+        budget = trace_budget(AdapterSet.load(trained["adapters_json"]))
         if budget < 1:
             raise PipelineError("[gepa] budget: the train stage trained no capability adapter to match; set [gepa] budget")
         say(f"budget {budget} episodes: as many as the TRACE adapters were trained on")
@@ -688,124 +764,100 @@ def stage_gepa(config: PipelineConfig, state: RunState, say: Callable[[str], Non
                        f"{outcome.seed_val_score:.3f} -> {outcome.best_val_score:.3f}"}
 
 
+def eval_context(config: PipelineConfig, state: RunState, backend: Any) -> Any:
+    """What evaluation's methods build from: this run's artifacts, loaded typed."""
+    from .artifacts import AdapterSet, Identification
+    from .evaluation import EvalContext
+    from .store import read_trajectories
+
+    outputs = {name: record.outputs for name, record in state.stages.items()}
+    return EvalContext(
+        target=config.run.target, backend=backend,
+        adapters=AdapterSet.load(outputs["train"]["adapters_json"]) if "train" in outputs else AdapterSet(),
+        identification=Identification.load(outputs["identify"]["dir"]) if "identify" in outputs else None,
+        train_trajectories=read_trajectories(outputs["rollout"]["trajectories"]) if "rollout" in outputs else [],
+        gepa=outputs.get("gepa"), calibrate_router=config.evaluate.calibrate_router,
+        analyst_calls=sum(outputs[s].get("analyst_calls", 0) for s in ("identify", "synthesize") if s in outputs),
+        pre_training_wall_s=sum(state.stages[s].wall_s for s in ("rollout", "identify", "synthesize") if s in state.stages))
+
+
 def stage_evaluate(config: PipelineConfig, state: RunState, say: Callable[[str], None]) -> dict[str, Any]:
-    from .evaluation import capability_groups, method_result, write_results
+    from .artifacts import AdapterSet
+    from .evaluation import (build_methods, lacking_rates, method_result, policy_backend, specificity, task_flips,
+                             write_results)
     from .rollout import rollout
     from .store import read_trajectories
 
-    identified = state.stages.get("identify")
-    adapters = json.loads(Path(state.stages["train"].outputs["adapters_json"]).read_text()) if "train" in state.stages else []
+    adapters = AdapterSet.load(state.stages["train"].outputs["adapters_json"]) if "train" in state.stages else AdapterSet()
     out = config.run_dir / "eval"
     out.mkdir(parents=True, exist_ok=True)
-    backend = _policy_backend(config, adapters)
+    ctx = eval_context(config, state, policy_backend(config.policy.model, adapters))
     env_kwargs = {"max_steps": config.evaluate.max_steps} if config.evaluate.max_steps else {}
-    by_kind = {kind: [a for a in adapters if a["kind"] == kind] for kind in ("capability", "baseline", "control")}
-    cost = _method_costs(state, adapters)
-    methods: list[tuple[str, str, dict[str, Any], list[str] | None]] = []
-    for method in config.evaluate.methods:
-        if method == "base":
-            methods.append(("base", "llm", {}, None))
-        elif method == "trace" and by_kind["capability"]:
-            router = _router(config, backend, by_kind["capability"], identified, state)
-            methods.append(("trace", "routed", {"router": router}, [a["name"] for a in by_kind["capability"]]))
-        elif method in ("grpo-target", "merged") and any(a["name"] == method for a in adapters):
-            methods.append((method, "llm", {"adapter": method}, None))
-        elif method == "summed" and len(by_kind["capability"]) > 1:
-            if not hasattr(backend, "add_summed_adapter"):
-                say("summed: adding adapters' weights needs a local policy (hf: or the embedded model); a server must "
-                    "serve the sum itself; left out of the table")
-                continue
-            backend.add_summed_adapter("summed", [a["name"] for a in by_kind["capability"]])
-            methods.append(("summed", "llm", {"adapter": "summed"}, None))
-        elif method == "gepa" and "gepa" in state.stages:
-            methods.append(("gepa", "llm", {"instructions": state.stages["gepa"].outputs["best_prompt"]}, None))
-        elif method == "gepa":
-            say("gepa: the gepa stage did not run (add it to [run] stages); left out of the table")
-            continue
-        elif method == "control" and by_kind["control"]:
-            controls = [{**a, "name": a["capability"], "adapter_name": a["name"]} for a in by_kind["control"]]
-            router = _router(config, backend, controls, identified, state, descriptions_from_gold=True)
-            methods.append(("control", "routed", {"router": router}, [a["capability"] for a in by_kind["control"]]))
-        else:
-            say(f"{method}: nothing to evaluate (no adapter of that kind was trained); left out of the table")
     played = {}
-    for name, agent, extra, routed in methods:
+    for name, built, cost in build_methods(config.evaluate.methods, ctx, say):
         path = out / f"{name}.jsonl"
         say(f"{name} on the {config.evaluate.split} split")
-        rollout(config.run.target, agent, path, agent_kwargs={**_agent_kwargs(config, model=backend), **extra},
+        rollout(config.run.target, built.agent, path, agent_kwargs={**_agent_kwargs(config, model=ctx.backend), **built.kwargs},
                 split=config.evaluate.split, limit=config.evaluate.tasks, samples=config.evaluate.samples,
                 seed=config.run.seed + 1, resume=True, env_kwargs=env_kwargs, batch=config.policy.batch,
                 workers=config.policy.workers, progress=False)
-        played[name] = (read_trajectories(path), routed)
-    groups: dict[str, set[str]] = {}
-    base = played.get("base", ([], None))[0]
-    capabilities = sorted({c for _, routed in played.values() for c in (routed or [])})
-    if base and capabilities and config.identify.analyst == "gold":
-        groups = capability_groups(base, capabilities)
-    results = [method_result(name, trajectories, groups=groups, routed_capabilities=routed, cost=cost.get(name))
-               for name, (trajectories, routed) in played.items()]
-    paths = write_results(results, out, reward_curves={a["name"]: Path(a["train_log"]) for a in adapters})
+        played[name] = (read_trajectories(path), built, cost)
+    base = played["base"][0] if "base" in played else []
+    labels = _held_out_labels(config, ctx, played, out, say)
+    groups: dict[str, set[str]] = {}  # the truth routing is scored against: where base lacked each capability
+    if "base" in labels and config.identify.analyst in TRUTH_ANALYSTS:
+        task_of = {t.episode_id: t.task_id for t in base}
+        routed = sorted({c for _, built, _ in played.values() for c in (built.routed or [])})
+        groups = {c: {task_of[x.episode_id] for x in labels["base"] if x.capability == c and x.label == "LACKING"}
+                  for c in routed}
+    results = []
+    for name, (trajectories, built, cost) in played.items():
+        result = method_result(name, trajectories, groups=groups, routed_capabilities=built.routed, cost=cost)
+        if name in labels:
+            result.lacking = lacking_rates(labels[name], _measured_capabilities(ctx))
+        if base and name != "base":
+            result.flips = task_flips(base, trajectories)
+        results.append(result)
+    base_result = next((r for r in results if r.method == "base"), None)
+    for result in results:
+        built = played[result.method][1]
+        if base_result is not None and result is not base_result and built.targets and result.lacking:
+            result.specificity = specificity(base_result, result, built.targets)
+    paths = write_results(results, out, reward_curves={a.name: Path(a.train_log) for a in adapters.adapters})
     best = max(results, key=lambda r: r.pass_1) if results else None
     return {"results_json": str(out / "results.json"), "results_md": str(out / "results.md"),
             "plots": [str(p) for p in paths if p.suffix == ".png"], "sha256": content_hash(out / "results.json"),
             "summary": f"{len(results)} methods" + (f"; best pass^1 {best.pass_1:.3f} ({best.method})" if best else "")}
 
 
-def _policy_backend(config: PipelineConfig, adapters: list[dict[str, Any]]) -> Any:
-    """The policy with every trained adapter loaded under its name. An OpenAI-compatible
-    server (vLLM) must already serve them under those names (``--lora-modules name=path``)."""
-    from .llm import make_backend
-
-    backend = make_backend(config.policy.model)
-    if config.policy.model.startswith("openai:"):
-        return backend
-    for a in adapters:
-        backend.load_adapter(a["name"], a["adapter"])
-    return backend
+TRUTH_ANALYSTS = ("gold", "milestone")
+"""Analysts whose labels are rules over the target's reference solutions: routing is
+scored against them (an LLM analyst's labels measure, but are no truth to score against)."""
 
 
-def _router(config: PipelineConfig, backend: Any, adapters: list[dict[str, Any]], identified: Any, state: RunState,
-            descriptions_from_gold: bool = False) -> Any:
-    """The router over these adapters: descriptions and LACKING examples from identification
-    (the control's capabilities were not selected, so theirs come from the gold dictionary)."""
-    from .routing import RouteCapability, Router, capabilities_from_identification
-    from .store import read_trajectories
-
-    trajectories = read_trajectories(state.stages["rollout"].outputs["trajectories"]) if "rollout" in state.stages else []
-    names = {a["name"]: a.get("adapter_name", a["name"]) for a in adapters}
-    caps = []
-    if identified is not None and not descriptions_from_gold:
-        caps = capabilities_from_identification(identified.outputs["dir"], names, trajectories=trajectories)
-    if not caps:
-        from .identification.gold import GOLD_CAPABILITIES
-
-        caps = [RouteCapability(n, GOLD_CAPABILITIES.get(n, n), adapter) for n, adapter in names.items()]
-    return Router(backend, caps, calibrate=config.evaluate.calibrate_router)
+def _measured_capabilities(ctx: Any) -> list[str]:
+    """Every candidate capability identification weighed (selected or not)."""
+    return [c.name for c in ctx.identification.candidates] if ctx.identification is not None else []
 
 
-def _method_costs(state: RunState, adapters: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Training rollouts, analyst calls and wall time behind each method, from the stages' records."""
-    analyst_calls = sum(state.stages[s].outputs.get("analyst_calls", 0) for s in ("identify", "synthesize") if s in state.stages)
-    pre_wall = sum(state.stages[s].wall_s for s in ("rollout", "identify", "synthesize") if s in state.stages)
+def _held_out_labels(config: PipelineConfig, ctx: Any, played: dict[str, Any], out: Path,
+                     say: Callable[[str], None]) -> dict[str, list[Any]]:
+    """The run's analyst's labels of every method's held-out episodes (capability-level
+    figures); none where identification did not run or its analyst cannot label them."""
+    from .identification import label_all, make_analyst
 
-    def total(kind: str) -> dict[str, Any]:
-        rows = [a for a in adapters if a["kind"] == kind]
-        return {"train_rollouts": sum(a["rollouts"] for a in rows), "wall_s": sum(a.get("wall_s") or 0 for a in rows)}
-
-    trace = total("capability")
-    cost = {"base": {"train_rollouts": 0, "analyst_calls": 0, "wall_s": 0.0},
-            "trace": {**trace, "analyst_calls": analyst_calls, "wall_s": trace["wall_s"] + pre_wall},
-            "summed": {**trace, "analyst_calls": analyst_calls, "wall_s": trace["wall_s"] + pre_wall},
-            "control": {**total("control"), "analyst_calls": 0}}
-    if "gepa" in state.stages:
-        g = state.stages["gepa"].outputs
-        cost["gepa"] = {"train_rollouts": g["rollouts"], "analyst_calls": g["reflection_calls"], "wall_s": g["wall_s"]}
-    for a in adapters:
-        if a["kind"] == "baseline":
-            merged = a["name"] == "merged"  # it needed identification and synthesis too
-            cost[a["name"]] = {"train_rollouts": a["rollouts"], "analyst_calls": analyst_calls if merged else 0,
-                               "wall_s": (a.get("wall_s") or 0) + (pre_wall if merged else 0)}
-    return cost
+    capabilities = _measured_capabilities(ctx)
+    if not capabilities or not played:
+        return {}
+    options = {"cache_dir": out / ".analyst_cache"} if config.identify.analyst.startswith("openai:") else {}
+    candidates = {c.name: c.description for c in ctx.identification.candidates}
+    try:
+        analyst = make_analyst(config.identify.analyst, **options)
+        return {name: label_all(analyst, trajectories, candidates) for name, (trajectories, _, _) in played.items()}
+    except TraceGymError as exc:
+        say(f"capability-level figures left out: the {config.identify.analyst} analyst could not label the "
+            f"held-out episodes ({exc})")
+        return {}
 
 
 STAGE_FUNCTIONS: dict[str, StageFn] = {

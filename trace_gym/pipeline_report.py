@@ -14,6 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .artifacts import AdapterSet, EnvSet, Identification
+
 
 def _read_json(path: Path) -> Any:
     try:
@@ -78,71 +80,71 @@ def write_report(config: Any, state: Any) -> Path:
 
 
 def _identify_section(outputs: dict[str, Any], run_dir: Path, config: Any) -> list[str]:
-    payload = _read_json(Path(outputs["dir"]) / "capabilities.json") or {}
+    identified = Identification.load(outputs["dir"])
     sel = config.identify.selection
     out = ["## 2. Capabilities identified", ""]
-    if payload.get("degenerate"):
-        return out + [f"No capability could be selected: {payload['degenerate']}", ""]
+    if identified.degenerate:
+        return out + [f"No capability could be selected: {identified.degenerate}", ""]
     out += [f"Analyst `{config.identify.analyst}`; kept when the gap ER- - ER+ >= {sel.delta} and coverage >= {sel.rho} "
             f"in at least {sel.min_runs} of {sel.runs} runs (details: `{_rel(Path(outputs['dir']) / 'report.md', run_dir)}`).", "",
             "| capability | gap | coverage | ER+ | ER- | runs passed | selected |", "| --- | --- | --- | --- | --- | --- | --- |"]
-    for c in payload.get("candidates", []):
-        gap = "unknown" if c.get("gap_mean") is None else f"{c['gap_mean']:.2f} ± {c.get('gap_std') or 0:.2f}"
-        er_plus = "unknown" if c.get("er_plus_mean") is None else f"{c['er_plus_mean']:.2f}"
-        er_minus = "unknown" if c.get("er_minus_mean") is None else f"{c['er_minus_mean']:.2f}"
-        out.append(f"| {c['name']} | {gap} | {c.get('coverage_mean', 0):.2f} | {er_plus} | {er_minus} | "
-                   f"{c.get('runs_passed')}/{c.get('runs')} | {'**yes**' if c.get('selected') else 'no'} |")
+    for c in identified.candidates:
+        gap = "unknown" if c.gap_mean is None else f"{c.gap_mean:.2f} ± {c.gap_std or 0:.2f}"
+        er_plus = "unknown" if c.er_plus_mean is None else f"{c.er_plus_mean:.2f}"
+        er_minus = "unknown" if c.er_minus_mean is None else f"{c.er_minus_mean:.2f}"
+        out.append(f"| {c.name} | {gap} | {c.coverage_mean:.2f} | {er_plus} | {er_minus} | "
+                   f"{c.runs_passed}/{c.runs} | {'**yes**' if c.selected else 'no'} |")
     out += ["", "*ER+ / ER-*: how often the capability is LACKING in successes / failures; *gap*: their difference "
             "(large means the lack goes with failure); *coverage*: the share of all failures where it is lacking.", ""]
     return out
 
 
 def _envs_section(outputs: dict[str, Any], run_dir: Path) -> list[str]:
-    envs = _read_json(Path(outputs["envs_json"])) if outputs.get("envs_json") else None
+    envs = EnvSet.load(outputs["envs_json"]).envs if outputs.get("envs_json") else None
     out = ["## 3. Training environments", ""]
     if not envs:
         return out + [outputs.get("summary", "none"), ""]
     out += ["| capability | env | source | validation | checks |", "| --- | --- | --- | --- | --- |"]
     for row in envs:
-        report = _read_json(Path(row["path"]) / "validation.json") if row.get("path") else None
+        report = _read_json(Path(row.path) / "validation.json") if row.path else None
         checks = "-"
         if report:
             ran = [c for c in report.get("checks", []) if c.get("passed") is not None]
             checks = f"{sum(1 for c in ran if c['passed'])}/{len(ran)}"
-        out.append(f"| {row['capability']} | `{row.get('env_id') or '-'}` | {row.get('source', '-')} | "
-                   f"{row.get('status', '-')} | {checks} |")
+        out.append(f"| {row.capability} | `{row.env_id or '-'}` | {row.source} | {row.status} | {checks} |")
     out += ["", "*validation*: the env passed every named check in the sandbox (determinism, seed diversity, interface "
             "fidelity with the target's tools and result formats, graded rewards, termination, robustness, hints).", ""]
     return out
 
 
 def _train_section(outputs: dict[str, Any], run_dir: Path) -> list[str]:
-    adapters = _read_json(Path(outputs["adapters_json"])) if outputs.get("adapters_json") else None
+    made = AdapterSet.load(outputs["adapters_json"]) if outputs.get("adapters_json") else AdapterSet()
     out = ["## 4. Training (GRPO, one LoRA adapter per capability)", ""]
-    if not adapters:
+    if not made.adapters and not made.untrainable:
         return out + [outputs.get("summary", "none"), ""]
     out += ["| adapter | trained on | level | calibration: mean reward, informative groups | iterations | rollouts "
             "| episodes played | informative groups, iteration 1 | first mean reward | last mean reward | wall s |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for row in adapters:
-        log = [json.loads(line) for line in Path(row["train_log"]).read_text().splitlines() if line.strip()] \
-            if row.get("train_log") and Path(row["train_log"]).exists() else []
+    for row in made.adapters:
+        log = [json.loads(line) for line in Path(row.train_log).read_text().splitlines() if line.strip()] \
+            if Path(row.train_log).exists() else []
         first = _fmt(log[0].get("mean_reward")) if log else "-"
         last = _fmt(log[-1].get("mean_reward")) if log else "-"
         rollouts = log[-1].get("rollouts", "-") if log else "-"
         wall = f"{log[-1].get('elapsed_s', 0):.0f}" if log else "-"
-        calibrations = (_read_json(Path(row["calibration"])) or {}).get("calibrations", []) if row.get("calibration") else []
+        calibrations = (_read_json(Path(row.calibration)) or {}).get("calibrations", []) if row.calibration else []
         levels = ", ".join("-" if c.get("level") is None else str(c["level"]) for c in calibrations) or "-"
         chosen = [next((f for f in c.get("figures", []) if f.get("level") == c.get("level")), None) for c in calibrations]
         calibrated = "; ".join(f"{_fmt(f.get('mean_reward'))}, {f.get('informative_groups', 0):.0%}" for f in chosen if f) or "-"
         informative = f"{log[0].get('informative_groups', '-')}/{len(log[0].get('first_draw_groups', [])) or '-'}" if log else "-"
-        out.append(f"| {row['name']} | {', '.join(row.get('envs', []))} | {levels} | {calibrated} | {len(log)} | {rollouts} | "
-                   f"{row.get('episodes_played', '-')} | {informative} | {first} | {last} | {wall} |")
-    for skipped in outputs.get("untrainable", []):
-        out.append(f"| {skipped['name']} | {', '.join(skipped['envs'])} | - | untrainable: {skipped['reason']} "
+        out.append(f"| {row.name} | {', '.join(row.envs)} | {levels} | {calibrated} | {len(log)} | {rollouts} | "
+                   f"{row.episodes_played} | {informative} | {first} | {last} | {wall} |")
+    for skipped in made.untrainable:
+        out.append(f"| {skipped.name} | {', '.join(skipped.envs)} | - | untrainable: {skipped.reason} "
                    "| 0 | 0 | - | - | - | - | - |")
-    if outputs.get("curves"):
-        out += ["", *[f"![{name}]({_rel(path, run_dir)})" for name, path in sorted(outputs["curves"].items())]]
+    curves = sorted((a.name, a.reward_curve) for a in made.adapters if a.reward_curve)
+    if curves:
+        out += ["", *[f"![{name}]({_rel(path, run_dir)})" for name, path in curves]]
     out += ["", "*rollouts*: the update's planned episodes (G groups x K samples per iteration), the budget by which "
             "the methods are compared; *episodes played*: every episode, calibration and the redraws of constant "
             "groups (dynamic sampling) included; *level*: the env's difficulty calibration chose for this policy; "

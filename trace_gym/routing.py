@@ -19,11 +19,9 @@ decision and its scores go into the trajectory's ``agent_info["route"]``.
 from __future__ import annotations
 
 import functools
-import json
 import math
 import string
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Iterable
 
 from .errors import TraceGymError
@@ -135,33 +133,27 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def capabilities_from_identification(identify_dir: str | Path, adapters: dict[str, str], *,
+def capabilities_from_identification(identified: Any, adapters: dict[str, str], *,
                                      trajectories: Iterable[Any] = (), max_examples: int = 2) -> list[RouteCapability]:
-    """Route destinations from an ``identify`` output folder: the selected capabilities
-    that have an adapter (``adapters``: capability name -> adapter name), each with
-    the first user messages of up to ``max_examples`` trajectories labelled LACKING."""
-    folder = Path(identify_dir)
-    try:
-        payload = json.loads((folder / "capabilities.json").read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise RoutingError(f"{folder} has no capabilities.json; run `trace-gym identify` first") from None
-    except json.JSONDecodeError as exc:
-        raise RoutingError(f"{folder}/capabilities.json is not valid JSON ({exc})") from None
-    lacking: dict[str, list[str]] = {}
-    labels_path = folder / "labels.jsonl"
-    if labels_path.exists():
-        for line in labels_path.read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                row = json.loads(line)
-                if row.get("label") == "LACKING":
-                    lacking.setdefault(row["capability"], []).append(row["episode_id"])
+    """Route destinations from identification (an ``Identification`` or identify's
+    output folder): the selected capabilities that have an adapter (``adapters``:
+    capability name -> adapter name), each with the first user messages of up to
+    ``max_examples`` trajectories labelled LACKING."""
+    from .artifacts import ArtifactError, Identification
+
+    if not isinstance(identified, Identification):
+        try:
+            identified = Identification.load(identified)
+        except ArtifactError as exc:
+            raise RoutingError(str(exc)) from None
+    lacking = {name: [label.episode_id for label in labels] for name, labels in identified.lacking().items()}
     first_message = {t.episode_id: _first_user_message(t) for t in trajectories}
     out = []
-    for cap in payload.get("selected", []):
-        if cap["name"] not in adapters:
+    for cap in identified.selected:
+        if cap.name not in adapters:
             continue
-        examples = [first_message[e] for e in lacking.get(cap["name"], []) if first_message.get(e)][:max_examples]
-        out.append(RouteCapability(cap["name"], cap.get("description", ""), adapters[cap["name"]], examples))
+        examples = [first_message[e] for e in lacking.get(cap.name, []) if first_message.get(e)][:max_examples]
+        out.append(RouteCapability(cap.name, cap.description, adapters[cap.name], examples))
     return out
 
 

@@ -168,16 +168,9 @@ def agreement_by_capability(a: list[Label], b: list[Label]) -> dict[str, float |
 def write_outputs(result: IdentificationResult, out: Path) -> None:
     from .report import write_report
 
+    from trace_gym.artifacts import Identification
+
     out.mkdir(parents=True, exist_ok=True)
-    payload = {
-        "selected": [c.as_dict() for c in result.capabilities if c.selected],
-        "candidates": [c.as_dict() for c in result.capabilities],
-        "agreement_with_gold": result.agreement,
-        "analyst": result.analyst,
-    }
-    (out / "capabilities.json").write_text(json.dumps(payload, indent=2) + "\n")
-    with open(out / "labels.jsonl", "w") as fh:
-        for label in result.labels:
-            fh.write(json.dumps(asdict(label)) + "\n")
+    Identification(list(result.capabilities), result.analyst, result.agreement, labels=list(result.labels)).save(out)
     (out / "runs.json").write_text(json.dumps([[asdict(s) for s in run] for run in result.runs], indent=1) + "\n")
     write_report(result, out)

@@ -14,7 +14,6 @@ tool schemas will do. Env code is never imported or run in this process.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,28 +64,28 @@ def load_capabilities(path: str | Path, *, only: list[str] | None = None, trajec
     """The selected capabilities of ``capabilities.json`` (identify's output; a list of
     ``{name, description}`` also works), with the LACKING evidence of ``labels.jsonl``
     beside it and, given the trajectories file, a few compacted failed trajectories."""
+    from trace_gym.artifacts import Identification, read_json, read_labels
+
     path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise TraceGymError(f"no capabilities file at {path} (run trace-gym identify first)") from None
-    except json.JSONDecodeError as exc:
-        raise TraceGymError(f"{path} is not JSON ({exc})") from None
-    rows = data.get("selected", data.get("capabilities")) if isinstance(data, dict) else data
-    if not isinstance(rows, list) or not all(isinstance(r, dict) and r.get("name") and r.get("description") for r in rows):
-        raise TraceGymError(f"{path} must hold a list of capabilities with name and description (identify's 'selected')")
+    data = read_json(path, "trace-gym identify")
+    if isinstance(data, dict) and "version" in data:  # identify's output
+        identified = Identification.load(path)
+        rows = [{"name": c.name, "description": c.description} for c in identified.selected]
+        labels = identified.labels
+    else:  # a user's own list of {name, description}, with labels.jsonl beside it if any
+        rows = data.get("selected", data.get("capabilities")) if isinstance(data, dict) else data
+        if not isinstance(rows, list) or not all(isinstance(r, dict) and r.get("name") and r.get("description") for r in rows):
+            raise TraceGymError(f"{path} must hold a list of capabilities with name and description (identify's 'selected')")
+        labels = read_labels(path.parent / Identification.LABELS)
+    lacking: dict[str, list[tuple[str, str]]] = {}
+    for label in labels:
+        if label.label == "LACKING":
+            lacking.setdefault(label.capability, []).append((label.episode_id, label.evidence))
     if only:
         unknown = sorted(set(only) - {r["name"] for r in rows})
         if unknown:
             raise TraceGymError(f"--only {', '.join(unknown)}: not in {path} (it has {', '.join(r['name'] for r in rows) or 'none'})")
         rows = [r for r in rows if r["name"] in only]
-    lacking: dict[str, list[tuple[str, str]]] = {}
-    labels_path = path.parent / "labels.jsonl"
-    if labels_path.exists():
-        for line in labels_path.read_text(encoding="utf-8").splitlines():
-            label = json.loads(line) if line.strip() else {}
-            if label.get("label") == "LACKING":
-                lacking.setdefault(label["capability"], []).append((label["episode_id"], label.get("evidence", "")))
     by_episode = {}
     if trajectories:
         from trace_gym.store import read_trajectories

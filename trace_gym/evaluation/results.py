@@ -1,17 +1,19 @@
-"""Evaluation: every method on the target's held-out split, in one table.
+"""The figures of each evaluated method, from its trajectory files.
 
-A *method* is a way to play the target: the base model, TRACE (routed
-adapters), GRPO on the target, the merged adapter, the adapters' weights
-summed, and the causal control (adapters of capabilities the contrast did not
-select, routed the same way). Each is rolled out into its own trajectory file;
-this module turns those files into figures: pass^1 with a Wilson interval,
-pass^k, mean reward, a per-capability breakdown (tasks grouped by which
-capability the gold analyst finds LACKING in the base model's episode),
-routing accuracy against those gold labels, and each method's cost.
+A *method* (``methods.py``) is a way to play the target; each is rolled out
+into its own trajectory file and this module turns those files into figures:
+pass^1 with a Wilson interval, pass^k, mean reward, per-task flips against the
+base policy (solved by the method and failed by base, and the reverse), per
+capability the LACKING rate of the method's own held-out episodes with an
+interval (labelled by the run's analyst: gold, milestone or an LLM's) and
+pass^1 on the tasks where base lacked it, specificity (the change on the
+capabilities a method targets against the change on the others), routing
+accuracy only where a truth exists to measure it against, and each method's
+cost.
 
 It reads trajectories and writes tables and plots; it never plays an episode
-(the pipeline does, through the same rollout loop as everything else) and
-never types a figure by hand.
+(evaluation does, through the same rollout loop as everything else) and never
+types a figure by hand.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from .identification.stats import LACKING, wilson
-from .trajectory import Trajectory
+from ..identification.stats import LACKING, wilson
+from ..trajectory import Trajectory
 
 NO_CAPABILITY = "none"
 
@@ -44,17 +46,37 @@ class MethodResult:
     by_capability: dict[str, dict[str, float]] = field(default_factory=dict)
     """Per capability: the tasks where the base model lacked it, and this method's pass^1 on them."""
     routing: dict[str, Any] | None = None
-    """Routed methods: accuracy against the gold labels and the confusion counts."""
+    """Routed methods: accuracy against the gold labels and the confusion counts; accuracy
+    None where no truth exists (an analyst other than gold labels the base episodes)."""
     cost: dict[str, Any] = field(default_factory=dict)
     """Training rollouts, analyst calls and wall time spent to build the method."""
+    lacking: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per capability, over this method's held-out episodes: episodes labelled, LACKING count,
+    rate and its 95% Wilson interval."""
+    flips: dict[str, list[str]] = field(default_factory=dict)
+    """Against base, per task (pass^1 over its samples above or below base's): ``gained``, ``lost``."""
+    specificity: dict[str, float | None] = field(default_factory=dict)
+    """Mean change of the LACKING rate against base on the capabilities it targets and on the others."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, row: dict[str, Any]) -> "MethodResult":
+        from ..artifacts import from_row
+
+        result = from_row(cls, row, "results.json row")
+        result.pass_1_ci = tuple(result.pass_1_ci)  # type: ignore[assignment]
+        result.pass_k = {int(k): v for k, v in result.pass_k.items()}
+        return result
+
+
+RESULTS_FILE = "results.json"
+
 
 def capability_groups(base: Iterable[Trajectory], capabilities: Iterable[str], analyst: Any = None) -> dict[str, set[str]]:
     """Task ids where the base model's episode LACKS each capability (gold labels)."""
-    from .identification.gold import GoldActionAnalyst
+    from ..identification.gold import GoldActionAnalyst
 
     analyst = analyst or GoldActionAnalyst()
     wanted = set(capabilities)
@@ -68,7 +90,7 @@ def capability_groups(base: Iterable[Trajectory], capabilities: Iterable[str], a
 
 def method_result(method: str, trajectories: list[Trajectory], *, groups: dict[str, set[str]] | None = None,
                   routed_capabilities: list[str] | None = None, cost: dict[str, Any] | None = None) -> MethodResult:
-    from .rollout import summarize
+    from ..rollout import summarize
 
     summary = summarize(trajectories, env_id=trajectories[0].env_id if trajectories else "", agent=method)
     successes = sum(t.success for t in trajectories)
@@ -89,8 +111,68 @@ def method_result(method: str, trajectories: list[Trajectory], *, groups: dict[s
             "pass_1": (sum(t.success for t in episodes) / len(episodes)) if episodes else float("nan"),
         }
     if routed_capabilities is not None:
-        result.routing = routing_accuracy(trajectories, groups or {}, routed_capabilities)
+        if groups:
+            result.routing = routing_accuracy(trajectories, groups, routed_capabilities)
+        else:  # nothing says which route was right: count the routes, claim no accuracy
+            routes = [((t.agent_info or {}).get("route") or {}).get("capability") or NO_CAPABILITY for t in trajectories]
+            result.routing = {"accuracy": None, "episodes": 0, "routed": {c: routes.count(c) for c in sorted(set(routes))},
+                              "note": "no truth to measure routing against (the gold analyst labels tau2 targets only)"}
     return result
+
+
+def lacking_rates(labels: Iterable[Any], capabilities: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """Per capability, the share of labelled episodes where it is LACKING, with a 95% Wilson interval."""
+    out = {}
+    labels = list(labels)
+    for capability in capabilities:
+        mine = [x for x in labels if x.capability == capability]
+        lacking = sum(x.label == LACKING for x in mine)
+        out[capability] = {"episodes": len(mine), "lacking": lacking,
+                           "rate": lacking / len(mine) if mine else None,
+                           "ci": list(wilson(lacking, len(mine))) if mine else None}
+    return out
+
+
+def task_flips(base: list[Trajectory], method: list[Trajectory]) -> dict[str, list[str]]:
+    """Tasks the method solves more often than base (``gained``) and less often (``lost``)."""
+    def rates(trajectories: list[Trajectory]) -> dict[str, float]:
+        by_task: dict[str, list[bool]] = {}
+        for t in trajectories:
+            by_task.setdefault(str(t.task_id), []).append(bool(t.success))
+        return {k: sum(v) / len(v) for k, v in by_task.items()}
+
+    before, after = rates(base), rates(method)
+    common = sorted(set(before) & set(after))
+    return {"gained": [k for k in common if after[k] > before[k]], "lost": [k for k in common if after[k] < before[k]]}
+
+
+def specificity(base: MethodResult, method: MethodResult, targeted: Iterable[str]) -> dict[str, float | None]:
+    """Mean change (method - base) of the LACKING rate on the targeted capabilities and on
+    the others: a capability adapter should lower the first more than the second."""
+    targeted = set(targeted)
+
+    def mean_change(names: list[str]) -> float | None:
+        changes = [method.lacking[c]["rate"] - base.lacking[c]["rate"] for c in names
+                   if c in base.lacking and c in method.lacking
+                   and base.lacking[c]["rate"] is not None and method.lacking[c]["rate"] is not None]
+        return sum(changes) / len(changes) if changes else None
+
+    names = sorted(method.lacking)
+    return {"targeted": mean_change([c for c in names if c in targeted]),
+            "untargeted": mean_change([c for c in names if c not in targeted])}
+
+
+def load_results(path: str | Path) -> list[MethodResult]:
+    """``results.json`` of an evaluation (a folder holding it, or the file)."""
+    from ..artifacts import ArtifactError, check_version, read_json
+
+    path = Path(path)
+    path = path / RESULTS_FILE if path.is_dir() else path
+    payload = read_json(path, "trace-gym evaluate")
+    if not isinstance(payload, dict):
+        raise ArtifactError(f"{path}: expected evaluation's object, got a {type(payload).__name__}")
+    check_version(payload, path)
+    return [MethodResult.from_dict(row) for row in payload.get("results") or []]
 
 
 def gold_route(task_id: str | None, groups: dict[str, set[str]], routed_capabilities: list[str]) -> set[str]:
@@ -122,22 +204,56 @@ def routing_accuracy(trajectories: list[Trajectory], groups: dict[str, set[str]]
 
 
 def results_table(results: list[MethodResult]) -> str:
-    """The evaluation table as markdown."""
+    """The evaluation tables as markdown: one row per method, then, where capabilities
+    were measured, their LACKING rates and pass^1 on the tasks base lacked them on."""
     ks = sorted({k for r in results for k in r.pass_k if k > 1})
-    capabilities = sorted({c for r in results for c in r.by_capability})
+    has_flips = any(r.flips for r in results)
     head = ["method", "episodes", "pass^1", "95% CI", *[f"pass^{k}" for k in ks], "mean reward",
-            *[f"{c} (n={_group_size(results, c)})" for c in capabilities], "routing acc.", "train rollouts", "analyst calls", "wall s"]
+            *(["tasks +/- vs base"] if has_flips else []), "routing acc.", "train rollouts", "analyst calls", "wall s"]
     rows = [head, ["---"] * len(head)]
     for r in results:
         acc = r.routing.get("accuracy") if r.routing else None
+        routing = "-" if r.routing is None else _fmt(acc) if acc is not None else "n/a"
         rows.append([
             r.method, str(r.episodes), f"{r.pass_1:.3f}", f"[{r.pass_1_ci[0]:.2f}, {r.pass_1_ci[1]:.2f}]",
             *[f"{r.pass_k[k]:.3f}" if k in r.pass_k else "-" for k in ks], f"{r.mean_reward:.3f}",
-            *[_fmt(r.by_capability.get(c, {}).get("pass_1")) for c in capabilities],
-            _fmt(acc), str(r.cost.get("train_rollouts", "-")), str(r.cost.get("analyst_calls", "-")),
+            *([f"+{len(r.flips.get('gained', []))} / -{len(r.flips.get('lost', []))}" if r.flips else "-"] if has_flips else []),
+            routing, str(r.cost.get("train_rollouts", "-")), str(r.cost.get("analyst_calls", "-")),
             f"{r.cost['wall_s']:.0f}" if isinstance(r.cost.get("wall_s"), (int, float)) else "-",
         ])
+    text = _markdown(rows)
+    capabilities = sorted({c for r in results for c in (*r.lacking, *r.by_capability)})
+    if capabilities:
+        head = ["method", *[f"{c}: LACKING (95% CI)" for c in capabilities if any(c in r.lacking for r in results)],
+                *[f"{c}: pass^1 where base lacked it (n={_group_size(results, c)})" for c in capabilities
+                  if any(c in r.by_capability for r in results)],
+                *(["LACKING change: targeted / other"] if any(r.specificity for r in results) else [])]
+        rows = [head, ["---"] * len(head)]
+        for r in results:
+            rows.append([
+                r.method,
+                *[_rate(r.lacking.get(c)) for c in capabilities if any(c in x.lacking for x in results)],
+                *[_fmt(r.by_capability.get(c, {}).get("pass_1")) for c in capabilities if any(c in x.by_capability for x in results)],
+                *([f"{_signed(r.specificity.get('targeted'))} / {_signed(r.specificity.get('untargeted'))}"
+                   if r.specificity else "-"] if any(x.specificity for x in results) else []),
+            ])
+        text += "\n" + _markdown(rows)
+    return text
+
+
+def _markdown(rows: list[list[str]]) -> str:
     return "\n".join("| " + " | ".join(row) + " |" for row in rows) + "\n"
+
+
+def _rate(figures: dict[str, Any] | None) -> str:
+    if not figures or figures.get("rate") is None:
+        return "-"
+    low, high = figures["ci"]
+    return f"{figures['rate']:.2f} [{low:.2f}, {high:.2f}] (n={figures['episodes']})"
+
+
+def _signed(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.2f}"
 
 
 def _group_size(results: list[MethodResult], capability: str) -> int:
@@ -154,8 +270,10 @@ def write_results(results: list[MethodResult], out_dir: str | Path, *, reward_cu
     """``results.json``, ``results.md`` and the plots, in ``out_dir``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "results.json", out / "results.md"]
-    paths[0].write_text(json.dumps([r.as_dict() for r in results], indent=2) + "\n", encoding="utf-8")
+    from ..artifacts import SCHEMA_VERSION, write_json
+
+    paths = [out / RESULTS_FILE, out / "results.md"]
+    write_json(paths[0], {"version": SCHEMA_VERSION, "results": [r.as_dict() for r in results]})
     paths[1].write_text(results_table(results), encoding="utf-8")
     paths += plot_results(results, out, reward_curves or {})
     return paths

@@ -1,0 +1,262 @@
+"""Evaluation as a stage of its own: typed artifacts between stages, method rows built
+from an earlier run, `trace-gym evaluate` and `trace-gym route`, budget matching."""
+
+import json
+import shutil
+
+import pytest
+
+from conftest import capability, run_cli
+from trace_gym.artifacts import (AdapterRecord, AdapterSet, ArtifactError, EnvRecord, EnvSet, Identification,
+                                 UntrainableRecord)
+from trace_gym.config import to_table
+from trace_gym.evaluation import (METHODS, EvalContext, Method, MethodResult, Unavailable, build_methods, get_method,
+                                  load_results, method_result, register_method, results_table, specificity, task_flips,
+                                  trace_budget, write_results)
+from trace_gym.identification.stats import Label
+from trace_gym.trajectory import Message, Trajectory
+
+TARGET = "trace/tau2-retail-v0"
+
+
+def _adapter(name, kind="capability", rollouts=16, **extra):
+    return AdapterRecord(name, kind, [f"trace/{name}-v0"], f"/runs/adapters/{name}/adapter",
+                         f"/runs/adapters/{name}/train_log.jsonl", iterations=4, rollouts=rollouts, **extra)
+
+
+def _identification():
+    return Identification([capability("precise_arguments", "Exact ids."), capability("complete_actions", "Every write."),
+                           capability("communicates_required_info", "Say amounts.", selected=False)],
+                          {"calls": 0, "tokens": 0},
+                          labels=[Label("e1", "precise_arguments", "LACKING", "wrong id"),
+                                  Label("e1", "complete_actions", "PRESENT")])
+
+
+# --- typed artifacts ----------------------------------------------------------------------------
+
+def test_each_artifact_round_trips_through_its_file(tmp_path):
+    identified = _identification()
+    identified.save(tmp_path / "identify")
+    again = Identification.load(tmp_path / "identify")
+    assert again == identified and [c.name for c in again.selected] == ["precise_arguments", "complete_actions"]
+    assert [x.episode_id for x in again.lacking()["precise_arguments"]] == ["e1"]
+    envs = EnvSet([EnvRecord("precise_arguments", "trace/tool-precision-v0", "/r/tp", "reused", "passed", 0),
+                   EnvRecord("complete_actions", None, None, "failed", "-", 3, "no env passed")])
+    assert EnvSet.load(envs.save(tmp_path / "envs")) == envs
+    assert envs.trainable() == {"precise_arguments": "trace/tool-precision-v0"}
+    adapters = AdapterSet([_adapter("precise_arguments"), _adapter("merged", "baseline", 32)],
+                          [UntrainableRecord("complete_actions", ["trace/complete-actions-v0"], "out of band")])
+    assert AdapterSet.load(adapters.save(tmp_path / "adapters")) == adapters
+    results = [MethodResult("base", 2, 2, 0.5, (0.1, 0.9), {1: 0.5}, 0.5,
+                            lacking={"x": {"episodes": 2, "lacking": 1, "rate": 0.5, "ci": [0.1, 0.9]}})]
+    write_results(results, tmp_path / "eval")
+    assert load_results(tmp_path / "eval") == results
+
+
+@pytest.mark.parametrize("rename, field", [
+    (("rollouts", "rollout"), "rollout"),
+    (("train_log", "log"), "log"),
+])
+def test_a_field_renamed_in_one_place_fails_every_reader_in_one_line(tmp_path, rename, field):
+    AdapterSet([_adapter("precise_arguments")]).save(tmp_path)
+    path = tmp_path / "adapters.json"
+    path.write_text(path.read_text().replace(f'"{rename[0]}":', f'"{rename[1]}":'))
+    with pytest.raises(ArtifactError, match=f"unknown field '{field}'.*missing field '{rename[0]}'"):
+        AdapterSet.load(path)
+    Identification([capability("a", "A.")]).save(tmp_path / "id")
+    caps = tmp_path / "id" / "capabilities.json"
+    caps.write_text(caps.read_text().replace('"coverage_mean":', '"coverage":'))
+    with pytest.raises(ArtifactError, match="missing field 'coverage_mean'"):
+        Identification.load(tmp_path / "id")
+
+
+def test_another_schema_version_and_damaged_files_are_refused(tmp_path):
+    (tmp_path / "adapters.json").write_text(json.dumps({"version": 99, "adapters": []}))
+    with pytest.raises(ArtifactError, match="schema version 99"):
+        AdapterSet.load(tmp_path)
+    (tmp_path / "envs.json").write_text("{not json")
+    with pytest.raises(ArtifactError, match="damaged"):
+        EnvSet.load(tmp_path / "envs.json")
+    with pytest.raises(ArtifactError, match="no file at .*capabilities.json .run trace-gym identify first"):
+        Identification.load(tmp_path / "missing")
+    (tmp_path / "adapters.json").write_text(json.dumps([{**json.loads(json.dumps(_adapter("x").__dict__)), "kind": "lora"}]))
+    with pytest.raises(ArtifactError, match="kind 'lora'"):
+        AdapterSet.load(tmp_path)
+
+
+def test_files_written_before_versioning_still_load(tmp_path):
+    row = {k: v for k, v in _adapter("precise_arguments").__dict__.items()}
+    (tmp_path / "adapters.json").write_text(json.dumps([row]))
+    assert AdapterSet.load(tmp_path).adapters[0].name == "precise_arguments"
+
+
+# --- methods and budget ---------------------------------------------------------------------------
+
+def test_budget_matching_gives_every_baseline_the_capability_adapters_rollouts():
+    from trace_gym.pipeline import PipelineConfig, RunSettings, grpo_config, training_plan
+
+    config = PipelineConfig(RunSettings(TARGET))
+    plan = training_plan(config, {"precise_arguments": "trace/tool-precision-v0",
+                                  "complete_actions": "trace/complete-actions-v0"})
+    def rollouts(job):
+        run = grpo_config(config, job["envs"], "/tmp/x", iterations_scale=job["scale"])
+        return run.iterations * run.groups * run.rollouts_per_group
+
+    capability_total = sum(rollouts(j) for j in plan if j["kind"] == "capability")
+    baselines = [j for j in plan if j["kind"] == "baseline"]
+    assert [j["name"] for j in baselines] == ["grpo-target", "merged"]
+    assert all(rollouts(j) == capability_total for j in baselines)
+    made = AdapterSet([_adapter("a", rollouts=160), _adapter("b", rollouts=160), _adapter("merged", "baseline", 320)])
+    assert trace_budget(made) == 320
+
+
+class ScoringBackend:
+    """A policy that can score labels (what a router needs) and add no adapters' weights."""
+
+    name = "scoring"
+
+    def score(self, conversation, labels, **_):
+        return {label: 0.0 for label in labels}
+
+
+def test_each_method_says_why_this_run_cannot_build_it():
+    ctx = EvalContext(TARGET, backend=ScoringBackend(), adapters=AdapterSet([_adapter("precise_arguments")]))
+    said = []
+    built = build_methods(["base", "trace", "grpo-target", "merged", "summed", "control", "gepa"], ctx, said.append)
+    assert [name for name, _, _ in built] == ["base", "trace"]
+    assert any("summed: summing needs two or more capability adapters" in s for s in said)
+    assert any("control: no control adapter was trained" in s for s in said)
+    assert any("gepa: the gepa stage did not run" in s for s in said)
+    assert any("grpo-target: no 'grpo-target' adapter was trained" in s for s in said)
+    name, trace, cost = built[1]
+    assert trace.agent == "routed" and trace.routed == ["precise_arguments"] and cost["train_rollouts"] == 16
+
+
+def test_a_user_registers_a_method_of_their_own():
+    class Greedy(Method):
+        name = "greedy-test"
+
+        def build(self, ctx):
+            if ctx.gepa is None:
+                raise Unavailable("nothing")
+            return None
+
+    try:
+        register_method(Greedy)
+        assert isinstance(get_method("greedy-test"), Greedy)
+        with pytest.raises(Exception, match="already registered"):
+            register_method(type("Other", (Method,), {"name": "greedy-test"}))
+    finally:
+        METHODS.pop("greedy-test", None)
+    with pytest.raises(Exception, match="unknown method 'nope'"):
+        get_method("nope")
+
+
+def _episode(eid, task, success, route=None):
+    return Trajectory(episode_id=eid, env_id=TARGET, task_id=task, agent="x", messages=[Message(role="user", content="t")],
+                      reward=float(success), terminated=True, truncated=False, steps=1, started_at="2026-01-01T00:00:00",
+                      wall_s=1.0, agent_info={"route": route} if route else {})
+
+
+def test_routing_accuracy_only_where_a_truth_exists_and_flips_and_specificity():
+    played = [_episode("a", "1", True, {"capability": "precise_arguments"}), _episode("b", "2", False, {"capability": None})]
+    no_truth = method_result("trace", played, groups={}, routed_capabilities=["precise_arguments"])
+    assert no_truth.routing["accuracy"] is None and no_truth.routing["routed"] == {"none": 1, "precise_arguments": 1}
+    assert "| n/a |" in results_table([no_truth])
+    truth = method_result("trace", played, groups={"precise_arguments": {"1"}}, routed_capabilities=["precise_arguments"])
+    assert truth.routing["accuracy"] == 1.0
+    base = [_episode("c", "1", False), _episode("d", "2", True)]
+    assert task_flips(base, played) == {"gained": ["1"], "lost": ["2"]}
+    before = MethodResult("base", 2, 2, 0.5, (0, 1), {}, 0.5, lacking={"p": {"rate": 0.6}, "q": {"rate": 0.2}})
+    after = MethodResult("trace", 2, 2, 0.5, (0, 1), {}, 0.5, lacking={"p": {"rate": 0.2}, "q": {"rate": 0.3}})
+    figures = specificity(before, after, ["p"])
+    assert figures["targeted"] == pytest.approx(-0.4) and figures["untargeted"] == pytest.approx(0.1)
+
+
+# --- trace-gym evaluate and route over an earlier run ------------------------------------------------
+
+def _zero_lora(folder):
+    """A real peft LoRA for the embedded model (B = 0: the policy unchanged, the code path the same)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from trace_gym.llm.embedded import ensure_embedded_model
+
+    base = AutoModelForCausalLM.from_pretrained(str(ensure_embedded_model()))
+    get_peft_model(base, LoraConfig(r=2, target_modules=["q_proj"])).save_pretrained(folder)
+
+
+def _earlier_run(tmp_path):
+    """The artifacts a finished `trace-gym run` leaves, made by their own classes."""
+    from trace_gym.pipeline import EvaluateStage, PipelineConfig, RunSettings, RunState, StageRecord, TrainStage
+
+    run = tmp_path / "run"
+    _identification().save(run / "identify")
+    _zero_lora(tmp_path / "lora")
+    records = []
+    for name, kind, extra in (("precise_arguments", "capability", {}), ("complete_actions", "capability", {}),
+                              ("grpo-target", "baseline", {}), ("merged", "baseline", {}),
+                              ("control-communicates_required_info", "control", {"capability": "communicates_required_info"})):
+        folder = run / "adapters" / name
+        shutil.copytree(tmp_path / "lora", folder / "adapter")
+        (folder / "train_log.jsonl").write_text(json.dumps({"iteration": 1, "mean_reward": 0.1, "rollouts": 8}) + "\n")
+        records.append(AdapterRecord(name, kind, [TARGET], str(folder / "adapter"), str(folder / "train_log.jsonl"), 1,
+                                     rollouts=16 if kind == "baseline" else 8, **extra))
+    AdapterSet(records).save(run / "adapters")
+    config = PipelineConfig(RunSettings(TARGET, dir=str(run), stages=["identify", "train", "evaluate"]),
+                            train=TrainStage(control=["communicates_required_info"]),
+                            evaluate=EvaluateStage(tasks=1, samples=1, max_steps=4))
+    config.policy.max_new_tokens = 24
+    (run / "config.json").write_text(json.dumps(to_table(config), indent=2))
+    state = RunState(run)
+    state.stages["identify"] = StageRecord("identify", "x", {"dir": str(run / "identify"), "selected": [], "analyst_calls": 3}, 1.0, "t")
+    state.stages["train"] = StageRecord("train", "x", {"adapters_json": str(run / "adapters" / "adapters.json")}, 1.0, "t")
+    state.save()
+    return run
+
+
+@pytest.mark.slow
+def test_evaluate_plays_every_method_row_from_an_earlier_runs_artifacts(tmp_path):
+    run = _earlier_run(tmp_path)
+    result = run_cli("evaluate", str(run), "--methods", "base,trace,grpo-target,merged,summed,control", timeout=1200)
+    assert result.returncode == 0, result.stderr
+    rows = {r.method: r for r in load_results(run / "eval")}
+    assert list(rows) == ["base", "trace", "grpo-target", "merged", "summed", "control"]
+    assert all(r.episodes == 1 and r.tasks == 1 for r in rows.values())
+    assert rows["trace"].routing["accuracy"] is not None  # the gold analyst's labels of base are a truth
+    assert rows["control"].routing is not None and rows["summed"].routing is None
+    assert rows["trace"].cost["train_rollouts"] == 16 and rows["trace"].cost["analyst_calls"] == 3
+    assert rows["grpo-target"].cost == {"train_rollouts": 16, "analyst_calls": 0, "wall_s": 0}
+    assert rows["merged"].cost["analyst_calls"] == 3
+    assert set(rows["base"].lacking) == {"precise_arguments", "complete_actions", "communicates_required_info"}
+    assert rows["base"].flips == {} and set(rows["trace"].flips) == {"gained", "lost"}
+    assert set(rows["trace"].specificity) == {"targeted", "untargeted"} and not rows["grpo-target"].specificity
+    from trace_gym.store import read_trajectories
+
+    [episode] = read_trajectories(run / "eval" / "trace.jsonl")
+    assert episode.agent_info["route"]["capability"] in {"precise_arguments", "complete_actions", None}
+    report = (run / "report.md").read_text()
+    assert "## 5. Evaluation" in report and "| summed |" in report and "LACKING (95% CI)" in report
+
+    routed = run_cli("route", str(run), "--message", "I want to return the blue headphones from order W123.", "--json")
+    assert routed.returncode == 0, routed.stderr
+    decision = json.loads(routed.stdout.splitlines()[0])
+    assert decision["capability"] in {"precise_arguments", "complete_actions", None} and set(decision["scores"]) == {"A", "B", "none"}
+    per_task = run_cli("route", str(run), "--tasks", "2")  # the openings of the evaluation split's first tasks
+    assert per_task.returncode == 0 and len(per_task.stdout.splitlines()) == 2, per_task.stderr
+    assert all("(adapter " in line and "scores A " in line for line in per_task.stdout.splitlines())
+
+
+def test_evaluate_and_route_refuse_what_is_not_a_run_in_one_line(tmp_path):
+    for verb in ("evaluate", "route"):
+        result = run_cli(verb, str(tmp_path))
+        assert result.returncode == 2 and "holds no run of trace-gym run" in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "state.json").write_text('{"stages": {}}')
+    (run / "config.json").write_text(json.dumps({"run": {"target": TARGET, "dir": str(run)}}))
+    result = run_cli("evaluate", str(run), "--methods", "base,nope")
+    assert result.returncode == 2 and "nope" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    result = run_cli("route", str(run), "--message", "hi")
+    assert result.returncode == 2 and "nothing to route to" in result.stderr, result.stderr
