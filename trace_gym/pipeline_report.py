@@ -176,9 +176,14 @@ def _eval_section(outputs: dict[str, Any], run_dir: Path) -> list[str]:
     for plot in outputs.get("plots", []):
         out.append(f"![{Path(plot).stem}]({_rel(plot, run_dir)})")
     out += ["", "*pass^1*: share of solved episodes, with a 95% Wilson interval; *pass^k*: the chance that k samples "
-            "of a task all succeed; capability columns: pass^1 on the tasks where the base model lacked that "
-            "capability (gold labels); *routing acc.*: share of tasks routed to a capability the base model lacked "
-            "there (or to none when it lacked none); cost columns: training rollouts, analyst calls, wall time.", ""]
+            "of a task all succeed; *tasks +/- vs base*: tasks the method solves more often than base, and less often; "
+            "*routing acc.*: share of tasks routed to a capability the base model lacked there (or to none when it "
+            "lacked none), by the gold or milestone analyst's labels (n/a: no such truth for this run); cost columns: "
+            "training rollouts, analyst calls, wall time. Second table: *LACKING*: the share of the method's own "
+            "held-out episodes where the run's analyst finds the capability lacking (95% Wilson interval); *pass^1 "
+            "where base lacked it*: on those tasks only; *LACKING change*: the mean change against base on the "
+            "capabilities the method was trained for, and on the others (a capability adapter should lower the "
+            "first more).", ""]
     return out
 
 
