@@ -173,7 +173,7 @@ class DockerBackend(Backend):
                 raise
             hint = (f"; the engine's gVisor runtime failed: set {RUNTIME_ENV}=runc to use runc" if self.runtime else "")
             raise SandboxUnavailable(f"the Docker engine could not start a sandbox container ({str(exc).splitlines()[0][:300]}){hint}") from None
-        return DockerChannel(container, raw, limits.max_message_bytes + 1024)
+        return DockerChannel(container, raw, limits.max_message_bytes + 1024, holders=[sock])
 
     def _create(self, limits: Limits, python_args: tuple[str, ...]):
         extra = {"runtime": self.runtime} if self.runtime else {}

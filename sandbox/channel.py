@@ -147,10 +147,13 @@ class DockerChannel(Channel):
     8-byte header (stream type, 3 zero bytes, big-endian length) then the data.
     """
 
-    def __init__(self, container, sock, max_line: int):
+    def __init__(self, container, sock, max_line: int, holders: list | None = None):
+        """``holders``: the socket's file wrappers (the attach response's); a socket
+        they hold stays open after its own close() until they are closed too."""
         super().__init__(max_line)
         self.container = container
         self._sock = sock
+        self._holders = [h for h in (holders or []) if h is not sock]
         self._raw = bytearray()
         self._dead = False
 
@@ -199,10 +202,11 @@ class DockerChannel(Channel):
         if self._dead:
             return
         self._dead = True
-        try:
-            self._sock.close()
-        except OSError:
-            pass
+        for stream in (*self._holders, self._sock):
+            try:
+                stream.close()
+            except OSError:
+                pass
         try:
             self.container.remove(force=True)
         except Exception:  # already removed

@@ -16,11 +16,15 @@ after-the-end guard) lives here once.
 from __future__ import annotations
 
 import json
+import multiprocessing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import gymnasium as gym
+import numpy as np
 from gymnasium import spaces
+from gymnasium.vector.utils import shared_memory
 
 from .actions import ParsedAction, ToolCall, parse_action
 from .errors import EpisodeStateError
@@ -46,6 +50,54 @@ class AnyText(spaces.Text):
 
     def __repr__(self) -> str:
         return f"AnyText(max_length={self.max_length})"
+
+
+# Async vector envs pass observations through shared memory. Gymnasium writes a Text
+# observation there as indices into its charset, which any Unicode text is not in,
+# and reads it back once: an AnyText slot holds the text's length, then its code
+# points, and what the vector env returns reads them at the time (a copy: a tuple).
+@shared_memory.create_shared_memory.register(AnyText)
+def _create_any_text_memory(space: AnyText, n: int = 1, ctx: Any = multiprocessing) -> Any:
+    return ctx.Array(np.dtype(np.int32).char, n * (space.max_length + 1))
+
+
+@shared_memory.write_to_shared_memory.register(AnyText)
+def _write_any_text(space: AnyText, index: int, value: str, memory: Any) -> None:
+    size = space.max_length + 1
+    slot = np.frombuffer(memory.get_obj(), dtype=np.int32)[index * size:(index + 1) * size]
+    codes = np.frombuffer(value.encode("utf-32-le"), dtype=np.int32)
+    slot[0] = len(codes)
+    slot[1:1 + len(codes)] = codes
+
+
+class SharedTexts(Sequence):
+    """The texts of a vector env's shared memory, as they are when read."""
+
+    def __init__(self, space: AnyText, memory: Any, n: int):
+        self._rows = np.frombuffer(memory.get_obj(), dtype=np.int32).reshape((n, space.max_length + 1))
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return tuple(self[i] for i in range(*index.indices(len(self))))
+        row = self._rows[index]
+        return row[1:1 + int(row[0])].tobytes().decode("utf-32-le")
+
+    def __deepcopy__(self, memo: dict) -> tuple[str, ...]:
+        return tuple(self)
+
+    def __eq__(self, other: Any) -> bool:
+        return tuple(self) == tuple(other) if isinstance(other, Sequence) else NotImplemented
+
+    def __repr__(self) -> str:
+        return repr(tuple(self))
+
+
+@shared_memory.read_from_shared_memory.register(AnyText)
+def _read_any_text(space: AnyText, memory: Any, n: int = 1) -> SharedTexts:
+    return SharedTexts(space, memory, n)
 
 
 @dataclass
@@ -104,6 +156,8 @@ class TextEnv(gym.Env[str, str]):
     action_space = AnyText()
 
     def __init__(self, *, max_steps: int = 50, render_mode: str | None = None):
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode {render_mode!r}: this env renders {self.metadata['render_modes']} (or None)")
         self.max_steps = int(max_steps)
         self.render_mode = render_mode
         self.messages: list[Message] = []
@@ -207,6 +261,12 @@ class TextEnv(gym.Env[str, str]):
         return agent_conversation(self.messages)
 
     def render(self) -> str | None:
+        """The transcript as text with ``render_mode="ansi"``; without a render mode,
+        None and a warning, as Gymnasium asks."""
+        if self.render_mode is None:
+            gym.logger.warn("render() called without a render mode: make the env with render_mode='ansi' "
+                            f"(e.g. gym.make({self.spec.id if self.spec else '...'!r}, render_mode='ansi'))")
+            return None
         lines = []
         for m in self.messages:
             if m.tool_calls:
