@@ -1,11 +1,17 @@
 """LLMAgent: a model behind any backend (local Hugging Face, the embedded
 SmolLM2, an OpenAI-compatible server) as a trace-gym agent.
 
-One conversation, not two: the model is conditioned on the env's own
-transcript (``TextEnv.conversation()``: the agent's text kept on tool-call
-turns, one tool message per call), never on a copy the agent rebuilds from
-observation strings. The model's text goes to the env as it is; the env parses
-it with the same parser the agent uses to count malformed turns. After
+The agent plays through the Gymnasium API alone, so any env with text
+observations can be played, wrapped or remote: its conversation is what the
+env hands out in ``info["messages"]`` at ``reset`` and after each ``step``
+(OpenAI format; every trace-gym env gives them, with the agent's text kept on
+tool-call turns and one tool message per call), never a copy rebuilt from
+observation strings. An env that gives no messages is read plainly: its system
+prompt (``info["system_prompt"]``), then each action as the agent's turn and
+each observation as the user's (``trace_gym.env.turn_messages``). The loop
+that steps the env tells the agent with ``observe(observation, info)``. The
+model's text goes to the env as it is; the env parses it with the same parser
+the agent uses to count malformed turns. After
 ``max_malformed`` unparsable outputs in a row the episode is given up with
 ``AgentGaveUp`` (recorded in the trajectory, not a crash of the run).
 
@@ -60,8 +66,9 @@ class LLMAgent:
         self.tools: list[dict[str, Any]] = []
         self.tokens: Any = None  # the episode's TokenEpisode, with a token-level backend
         self.session: str | None = None
-        self._env: Any = None
-        self._seen = 0  # transcript messages already in the token sequence
+        self._conversation: list[dict[str, Any]] = []  # what the model is conditioned on (OpenAI format)
+        self._last_action = ""
+        self._seen = 0  # conversation messages already in the token sequence
         self._prefix_len = 0
         self._malformed = 0
         self._usage = {"prompt_tokens": 0, "completion_tokens": 0}
@@ -74,12 +81,12 @@ class LLMAgent:
         return bool(getattr(self.backend, "token_level", False))
 
     def reset(self, observation: str, info: dict[str, Any], env: Any = None) -> None:
+        from trace_gym.env import opening_messages
         from trace_gym.llm import TokenEpisode
 
-        if env is None or not hasattr(env.unwrapped, "conversation"):
-            raise TraceGymError("LLMAgent is conditioned on the env's own transcript: pass a trace-gym env to reset()")
         self.end_episode()
-        self._env = env.unwrapped
+        self._conversation = opening_messages(observation, info)
+        self._last_action = ""
         self.tools = list(info.get("tools") or [])
         self.tokens = TokenEpisode() if self.token_level else None
         self.session = uuid.uuid4().hex
@@ -90,6 +97,12 @@ class LLMAgent:
         self._turn = 0
         self._episode_seed = int(info.get("episode_seed") or 0)
         self._episode_sample = int(info.get("episode_sample") or 0)
+
+    def observe(self, observation: str, info: dict[str, Any]) -> None:
+        """What the env answered to the last action (``step``'s observation and info)."""
+        from trace_gym.env import turn_messages
+
+        self._conversation.extend(turn_messages(self._last_action, observation, info))
 
     def end_episode(self) -> None:
         """Let the backend forget this episode's cache."""
@@ -105,7 +118,7 @@ class LLMAgent:
     def request(self) -> Any:
         from trace_gym.llm import GenerationRequest
 
-        messages = self._conditioned(self._env.conversation())
+        messages = self._conditioned(self._conversation)
         request = GenerationRequest(
             messages=messages, tools=self.tools, max_new_tokens=self.max_new_tokens, temperature=self.temperature,
             seed=self._sampling_seed(), adapter=self.adapter, session=self.session,
@@ -133,18 +146,15 @@ class LLMAgent:
         return zlib.crc32(f"{self.seed}|{self._episode_seed}|{self._episode_sample}|{self._turn}".encode()) & 0x7FFFFFFF
 
     def _prompt_ids(self) -> list[int]:
-        from trace_gym.env import agent_conversation
-
-        transcript = self._env.messages
         if not self.tokens.turns:
-            ids, self._prefix_len = self.backend.encode_conversation(self._conditioned(agent_conversation(transcript)), self.tools)
+            ids, self._prefix_len = self.backend.encode_conversation(self._conditioned(self._conversation), self.tools)
             return ids
-        fresh = transcript[self._seen:]
-        if not fresh or fresh[0].role != "assistant":
-            raise TraceGymError("the env's transcript did not record the agent's last turn where expected")
+        fresh = self._conversation[self._seen:]
+        if not fresh or fresh[0].get("role") != "assistant":
+            raise TraceGymError("the env's messages did not start with the agent's last turn where expected "
+                                "(was observe() called after step()?)")
         last = self.tokens.turns[-1]
-        continuation = self.backend.encode_continuation(
-            fresh[0].to_openai(), agent_conversation(fresh[1:]), last.completion_ids)
+        continuation = self.backend.encode_continuation(fresh[0], fresh[1:], last.completion_ids)
         return [*last.prompt_ids, *last.completion_ids, *continuation]
 
     def receive(self, completion: Any) -> str:
@@ -153,8 +163,9 @@ class LLMAgent:
             self._usage[key] += getattr(completion, key, None) or 0
         if self.tokens is not None and completion.tokens is not None:
             self.tokens.turns.append(completion.tokens)
-        self._seen = len(self._env.messages)  # the env records this action next, as one assistant message
+        self._seen = len(self._conversation)  # the env's messages for this action come next, its own turn first
         text = completion.text
+        self._last_action = text
         if parse_action(text).kind == "malformed":
             self._malformed += 1
             if self._malformed >= self.max_malformed:

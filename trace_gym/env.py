@@ -169,6 +169,7 @@ class TextEnv(gym.Env[str, str]):
         self._reward_info: dict[str, Any] | None = None
         self._task_id: str | None = None
         self._call_counter = 0
+        self._reported = 0  # transcript messages already handed out in info["messages"]
 
     # --- hooks for subclasses -------------------------------------------------
     @property
@@ -207,6 +208,7 @@ class TextEnv(gym.Env[str, str]):
         self._reward_info = None
         self._task_id = start.task_id
         self._call_counter = 0
+        self._reported = 0
         self.messages = [Message(role="system", content=start.system_prompt), *start.prelude]
         self.messages.append(Message(role="user", content=start.observation))
         info = {
@@ -215,6 +217,7 @@ class TextEnv(gym.Env[str, str]):
             "task_id": start.task_id,
             "max_steps": self.max_steps,
             **start.info,
+            "messages": self._new_messages(),
         }
         return start.observation, info
 
@@ -222,7 +225,7 @@ class TextEnv(gym.Env[str, str]):
         if not self._started:
             raise EpisodeStateError("call reset() before step()")
         if self._done:
-            info = {"reward_info": self._reward_info, "after_end": True}
+            info = {"reward_info": self._reward_info, "after_end": True, "messages": []}
             return "The episode is over; call reset() to start another.", 0.0, True, False, info
         self._steps += 1
         parsed = parse_action(action)
@@ -254,7 +257,15 @@ class TextEnv(gym.Env[str, str]):
             reason = ended_by or "max_steps"
             reward = self._finish(reason)
             info["reward_info"] = self._reward_info
+            info["termination_reason"] = reason
+        info["messages"] = self._new_messages()
         return observation, reward, terminated, truncated, info
+
+    def _new_messages(self) -> list[dict[str, Any]]:
+        """What the agent's conversation gained since the last reset or step (OpenAI format)."""
+        new = agent_conversation(self.messages[self._reported:])
+        self._reported = len(self.messages)
+        return new
 
     def conversation(self) -> list[dict[str, Any]]:
         """The transcript as the agent sees it: what a model is conditioned on."""
@@ -326,6 +337,25 @@ class TextEnv(gym.Env[str, str]):
             '{"name": "<tool>", "arguments": {...}}, alone or inside <tool_call>...</tool_call>; '
             f"any other text is a message to the user. Tools: {names}."
         )
+
+
+def opening_messages(observation: str, info: dict[str, Any]) -> list[dict[str, Any]]:
+    """The agent's conversation after ``reset``: ``info["messages"]`` (OpenAI format) when
+    the env gives it, as every trace-gym env does; else the env's system prompt
+    (``info["system_prompt"]``, if any) and the observation as the user's message."""
+    if isinstance(info.get("messages"), list):
+        return [dict(m) for m in info["messages"]]
+    system = [{"role": "system", "content": info["system_prompt"]}] if info.get("system_prompt") else []
+    return [*system, {"role": "user", "content": observation}]
+
+
+def turn_messages(action: str, observation: str, info: dict[str, Any]) -> list[dict[str, Any]]:
+    """What one ``step(action)`` added to the agent's conversation: ``info["messages"]``
+    when the env gives it (the agent's turn, then tool results and replies, in the roles
+    the env knows); else the action as the agent's text and the observation as the user's."""
+    if isinstance(info.get("messages"), list):
+        return [dict(m) for m in info["messages"]]
+    return [{"role": "assistant", "content": action}, {"role": "user", "content": observation}]
 
 
 def agent_conversation(messages: list[Message]) -> list[dict[str, Any]]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tomllib
 import warnings
 from dataclasses import dataclass, field
@@ -164,6 +165,10 @@ def register_all() -> list[str]:
 
     ids = []
     for entry in discover().values():
+        module = entry.entry_point.split(":", 1)[0]
+        if entry.kind == "target" and (entry.path / (module.replace(".", "/") + ".py")).is_file():
+            if str(entry.path) not in sys.path:  # a user's target: its module beside its manifest
+                sys.path.append(str(entry.path))
         if entry.id not in gymnasium.registry:
             gymnasium.register(id=entry.id, entry_point=entry.entry_point, kwargs=entry.kwargs, disable_env_checker=False)
         ids.append(entry.id)

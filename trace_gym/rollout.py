@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable
 
 from .errors import TraceGymError
 from .store import TrajectoryStore
-from .trajectory import Trajectory, episode_id
+from .trajectory import Message, Trajectory, episode_id
 
 
 @dataclass(frozen=True)
@@ -126,8 +126,22 @@ class _Running:
     t0: float
     info: dict[str, Any]
     observation: str
+    transcript: list[dict[str, Any]] = field(default_factory=list)
+    """The conversation as the env handed it out (``info["messages"]``), for an env
+    that keeps no transcript of its own."""
+    steps: int = 0
     agent_s: float = 0.0
     env_s: float = 0.0
+
+    def stepped(self, agent: Any, action: str, observation: str, info: dict[str, Any]) -> None:
+        """Record one step's result, and tell the agent (``observe``) if it listens."""
+        from .env import turn_messages
+
+        self.observation = observation
+        self.steps += 1
+        self.transcript.extend(turn_messages(action, observation, info))
+        if hasattr(agent, "observe"):
+            agent.observe(observation, info)
 
 
 def _start(env: Any, agent: Any, episode: Episode) -> _Running:
@@ -137,12 +151,18 @@ def _start(env: Any, agent: Any, episode: Episode) -> _Running:
     observation, info = env.reset(seed=episode.reset_seed, options=options)
     info = {**info, "episode_seed": episode.seed, "episode_sample": episode.sample}
     agent.reset(observation, info, env)
-    return _Running(episode, started, t0, info, observation, env_s=time.perf_counter() - t0)
+    from .env import opening_messages
+
+    return _Running(episode, started, t0, info, observation, opening_messages(observation, info),
+                    env_s=time.perf_counter() - t0)
 
 
 def _finish(env: Any, agent: Any, env_id: str, run: _Running, reward: float, terminated: bool, truncated: bool,
             step_info: dict[str, Any], error: str | None = None) -> Trajectory:
+    from .env import TextEnv
+
     core = env.unwrapped
+    own = isinstance(core, TextEnv)  # a trace-gym env keeps the richer transcript (raw text, errors, user-side calls)
     usage = agent.usage() if hasattr(agent, "usage") else {}
     return Trajectory(
         episode_id=episode_id(env_id, run.episode.task_id, run.episode.sample, run.episode.reset_seed),
@@ -153,13 +173,14 @@ def _finish(env: Any, agent: Any, env_id: str, run: _Running, reward: float, ter
         agent=agent.name,
         model=getattr(agent, "model", None),
         adapter=getattr(agent, "adapter", None),
-        messages=list(core.messages),
+        messages=list(core.messages) if own else [Message.from_openai(m) for m in run.transcript],
         reward=float(reward),
         reward_info=step_info.get("reward_info") or {},
         terminated=bool(terminated),
         truncated=bool(truncated),
-        termination_reason=core.termination_reason if error is None else "agent_error",
-        steps=core.steps,
+        termination_reason="agent_error" if error is not None else core.termination_reason if own
+        else step_info.get("termination_reason") or ("done" if terminated else "max_steps" if truncated else None),
+        steps=core.steps if own else run.steps,
         started_at=run.started.isoformat(),
         wall_s=time.perf_counter() - run.t0,
         agent_s=run.agent_s,
@@ -188,7 +209,8 @@ def run_episode(env: Any, agent: Any, env_id: str, episode: Episode) -> Trajecto
                 raise
             return _finish(env, agent, env_id, run, 0.0, False, True, {}, error=str(exc))
         a1 = time.perf_counter()
-        run.observation, reward, terminated, truncated, step_info = env.step(action)
+        observation, reward, terminated, truncated, step_info = env.step(action)
+        run.stepped(agent, action, observation, step_info)
         run.agent_s += a1 - a0
         run.env_s += time.perf_counter() - a1
     return _finish(env, agent, env_id, run, reward, terminated, truncated, step_info)
@@ -259,7 +281,8 @@ def play_batched(envs: list[Any], agents: list[Any], env_id: str, episodes: list
                 yield done(i, _finish(envs[i], agents[i], env_id, run, 0.0, False, True, {}, error=str(exc)))
                 continue
             e0 = time.perf_counter()
-            run.observation, reward, terminated, truncated, step_info = envs[i].step(action)
+            observation, reward, terminated, truncated, step_info = envs[i].step(action)
+            run.stepped(agents[i], action, observation, step_info)
             run.env_s += time.perf_counter() - e0
             if terminated or truncated:
                 yield done(i, _finish(envs[i], agents[i], env_id, run, reward, terminated, truncated, step_info))

@@ -52,6 +52,31 @@ class Message(BaseModel):
             out["tool_call_id"] = self.tool_call_id
         return out
 
+    @classmethod
+    def from_openai(cls, message: dict[str, Any]) -> "Message":
+        """An OpenAI chat message as a transcript message (what an env that keeps no
+        transcript of its own hands out in ``info["messages"]``)."""
+        role = message.get("role")
+        if role not in ("system", "user", "assistant", "tool"):
+            raise ValueError(f"a message of role {role!r} (need system, user, assistant or tool)")
+        content = message.get("content")
+        if isinstance(content, list):  # content parts: their text
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        calls = []
+        for n, call in enumerate(message.get("tool_calls") or []):
+            function = call.get("function") or {}
+            arguments = function.get("arguments") or {}
+            if isinstance(arguments, str):
+                try:
+                    arguments = json.loads(arguments)
+                except json.JSONDecodeError:
+                    arguments = {"_raw": arguments}
+            calls.append(ToolCallRecord(id=str(call.get("id") or f"call_{n}"), name=str(function.get("name") or ""),
+                                        arguments=arguments if isinstance(arguments, dict) else {"_raw": arguments}))
+        return cls(role=role, content=None if content is None else str(content), tool_calls=calls or None,
+                   tool_call_id=message.get("tool_call_id"), name=message.get("name"),
+                   raw=str(content) if role == "assistant" and content is not None else None)
+
 
 class Trajectory(BaseModel):
     """One finished episode. ``episode_id`` is unique within a trajectory file."""

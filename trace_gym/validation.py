@@ -234,6 +234,8 @@ class _Context:
                 obs, reward, terminated, truncated, step_info = env.step(action)
                 self.step_times.append(time.perf_counter() - t0)
                 observations.append(obs)
+                if hasattr(agent, "observe"):
+                    agent.observe(obs, step_info)
             episode = Episode(agent_name, seed, reward, terminated, truncated, env.unwrapped.steps,
                               observations=observations, reward_info=step_info.get("reward_info") or {})
         except TraceGymError as exc:

@@ -54,7 +54,8 @@ class GuardedEnv(gym.Wrapper):
 
             # The agent still asks for one turn; give it an empty, well-formed transcript.
             self.env.unwrapped.messages = [Message(role="system", content=""), Message(role="user", content=FAILED_OBSERVATION)]
-            return FAILED_OBSERVATION, {"system_prompt": "", "tools": [], "task_id": None, "env_failure": self.failure}
+            return FAILED_OBSERVATION, {"system_prompt": "", "tools": [], "task_id": None, "env_failure": self.failure,
+                                        "messages": [m.to_openai() for m in self.env.unwrapped.messages]}
 
     def step(self, action: str):
         if self.failure is not None:
