@@ -19,8 +19,11 @@ def test_an_env_without_messages_is_read_plainly_and_one_with_them_as_given():
     info = {"system_prompt": "Be brief.", "tools": []}
     assert opening_messages("hello", info) == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello"}]
     assert opening_messages("hello", {}) == [{"role": "user", "content": "hello"}]
-    assert turn_messages('{"name": "f", "arguments": {}}', "result", {}) == [
-        {"role": "assistant", "content": '{"name": "f", "arguments": {}}'}, {"role": "user", "content": "result"}]
+    assert turn_messages("Done, goodbye.", "Thanks.", {}) == [
+        {"role": "assistant", "content": "Done, goodbye."}, {"role": "user", "content": "Thanks."}]
+    call, result = turn_messages('{"name": "f", "arguments": {"x": 1}}', "ok", {})
+    assert call["tool_calls"][0]["function"] == {"name": "f", "arguments": '{"x": 1}'}
+    assert result == {"role": "tool", "tool_call_id": call["tool_calls"][0]["id"], "content": "ok"}
     given = [{"role": "assistant", "content": None, "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
@@ -62,3 +65,46 @@ def test_a_plain_gymnasium_env_is_played_by_a_model_and_trained_by_grpo(tmp_path
     [row] = [json.loads(line) for line in (tmp_path / "grpo" / "train_log.jsonl").read_text().splitlines()]
     assert row["rollouts"] == 4 and row["failed_episodes"] == 0
     assert (tmp_path / "grpo" / "adapter" / "adapter_config.json").exists()
+
+
+def _rollout(tmp_path, agent, tasks, out, *extra):
+    result = run_cli("rollout", "--env", ENV_ID, "--agent", agent, "--task-ids", ",".join(map(str, tasks)), "--out", str(out),
+                     "--no-progress", *extra, env=ON_PATH, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def test_the_reference_analyst_identifies_what_an_agent_lacks_on_a_users_target_offline(tmp_path):
+    solved = _rollout(tmp_path, "oracle", range(7), tmp_path / "oracle.jsonl")
+    failed = _rollout(tmp_path, "random", range(7, 14), tmp_path / "random.jsonl", "--samples", "2")
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(solved.read_text() + "".join(failed.read_text().splitlines(keepends=True)[1:]))
+    call = read_trajectories(solved)[0].messages[2]
+    assert call.role == "assistant" and call.tool_calls and call.tool_calls[0].name == "get_account"  # parsed, not raw text
+    result = run_cli("identify", "--trajectories", str(mixed), "--analyst", "reference", "--out", str(tmp_path / "id"),
+                     env=ON_PATH, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    from trace_gym.artifacts import Identification
+
+    identified = Identification.load(tmp_path / "id")
+    assert {c.name for c in identified.selected} == {"precise_arguments", "complete_actions"}
+    evidence = [x.evidence for x in identified.lacking()["complete_actions"]]
+    assert evidence and all("freeze_card" in e for e in evidence)  # the solution's write, never made
+    unknown = run_cli("rollout", "--env", ENV_ID, "--agent", "oracle", "--task-ids", "15", "--out", str(tmp_path / "u.jsonl"),
+                      env=ON_PATH, cwd=tmp_path)
+    assert unknown.returncode == 2 and "no task '15' in this split" in unknown.stderr
+
+
+@pytest.mark.parametrize("analyst, refusal", [
+    ("gold", "gold reads τ²-bench's gold actions"),
+    ("milestone", "milestone reads ToolSandbox's milestones"),
+    ("reference", None),
+])
+def test_run_check_refuses_an_offline_analyst_that_cannot_label_the_target(tmp_path, analyst, refusal):
+    config = tmp_path / "run.toml"
+    config.write_text(f'[run]\ntarget = "{ENV_ID}"\ndir = "{tmp_path / "run"}"\n\n[identify]\nanalyst = "{analyst}"\n')
+    result = run_cli("run", str(config), "--check", env=ON_PATH, cwd=tmp_path)
+    if refusal is None:
+        assert result.returncode == 0, result.stderr
+    else:
+        assert result.returncode == 2 and refusal in result.stderr and len(result.stderr.strip().splitlines()) == 1

@@ -129,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ident = sub.add_parser("identify", help="find the capabilities the agent lacks (contrast failures with successes)")
     ident.add_argument("--trajectories", required=True, help="a trajectory file (JSONL) with successes and failures")
-    ident.add_argument("--analyst", default="gold", help="gold (tau2 gold actions, no LLM), milestone (ToolSandbox milestones, no LLM) or openai:<model>")
+    ident.add_argument("--analyst", default="gold", help="gold (tau2 gold actions, no LLM), milestone (ToolSandbox milestones, no LLM), reference (any target's oracle_actions(), no LLM) or openai:<model>")
     ident.add_argument("--runs", type=count, default=10, help="identification runs N (default 10)")
     ident.add_argument("--k", type=count, default=None, help="runs a capability must pass, K of N (default 8 of 10, scaled)")
     ident.add_argument("--delta", type=float, default=0.20, help="smallest contrastive gap ER- - ER+ (default 0.20)")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -352,9 +353,17 @@ def opening_messages(observation: str, info: dict[str, Any]) -> list[dict[str, A
 def turn_messages(action: str, observation: str, info: dict[str, Any]) -> list[dict[str, Any]]:
     """What one ``step(action)`` added to the agent's conversation: ``info["messages"]``
     when the env gives it (the agent's turn, then tool results and replies, in the roles
-    the env knows); else the action as the agent's text and the observation as the user's."""
+    the env knows). Else the action read with trace-gym's parser: one tool call is the
+    agent's call and the observation its result; anything else is the agent's text and
+    the observation the user's."""
     if isinstance(info.get("messages"), list):
         return [dict(m) for m in info["messages"]]
+    parsed = parse_action(action)
+    if parsed.kind == "tool_calls" and len(parsed.tool_calls) == 1:
+        call = parsed.tool_calls[0]
+        record = ToolCallRecord(id=f"call_{zlib.crc32(action.encode()):08x}", name=call.name, arguments=call.arguments)
+        return [{"role": "assistant", "content": parsed.thought or None, "tool_calls": [record.to_openai()]},
+                {"role": "tool", "tool_call_id": record.id, "content": observation}]
     return [{"role": "assistant", "content": action}, {"role": "user", "content": observation}]
 
 

@@ -251,7 +251,8 @@ def check_config(config: PipelineConfig) -> None:
 
         if not serving_envs(capability, entry.id):
             raise ConfigError(f"[train] control: no registry env serves '{capability}' for {entry.id}")
-    _check_analyst(config.identify.analyst, "[identify] analyst", ("gold", "milestone"))
+    _check_analyst(config.identify.analyst, "[identify] analyst", ("gold", "milestone", "reference"))
+    _check_analyst_fits(config.identify.analyst, entry)
     _check_analyst(config.synthesize.analyst, "[synthesize] analyst", ("registry",))
     if "gepa" in config.run.stages:
         _check_model(config.gepa.reflection, "[gepa] reflection")
@@ -344,6 +345,34 @@ def _check_analyst(spec: str, where: str, offline: tuple[str, ...]) -> None:
             raise ConfigError(f"{where}: {spec} needs an analyst endpoint: set OPENAI_BASE_URL (and OPENAI_API_KEY)")
         return
     raise ConfigError(f"{where}: unknown analyst '{spec}'; use {', '.join(offline)} or openai:<model>")
+
+
+def _check_analyst_fits(spec: str, entry: Any) -> None:
+    """An offline analyst labels only targets with what it reads: τ²'s gold actions,
+    ToolSandbox's milestones, or reference solutions (``oracle_actions()``)."""
+    where = "[identify] analyst"
+    if spec == "gold" and "domain" not in entry.kwargs:
+        raise ConfigError(f"{where}: gold reads τ²-bench's gold actions, which {entry.id} has not; use reference "
+                          "(its oracle_actions(), if it has them) or openai:<model>")
+    if spec == "milestone" and "toolsandbox" not in entry.entry_point:
+        raise ConfigError(f"{where}: milestone reads ToolSandbox's milestones, which {entry.id} has not; use reference "
+                          "or openai:<model>")
+    if spec == "reference":
+        import importlib
+
+        from .env import TextEnv
+        from .registry import register_all
+
+        register_all()  # a user's target module beside its manifest becomes importable
+        module, _, name = entry.entry_point.partition(":")
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as exc:
+            raise ConfigError(f"[run] target: {entry.id}'s entry point {entry.entry_point} cannot be loaded ({exc})") from None
+        method = getattr(cls, "oracle_actions", None)
+        if not callable(method) or method is TextEnv.oracle_actions:
+            raise ConfigError(f"{where}: reference reads a target's reference solutions; {entry.id} has no "
+                              "oracle_actions() (docs/targets.md); use openai:<model>")
 
 
 # --- the run directory and its state -------------------------------------------------------
@@ -830,7 +859,7 @@ def stage_evaluate(config: PipelineConfig, state: RunState, say: Callable[[str],
             "summary": f"{len(results)} methods" + (f"; best pass^1 {best.pass_1:.3f} ({best.method})" if best else "")}
 
 
-TRUTH_ANALYSTS = ("gold", "milestone")
+TRUTH_ANALYSTS = ("gold", "milestone", "reference")
 """Analysts whose labels are rules over the target's reference solutions: routing is
 scored against them (an LLM analyst's labels measure, but are no truth to score against)."""
 

@@ -432,9 +432,15 @@ def rollout(
                 task_ids = list(getattr(env.unwrapped, "task_ids", None) or [])
                 if not task_ids:
                     raise TraceGymError(f"{env_id} has no task list")
-            else:
+            else:  # one clear error for an unknown id, before any work
+                getter = getattr(env.unwrapped, "get_task", None)
+                known = [str(t) for t in getattr(env.unwrapped, "task_ids", None) or []]
                 for tid in task_ids:
-                    env.unwrapped.get_task(tid)  # one clear error for an unknown id, before any work
+                    if callable(getter):
+                        getter(tid)
+                    elif known and str(tid) not in known:
+                        raise TraceGymError(f"{env_id} has no task '{tid}' in this split ({len(known)} tasks, e.g. "
+                                            f"{', '.join(known[:5])}); --split names another")
             if limit is not None:
                 task_ids = task_ids[:limit]
             plan = plan_episodes(task_ids, samples, seed)

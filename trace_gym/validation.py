@@ -630,7 +630,7 @@ def check_hints(ctx: _Context) -> CheckResult:
         if hinted["system_prompt"] == plain["system_prompt"]:
             unchanged += 1
         per_seed.append((seed, hint_text.lower(), known.lower(), {v.lower() for v in _oracle_values(oracle)}))
-        numbers.append((seed, _numbers(hint_text), _numbers(known), _numbers(" ".join(_oracle_messages(oracle)))))
+        numbers.append((seed, stated_numbers(hint_text), stated_numbers(known), stated_numbers(" ".join(_oracle_messages(oracle)))))
     leaks = []
     for seed, in_hint, in_known, answers in numbers:
         for value in sorted(answers & in_hint - in_known):
@@ -769,7 +769,7 @@ _WORD = re.compile(r"[A-Za-z][A-Za-z\-]+")
 _NUMBER = re.compile(r"(?<![\w.#])[-+]?\$?\d[\d,]*(?:\.\d+)?(?![\w#])")
 
 
-def _numbers(text: str) -> set[str]:
+def stated_numbers(text: str) -> set[str]:
     """The numbers a text states, normalised ($1,234.50 and 1234.5 are one number);
     digits inside ids (#W0012, user_12) are not numbers here."""
     out = set()
@@ -802,7 +802,7 @@ def hint_leaks(worker: Any, seed: int, other: int) -> list[str]:
     elsewhere = worker.call("reset", seed=other, hint=True)["system_prompt"].lower()
     leaks = [f"the hint spells out '{value}'" for value in sorted({v.lower() for v in _oracle_values(oracle)})
              if value in hint and value not in known and value not in elsewhere]
-    numbers = _numbers(hint) & _numbers(" ".join(_oracle_messages(oracle))) - _numbers(known) - _numbers(elsewhere)
+    numbers = stated_numbers(hint) & stated_numbers(" ".join(_oracle_messages(oracle))) - stated_numbers(known) - stated_numbers(elsewhere)
     return leaks + [f"the hint states {n}, a number the oracle's messages give as the answer" for n in sorted(numbers)]
 
 

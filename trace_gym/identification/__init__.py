@@ -57,9 +57,14 @@ class IdentificationResult:
 
 
 def make_analyst(spec: str, **kwargs: Any):
-    """``gold``, ``milestone`` (ToolSandbox's milestones) or ``openai:<model>``."""
+    """``gold`` (τ²'s gold actions), ``milestone`` (ToolSandbox's milestones), ``reference``
+    (any target's reference solutions, ``oracle_actions()``) or ``openai:<model>``."""
     if spec == "gold":
         return GoldActionAnalyst()
+    if spec == "reference":
+        from .reference import ReferenceAnalyst
+
+        return ReferenceAnalyst()
     if spec == "milestone":
         from .milestone import MilestoneAnalyst
 
@@ -68,7 +73,7 @@ def make_analyst(spec: str, **kwargs: Any):
         from .llm_analyst import LLMAnalyst
 
         return LLMAnalyst(spec, **kwargs)
-    raise TraceGymError(f"unknown analyst '{spec}'; use gold, milestone or openai:<model>")
+    raise TraceGymError(f"unknown analyst '{spec}'; use gold, milestone, reference or openai:<model>")
 
 
 def identify(trajectories: list[Trajectory], analyst: Any, out_dir: str | Path | None = None, *,

@@ -56,51 +56,56 @@ class GoldActionAnalyst:
 
     def label(self, trajectory: Trajectory) -> list[Label]:
         criteria = self.task(trajectory).evaluation_criteria
-        gold = [a for a in (criteria.actions or []) if a.requestor == "assistant"]
-        gold_writes = [a for a in gold if changes_state(a.name)]
-        calls = [(i, c) for i, m in enumerate(trajectory.messages) if m.role == "assistant" and m.tool_calls and m.requestor == "assistant" for c in m.tool_calls]
-        writes = [(i, c) for i, c in calls if changes_state(c.name)]
-        said = " ".join((m.content or "") for m in trajectory.messages if m.role == "assistant" and not m.tool_calls).lower().replace(",", "")
-        labels: dict[str, tuple[str, str]] = {}
+        gold = [(a.name, a.arguments) for a in (criteria.actions or []) if a.requestor == "assistant"]
+        return label_against(trajectory, gold, list(criteria.communicate_info or []))
 
-        if not gold_writes:
-            labels["precise_arguments"] = (NOT_APPLICABLE, "the task needs no state-changing call")
-            labels["complete_actions"] = (NOT_APPLICABLE, "the task needs no state-changing call")
+
+def label_against(trajectory: Trajectory, gold: list[tuple[str, dict[str, Any]]], info: list[str]) -> list[Label]:
+    """The dictionary's labels of one episode against a reference solution: its tool calls
+    (name, arguments), in order, and what it must tell the user (``info``)."""
+    gold_writes = [g for g in gold if changes_state(g[0])]
+    calls = [(i, c) for i, m in enumerate(trajectory.messages) if m.role == "assistant" and m.tool_calls and m.requestor == "assistant" for c in m.tool_calls]
+    writes = [(i, c) for i, c in calls if changes_state(c.name)]
+    said = " ".join((m.content or "") for m in trajectory.messages if m.role == "assistant" and not m.tool_calls).lower().replace(",", "")
+    labels: dict[str, tuple[str, str]] = {}
+
+    if not gold_writes:
+        labels["precise_arguments"] = (NOT_APPLICABLE, "the task needs no state-changing call")
+        labels["complete_actions"] = (NOT_APPLICABLE, "the task needs no state-changing call")
+    else:
+        matched = [(g, [(i, c) for i, c in writes if c.name == g[0]]) for g in gold_writes]
+        attempted = [(g, cands) for g, cands in matched if cands]
+        wrong = [(g, cands) for g, cands in attempted if not any(_same(c.arguments, g[1]) for _, c in cands)]
+        if not attempted:
+            labels["precise_arguments"] = (NOT_APPLICABLE, "no gold write was attempted")
+        elif wrong:
+            g, cands = wrong[0]
+            labels["precise_arguments"] = (LACKING, f"message {cands[0][0]}: {g[0]} called with {_short(cands[0][1].arguments)}, gold {_short(g[1])}")
         else:
-            matched = [(g, [(i, c) for i, c in writes if c.name == g.name]) for g in gold_writes]
-            attempted = [(g, cands) for g, cands in matched if cands]
-            wrong = [(g, cands) for g, cands in attempted if not any(_same(c.arguments, g.arguments) for _, c in cands)]
-            if not attempted:
-                labels["precise_arguments"] = (NOT_APPLICABLE, "no gold write was attempted")
-            elif wrong:
-                g, cands = wrong[0]
-                labels["precise_arguments"] = (LACKING, f"message {cands[0][0]}: {g.name} called with {_short(cands[0][1].arguments)}, gold {_short(g.arguments)}")
-            else:
-                labels["precise_arguments"] = (PRESENT, "every attempted gold write has the gold arguments")
-            missing = [g.name for g, cands in matched if not cands]
-            labels["complete_actions"] = (LACKING, f"never called: {', '.join(missing)}") if missing else (PRESENT, "every gold write was made")
+            labels["precise_arguments"] = (PRESENT, "every attempted gold write has the gold arguments")
+        missing = [g[0] for g, cands in matched if not cands]
+        labels["complete_actions"] = (LACKING, f"never called: {', '.join(missing)}") if missing else (PRESENT, "every gold write was made")
 
-        info = list(criteria.communicate_info or [])
-        if not info:
-            labels["communicates_required_info"] = (NOT_APPLICABLE, "nothing must be communicated")
-        else:
-            unsaid = [s for s in info if s.lower() not in said]
-            labels["communicates_required_info"] = (LACKING, f"never said: {', '.join(unsaid)}") if unsaid else (PRESENT, "all required information was said")
+    if not info:
+        labels["communicates_required_info"] = (NOT_APPLICABLE, "nothing must be communicated")
+    else:
+        unsaid = [s for s in info if s.lower() not in said]
+        labels["communicates_required_info"] = (LACKING, f"never said: {', '.join(unsaid)}") if unsaid else (PRESENT, "all required information was said")
 
-        if not writes:
-            labels["read_before_write"] = (NOT_APPLICABLE, "the agent made no state-changing call")
-        else:
-            first_write = writes[0][0]
-            read_first = any(is_read(c.name) for i, c in calls if i < first_write)
-            labels["read_before_write"] = (PRESENT, "a read precedes the first write") if read_first else (LACKING, f"message {first_write}: {writes[0][1].name} with no read before it")
+    if not writes:
+        labels["read_before_write"] = (NOT_APPLICABLE, "the agent made no state-changing call")
+    else:
+        first_write = writes[0][0]
+        read_first = any(is_read(c.name) for i, c in calls if i < first_write)
+        labels["read_before_write"] = (PRESENT, "a read precedes the first write") if read_first else (LACKING, f"message {first_write}: {writes[0][1].name} with no read before it")
 
-        malformed = [i for i, m in enumerate(trajectory.messages) if m.role == "assistant" and m.error]
-        labels["well_formed_calls"] = (LACKING, f"message {malformed[0]}: {(trajectory.messages[malformed[0]].raw or '')[:80]!r}") if malformed else (PRESENT, "every action parsed")
+    malformed = [i for i, m in enumerate(trajectory.messages) if m.role == "assistant" and m.error]
+    labels["well_formed_calls"] = (LACKING, f"message {malformed[0]}: {(trajectory.messages[malformed[0]].raw or '')[:80]!r}") if malformed else (PRESENT, "every action parsed")
 
-        gold_names = {g.name for g in gold_writes}
-        extra = [(i, c) for i, c in writes if c.name not in gold_names]
-        labels["no_unrequested_writes"] = (LACKING, f"message {extra[0][0]}: {extra[0][1].name} is not needed") if extra else (PRESENT, "no unneeded write")
-        return [Label(trajectory.episode_id, cap, label, evidence) for cap, (label, evidence) in labels.items()]
+    gold_names = {g[0] for g in gold_writes}
+    extra = [(i, c) for i, c in writes if c.name not in gold_names]
+    labels["no_unrequested_writes"] = (LACKING, f"message {extra[0][0]}: {extra[0][1].name} is not needed") if extra else (PRESENT, "no unneeded write")
+    return [Label(trajectory.episode_id, cap, label, evidence) for cap, (label, evidence) in labels.items()]
 
 
 def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
