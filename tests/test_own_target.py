@@ -108,3 +108,33 @@ def test_run_check_refuses_an_offline_analyst_that_cannot_label_the_target(tmp_p
         assert result.returncode == 0, result.stderr
     else:
         assert result.returncode == 2 and refusal in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_users_target_freezes_whole_and_an_env_scaffolded_for_it_validates(tmp_path):
+    import shutil
+
+    registry = tmp_path / "registry"
+    shutil.copytree(REPO / "examples" / "bank-support", registry / "bank-support")
+    here = {**os.environ, "TRACE_GYM_REGISTRY_PATH": str(registry)}
+    frozen = run_cli("envs", "freeze-tools", ENV_ID, env=here, cwd=tmp_path)
+    assert frozen.returncode == 0, frozen.stderr
+    shapes = json.loads((registry / "bank-support" / "results.json").read_text())
+    assert shapes["error_prefix"] == "Error: " and shapes["observed"] is True
+    assert set(shapes["tools"]) == {"get_account", "get_card", "freeze_card"}
+    assert shapes["tools"]["get_card"]["schema"]["required"] == ["card_id", "frozen", "last_four"]
+    assert not (registry / "bank-support" / ".freeze").exists()
+    made = run_cli("envs", "new", "card-lookup", "--target", ENV_ID, "--dir", str(registry), env=here, cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    validated = run_cli("validate", str(registry / "card-lookup"), "--seeds", "20", "--seed", "0", "--no-write",
+                        env=here, cwd=tmp_path)
+    assert validated.returncode == 0, validated.stdout + validated.stderr
+
+    # A target with no result_shapes() and no oracle_actions(): refused in one line, nothing half written.
+    source = (registry / "bank-support" / "bank_support.py").read_text()
+    (registry / "bank-support" / "bank_support.py").write_text(source.replace("def oracle_actions(self):", "def _hidden(self):"))
+    for name in ("tools.json", "results.json"):
+        (registry / "bank-support" / name).unlink()
+    refused = run_cli("envs", "freeze-tools", ENV_ID, env=here, cwd=tmp_path)
+    assert refused.returncode == 2 and "cannot describe what its tools return" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+    assert not (registry / "bank-support" / "tools.json").exists() and not (registry / "bank-support" / "results.json").exists()
