@@ -41,7 +41,9 @@ def play_timed(backend, env, task: str, turns: int, new_tokens: int) -> list[dic
         stats = dict(backend.last_stats, turn_s=time.perf_counter() - t0, ids=completion.tokens.completion_ids,
                      prompt=len(completion.tokens.prompt_ids))
         timings.append(stats)
-        _, _, terminated, truncated, _ = env.step(agent.receive(completion))
+        action = agent.receive(completion)
+        observation, _, terminated, truncated, info = env.step(action)
+        run.stepped(agent, action, observation, info)  # the agent hears what the env answered
         if terminated or truncated:
             break
     agent.end_episode()

@@ -171,6 +171,19 @@ def test_routing_accuracy_only_where_a_truth_exists_and_flips_and_specificity():
     after = MethodResult("trace", 2, 2, 0.5, (0, 1), {}, 0.5, lacking={"p": {"rate": 0.2}, "q": {"rate": 0.3}})
     figures = specificity(before, after, ["p"])
     assert figures["targeted"] == pytest.approx(-0.4) and figures["untargeted"] == pytest.approx(0.1)
+    # a route to a capability base's episodes were never labelled for has no truth either
+    unmeasured = method_result("control", played, groups={"complete_actions": {"1"}}, routed_capabilities=["precise_arguments"])
+    assert unmeasured.routing["accuracy"] is None
+
+
+def test_lacking_rates_count_only_the_episodes_where_a_capability_applies():
+    from trace_gym.evaluation import lacking_rates
+
+    labels = [Label("a", "p", "LACKING"), Label("b", "p", "PRESENT"), Label("c", "p", "NOT_APPLICABLE"),
+              Label("d", "p", "NOT_APPLICABLE"), Label("a", "q", "NOT_APPLICABLE")]
+    rates = lacking_rates(labels, ["p", "q"])
+    assert rates["p"]["rate"] == 0.5 and rates["p"]["episodes"] == 2 and rates["p"]["not_applicable"] == 2
+    assert rates["q"]["rate"] is None and rates["q"]["ci"] is None
 
 
 # --- trace-gym evaluate and route over an earlier run ------------------------------------------------
@@ -245,6 +258,15 @@ def test_evaluate_plays_every_method_row_from_an_earlier_runs_artifacts(tmp_path
     per_task = run_cli("route", str(run), "--tasks", "2")  # the openings of the evaluation split's first tasks
     assert per_task.returncode == 0 and len(per_task.stdout.splitlines()) == 2, per_task.stderr
     assert all("(adapter " in line and "scores A " in line for line in per_task.stdout.splitlines())
+
+    # Moved elsewhere, the run is still evaluated from its own files; a narrower evaluation
+    # counts only the episodes it asked for, not every episode the files hold.
+    moved = tmp_path / "elsewhere" / "run"
+    shutil.move(str(run), str(moved))
+    again = run_cli("evaluate", str(moved), "--methods", "base,trace", "--tasks", "1", timeout=600)
+    assert again.returncode == 0, again.stderr
+    rows = {r.method: r for r in load_results(moved / "eval")}
+    assert list(rows) == ["base", "trace"] and rows["base"].episodes == 1
 
 
 def test_evaluate_and_route_refuse_what_is_not_a_run_in_one_line(tmp_path):

@@ -138,3 +138,21 @@ def test_a_users_target_freezes_whole_and_an_env_scaffolded_for_it_validates(tmp
     assert refused.returncode == 2 and "cannot describe what its tools return" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1
     assert not (registry / "bank-support" / "tools.json").exists() and not (registry / "bank-support" / "results.json").exists()
+
+
+def test_an_observed_shape_requires_only_the_fields_seen_in_every_answer():
+    from trace_gym.freeze import _merge, _schema_of
+    from trace_gym.result_shapes import result_problems
+
+    schema = _merge(_schema_of({"a": 1}), _schema_of({"a": 2, "b": "x"}))
+    shapes = {"error_prefix": "Error: ", "tools": {"t": {"format": "json", "schema": schema}}}
+    assert result_problems(shapes, "t", '{"a": 3}') == [] and result_problems(shapes, "t", '{"a": 3, "b": "y"}') == []
+    assert result_problems(shapes, "t", '{"b": "y"}') and result_problems(shapes, "t", '{"a": 1, "c": 0}')
+
+
+def test_several_calls_of_a_plain_env_are_all_recorded():
+    action = '<tool_call>{"name": "f", "arguments": {}}</tool_call><tool_call>{"name": "g", "arguments": {"x": 1}}</tool_call>'
+    call, first, last = turn_messages(action, "both answered", {})
+    assert [c["function"]["name"] for c in call["tool_calls"]] == ["f", "g"]
+    assert last == {"role": "tool", "tool_call_id": call["tool_calls"][1]["id"], "content": "both answered"}
+    assert first["tool_call_id"] == call["tool_calls"][0]["id"]

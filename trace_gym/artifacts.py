@@ -8,7 +8,7 @@ a field renamed in one place fails loading everywhere at once (and a test)::
     EnvSet           envs/       envs.json                           (synthesize -> train, report)
     AdapterSet       adapters/   adapters.json                       (train -> gepa, evaluate, route, report)
 
-Evaluation's ``results.json`` is ``trace_gym.evaluation.EvaluationResults``.
+Evaluation's ``results.json`` loads with ``trace_gym.evaluation.load_results``.
 A capability has one name from identification to the report: the one
 identification gave it (``precise_arguments``); an env's manifest may describe
 it in words, and an env id names the env, not the capability.
@@ -71,7 +71,9 @@ def from_row(cls: type[T], row: Any, where: str) -> T:
     return cls(**row)
 
 
-def check_version(payload: dict[str, Any], path: Path) -> None:
+def check_version(payload: Any, path: Path) -> None:
+    if not isinstance(payload, dict):
+        raise ArtifactError(f"{path}: expected an object, got a {type(payload).__name__}")
     version = payload.get("version")
     if version is not None and version != SCHEMA_VERSION:  # None: written before versioning, same fields
         raise ArtifactError(f"{path}: schema version {version!r}, this trace-gym reads {SCHEMA_VERSION}; "

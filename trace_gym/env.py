@@ -353,17 +353,19 @@ def opening_messages(observation: str, info: dict[str, Any]) -> list[dict[str, A
 def turn_messages(action: str, observation: str, info: dict[str, Any]) -> list[dict[str, Any]]:
     """What one ``step(action)`` added to the agent's conversation: ``info["messages"]``
     when the env gives it (the agent's turn, then tool results and replies, in the roles
-    the env knows). Else the action read with trace-gym's parser: one tool call is the
-    agent's call and the observation its result; anything else is the agent's text and
-    the observation the user's."""
+    the env knows). Else the action read with trace-gym's parser: tool calls are the
+    agent's calls and the observation their result (several calls: one answer, given as
+    the last call's); anything else is the agent's text and the observation the user's."""
     if isinstance(info.get("messages"), list):
         return [dict(m) for m in info["messages"]]
     parsed = parse_action(action)
-    if parsed.kind == "tool_calls" and len(parsed.tool_calls) == 1:
-        call = parsed.tool_calls[0]
-        record = ToolCallRecord(id=f"call_{zlib.crc32(action.encode()):08x}", name=call.name, arguments=call.arguments)
-        return [{"role": "assistant", "content": parsed.thought or None, "tool_calls": [record.to_openai()]},
-                {"role": "tool", "tool_call_id": record.id, "content": observation}]
+    if parsed.kind == "tool_calls":
+        stem = f"call_{zlib.crc32(action.encode()):08x}"
+        records = [ToolCallRecord(id=f"{stem}_{n}", name=c.name, arguments=c.arguments) for n, c in enumerate(parsed.tool_calls)]
+        results = [{"role": "tool", "tool_call_id": r.id, "content": observation if n == len(records) - 1
+                    else "(answered with the last call of this turn)"} for n, r in enumerate(records)]
+        return [{"role": "assistant", "content": parsed.thought or None, "tool_calls": [r.to_openai() for r in records]},
+                *results]
     return [{"role": "assistant", "content": action}, {"role": "user", "content": observation}]
 
 

@@ -99,7 +99,7 @@ def observed_result_shapes(env: Any, env_id: str) -> dict[str, Any]:
 def _schema_of(value: Any) -> dict[str, Any]:
     if isinstance(value, dict):
         return {"type": "object", "properties": {k: _schema_of(v) for k, v in value.items()}, "required": sorted(value),
-                "additionalProperties": False}
+                "additionalProperties": False, "x-observed": True}
     if isinstance(value, list):
         items = [_schema_of(v) for v in value]
         merged = items[0] if items else {}
@@ -121,7 +121,7 @@ def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         for k, v in b["properties"].items():
             props[k] = _merge(props[k], v) if k in props else v
         return {"type": "object", "properties": props, "required": sorted(set(a["required"]) & set(b["required"])),
-                "additionalProperties": False}
+                "additionalProperties": False, "x-observed": True}
     if a.get("type") == b.get("type") == "array":
         return {"type": "array", "items": _merge(a.get("items") or {}, b.get("items") or {})}
     if a == b:

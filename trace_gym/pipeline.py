@@ -367,7 +367,7 @@ def _check_analyst_fits(spec: str, entry: Any) -> None:
         module, _, name = entry.entry_point.partition(":")
         try:
             cls = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError) as exc:
+        except Exception as exc:  # noqa: BLE001 - a user's module: any error it raises is theirs, said in one line
             raise ConfigError(f"[run] target: {entry.id}'s entry point {entry.entry_point} cannot be loaded ({exc})") from None
         method = getattr(cls, "oracle_actions", None)
         if not callable(method) or method is TextEnv.oracle_actions:
@@ -396,12 +396,33 @@ class RunState:
     def __init__(self, run_dir: Path):
         self.path = run_dir / "state.json"
         self.stages: dict[str, StageRecord] = {}
+        self.moved: tuple[str, str] | None = None
         if self.path.exists():
             try:
                 raw = json.loads(self.path.read_text(encoding="utf-8"))
                 self.stages = {k: StageRecord(**v) for k, v in raw.get("stages", {}).items()}
             except (json.JSONDecodeError, TypeError) as exc:
                 raise PipelineError(f"{self.path} is damaged ({exc}); move it away to start the run over") from None
+
+    def relocate(self, old: str, new: str) -> None:
+        """Read paths under the run's recorded folder ``old`` as under ``new`` (where it is
+        now), in the stages' outputs and, through ``path()``, in the files they name."""
+        self.moved = (old.rstrip("/"), new.rstrip("/"))
+        for record in self.stages.values():
+            record.outputs = self.path_in(record.outputs)
+
+    def path_in(self, value: Any) -> Any:
+        """``value`` (a path, or a structure of them) with the run's old folder replaced by its new one."""
+        if self.moved is None:
+            return value
+        old, new = self.moved
+        if isinstance(value, str):
+            return new + value[len(old):] if value == old or value.startswith(old + "/") else value
+        if isinstance(value, dict):
+            return {k: self.path_in(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.path_in(v) for v in value]
+        return value
 
     def save(self) -> None:
         tmp = self.path.with_suffix(".tmp")
@@ -475,8 +496,11 @@ def load_run(run_dir: str | Path) -> tuple[PipelineConfig, RunState]:
     except json.JSONDecodeError as exc:
         raise PipelineError(f"{path} is damaged ({exc})") from None
     config = config_from_data(data)
-    config.run.dir = str(run_dir)  # where it is now, if it moved
-    return config, RunState(run_dir)
+    state = RunState(run_dir)
+    if Path(config.run.dir) != run_dir:  # moved, or named from another folder: its recorded paths follow it
+        state.relocate(config.run.dir, str(run_dir))
+    config.run.dir = str(run_dir)
+    return config, state
 
 
 def evaluate_run(run_dir: str | Path, *, methods: list[str] | None = None, split: str | None = None,
@@ -800,9 +824,12 @@ def eval_context(config: PipelineConfig, state: RunState, backend: Any) -> Any:
     from .store import read_trajectories
 
     outputs = {name: record.outputs for name, record in state.stages.items()}
+    adapters = AdapterSet.load(outputs["train"]["adapters_json"]) if "train" in outputs else AdapterSet()
+    for record in adapters.adapters:  # paths inside the file follow a moved run too
+        for name in ("adapter", "train_log", "calibration", "reward_curve"):
+            setattr(record, name, state.path_in(getattr(record, name)))
     return EvalContext(
-        target=config.run.target, backend=backend,
-        adapters=AdapterSet.load(outputs["train"]["adapters_json"]) if "train" in outputs else AdapterSet(),
+        target=config.run.target, backend=backend, adapters=adapters,
         identification=Identification.load(outputs["identify"]["dir"]) if "identify" in outputs else None,
         train_trajectories=read_trajectories(outputs["rollout"]["trajectories"]) if "rollout" in outputs else [],
         gepa=outputs.get("gepa"), calibrate_router=config.evaluate.calibrate_router,
@@ -811,34 +838,35 @@ def eval_context(config: PipelineConfig, state: RunState, backend: Any) -> Any:
 
 
 def stage_evaluate(config: PipelineConfig, state: RunState, say: Callable[[str], None]) -> dict[str, Any]:
-    from .artifacts import AdapterSet
     from .evaluation import (build_methods, lacking_rates, method_result, policy_backend, specificity, task_flips,
                              write_results)
     from .rollout import rollout
     from .store import read_trajectories
 
-    adapters = AdapterSet.load(state.stages["train"].outputs["adapters_json"]) if "train" in state.stages else AdapterSet()
     out = config.run_dir / "eval"
     out.mkdir(parents=True, exist_ok=True)
-    ctx = eval_context(config, state, policy_backend(config.policy.model, adapters))
+    ctx = eval_context(config, state, None)
+    ctx.backend = policy_backend(config.policy.model, ctx.adapters)
+    adapters = ctx.adapters
     env_kwargs = {"max_steps": config.evaluate.max_steps} if config.evaluate.max_steps else {}
     played = {}
     for name, built, cost in build_methods(config.evaluate.methods, ctx, say):
         path = out / f"{name}.jsonl"
         say(f"{name} on the {config.evaluate.split} split")
-        rollout(config.run.target, built.agent, path, agent_kwargs={**_agent_kwargs(config, model=ctx.backend), **built.kwargs},
-                split=config.evaluate.split, limit=config.evaluate.tasks, samples=config.evaluate.samples,
-                seed=config.run.seed + 1, resume=True, env_kwargs=env_kwargs, batch=config.policy.batch,
-                workers=config.policy.workers, progress=False)
-        played[name] = (read_trajectories(path), built, cost)
+        summary = rollout(config.run.target, built.agent, path,
+                          agent_kwargs={**_agent_kwargs(config, model=ctx.backend), **built.kwargs},
+                          split=config.evaluate.split, limit=config.evaluate.tasks, samples=config.evaluate.samples,
+                          seed=config.run.seed + 1, resume=True, env_kwargs=env_kwargs, batch=config.policy.batch,
+                          workers=config.policy.workers, progress=False)
+        planned = set(summary.episode_ids)  # the file may hold episodes of an earlier, larger evaluation
+        played[name] = ([t for t in read_trajectories(path) if t.episode_id in planned], built, cost)
     base = played["base"][0] if "base" in played else []
     labels = _held_out_labels(config, ctx, played, out, say)
     groups: dict[str, set[str]] = {}  # the truth routing is scored against: where base lacked each capability
     if "base" in labels and config.identify.analyst in TRUTH_ANALYSTS:
         task_of = {t.episode_id: t.task_id for t in base}
-        routed = sorted({c for _, built, _ in played.values() for c in (built.routed or [])})
         groups = {c: {task_of[x.episode_id] for x in labels["base"] if x.capability == c and x.label == "LACKING"}
-                  for c in routed}
+                  for c in sorted({x.capability for x in labels["base"]})}
     results = []
     for name, (trajectories, built, cost) in played.items():
         result = method_result(name, trajectories, groups=groups, routed_capabilities=built.routed, cost=cost)

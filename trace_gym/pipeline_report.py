@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .artifacts import AdapterSet, EnvSet, Identification
+from .artifacts import AdapterSet, ArtifactError, EnvSet, Identification, UntrainableRecord
 
 
 def _read_json(path: Path) -> Any:
@@ -80,9 +80,12 @@ def write_report(config: Any, state: Any) -> Path:
 
 
 def _identify_section(outputs: dict[str, Any], run_dir: Path, config: Any) -> list[str]:
-    identified = Identification.load(outputs["dir"])
     sel = config.identify.selection
     out = ["## 2. Capabilities identified", ""]
+    try:
+        identified = Identification.load(outputs["dir"])
+    except ArtifactError as exc:
+        return out + [f"Not shown: {exc}", ""]
     if identified.degenerate:
         return out + [f"No capability could be selected: {identified.degenerate}", ""]
     out += [f"Analyst `{config.identify.analyst}`; kept when the gap ER- - ER+ >= {sel.delta} and coverage >= {sel.rho} "
@@ -119,6 +122,8 @@ def _envs_section(outputs: dict[str, Any], run_dir: Path) -> list[str]:
 
 def _train_section(outputs: dict[str, Any], run_dir: Path) -> list[str]:
     made = AdapterSet.load(outputs["adapters_json"]) if outputs.get("adapters_json") else AdapterSet()
+    if not made.untrainable and outputs.get("untrainable"):  # a run from before adapters.json recorded them
+        made.untrainable = [UntrainableRecord(**u) for u in outputs["untrainable"]]
     out = ["## 4. Training (GRPO, one LoRA adapter per capability)", ""]
     if not made.adapters and not made.untrainable:
         return out + [outputs.get("summary", "none"), ""]

@@ -106,7 +106,10 @@ def _check_object(value: dict, schema: dict[str, Any], defs: dict[str, Any], whe
     props = schema.get("properties")
     extra = schema.get("additionalProperties", props is None)
     if props is not None:
-        missing = [name for name in props if name not in value]
+        # Every field the target has is written (tau2 dumps them all), unless the shape was
+        # observed rather than declared: then only the fields seen in every answer must be.
+        must = schema.get("required", list(props)) if schema.get("x-observed") else list(props)
+        missing = [name for name in must if name not in value]
         unknown = [name for name in value if name not in props]
         if missing or (unknown and extra is False):
             parts = []

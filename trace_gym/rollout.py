@@ -55,9 +55,11 @@ class RolloutSummary:
     by_termination: dict[str, int] = field(default_factory=dict)
     aborted: int = 0
     abort_example: str | None = None
+    episode_ids: list[str] = field(default_factory=list, repr=False)
+    """The episodes this call planned (a file may hold others, from other calls)."""
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k != "episode_ids"}
 
 
 def episode_seed(run_seed: int, task_id: str | None, sample: int) -> int:
@@ -486,6 +488,7 @@ def rollout(
     summary = summarize(trajectories, env_id=env_id, agent=agent, wall_s=wall)
     summary.resumed = resumed
     summary.out = str(out)
+    summary.episode_ids = list(keys)
     return summary
 
 

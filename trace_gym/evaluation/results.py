@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..identification.stats import LACKING, wilson
+from ..identification.stats import LACKING, NOT_APPLICABLE, wilson
 from ..trajectory import Trajectory
 
 NO_CAPABILITY = "none"
@@ -111,25 +111,29 @@ def method_result(method: str, trajectories: list[Trajectory], *, groups: dict[s
             "pass_1": (sum(t.success for t in episodes) / len(episodes)) if episodes else float("nan"),
         }
     if routed_capabilities is not None:
-        if groups:
+        if groups and set(routed_capabilities) <= set(groups):
             result.routing = routing_accuracy(trajectories, groups, routed_capabilities)
         else:  # nothing says which route was right: count the routes, claim no accuracy
             routes = [((t.agent_info or {}).get("route") or {}).get("capability") or NO_CAPABILITY for t in trajectories]
             result.routing = {"accuracy": None, "episodes": 0, "routed": {c: routes.count(c) for c in sorted(set(routes))},
-                              "note": "no truth to measure routing against (the gold analyst labels tau2 targets only)"}
+                              "note": "no truth to measure routing against: base's episodes were not labelled for every "
+                                      "routed capability by a rule-based analyst (gold, milestone, reference)"}
     return result
 
 
 def lacking_rates(labels: Iterable[Any], capabilities: Iterable[str]) -> dict[str, dict[str, Any]]:
-    """Per capability, the share of labelled episodes where it is LACKING, with a 95% Wilson interval."""
+    """Per capability, the share of the episodes where it applies (PRESENT or LACKING, as
+    identification counts) that lack it, with a 95% Wilson interval; ``not_applicable``
+    counts the others (a method that stops attempting writes is not credited for it)."""
     out = {}
     labels = list(labels)
     for capability in capabilities:
         mine = [x for x in labels if x.capability == capability]
-        lacking = sum(x.label == LACKING for x in mine)
-        out[capability] = {"episodes": len(mine), "lacking": lacking,
-                           "rate": lacking / len(mine) if mine else None,
-                           "ci": list(wilson(lacking, len(mine))) if mine else None}
+        applicable = [x for x in mine if x.label != NOT_APPLICABLE]
+        lacking = sum(x.label == LACKING for x in applicable)
+        out[capability] = {"episodes": len(applicable), "lacking": lacking, "not_applicable": len(mine) - len(applicable),
+                           "rate": lacking / len(applicable) if applicable else None,
+                           "ci": list(wilson(lacking, len(applicable))) if applicable else None}
     return out
 
 
@@ -169,6 +173,8 @@ def load_results(path: str | Path) -> list[MethodResult]:
     path = Path(path)
     path = path / RESULTS_FILE if path.is_dir() else path
     payload = read_json(path, "trace-gym evaluate")
+    if isinstance(payload, list):  # written before versioning: the rows alone
+        payload = {"results": payload}
     if not isinstance(payload, dict):
         raise ArtifactError(f"{path}: expected evaluation's object, got a {type(payload).__name__}")
     check_version(payload, path)
