@@ -37,7 +37,9 @@ def live_tools(env_id: str) -> list[ToolSchema]:
 def live_result_shapes(env_id: str) -> dict[str, Any]:
     """The result shapes the target declares now (``result_shapes()``), or, for a
     target that declares none, those its tools showed while its reference solutions
-    were played (``oracle_actions()`` on up to ``OBSERVED_TASKS`` tasks)."""
+    were played (``oracle_actions()`` on up to ``OBSERVED_TASKS`` tasks of its train
+    split: held-out tasks are evaluation's alone)."""
+    from .registry import make_train
 
     def shapes(env):
         if hasattr(env.unwrapped, "result_shapes"):
@@ -45,9 +47,16 @@ def live_result_shapes(env_id: str) -> dict[str, Any]:
         if not callable(getattr(env.unwrapped, "oracle_actions", None)):
             raise TraceGymError(f"{env_id} cannot describe what its tools return: give it result_shapes() or "
                                 "oracle_actions() (docs/targets.md); nothing was written")
-        return observed_result_shapes(env, env_id)
+        return None
 
-    return _from_live_target(env_id, shapes)
+    declared = _from_live_target(env_id, shapes)
+    if declared is not None:
+        return declared
+    env, _ = make_train(env_id)
+    try:
+        return observed_result_shapes(env.unwrapped, env_id)
+    finally:
+        env.close()
 
 
 OBSERVED_TASKS = 20
