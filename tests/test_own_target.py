@@ -156,3 +156,12 @@ def test_several_calls_of_a_plain_env_are_all_recorded():
     assert [c["function"]["name"] for c in call["tool_calls"]] == ["f", "g"]
     assert last == {"role": "tool", "tool_call_id": call["tool_calls"][1]["id"], "content": "both answered"}
     assert first["tool_call_id"] == call["tool_calls"][0]["id"]
+
+
+def test_a_plain_envs_unparsable_turn_is_recorded_as_one():
+    from trace_gym.rollout import transcript_messages
+
+    broken = '{"name": "get_account", "arguments": '
+    record = transcript_messages([{"role": "user", "content": "hi"}, *turn_messages(broken, "Thanks, bye.", {}),
+                                  *turn_messages("All done.", "ok", {})])
+    assert [m.error for m in record if m.role == "assistant"] == [True, False]

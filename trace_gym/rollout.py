@@ -175,7 +175,7 @@ def _finish(env: Any, agent: Any, env_id: str, run: _Running, reward: float, ter
         agent=agent.name,
         model=getattr(agent, "model", None),
         adapter=getattr(agent, "adapter", None),
-        messages=list(core.messages) if own else [Message.from_openai(m) for m in run.transcript],
+        messages=list(core.messages) if own else transcript_messages(run.transcript),
         reward=float(reward),
         reward_info=step_info.get("reward_info") or {},
         terminated=bool(terminated),
@@ -192,6 +192,21 @@ def _finish(env: Any, agent: Any, env_id: str, run: _Running, reward: float, ter
         error=error,
         agent_info=agent.info() if hasattr(agent, "info") else {},
     )
+
+
+def transcript_messages(transcript: list[dict[str, Any]]) -> list[Message]:
+    """The record of an env that keeps no transcript: its OpenAI messages, with an agent
+    turn that is neither a call nor a message (it did not parse) marked as an error, as a
+    trace-gym env marks it (what ``well_formed_calls`` reads)."""
+    from .actions import parse_action
+
+    out = []
+    for m in transcript:
+        message = Message.from_openai(m)
+        if message.role == "assistant" and not message.tool_calls and parse_action(message.content or "").kind == "malformed":
+            message.error = True
+        out.append(message)
+    return out
 
 
 def run_episode(env: Any, agent: Any, env_id: str, episode: Episode) -> Trajectory:
