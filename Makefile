@@ -1,6 +1,6 @@
 # trace-gym: two commands on a fresh machine.
 #   make quickstart   set up .venv, then the main job on the embedded default, offline
-#   make test         set up .venv (and the sandbox engines where possible), then every test
+#   make test         set up .venv (and the sandbox engines where possible), lint, then every test
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -20,7 +20,7 @@ TOOLSANDBOX_GIT := tool_sandbox @ git+https://github.com/apple/ToolSandbox@16584
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup quickstart test test-fast bench clean warm-start
+.PHONY: setup quickstart test test-fast lint bench clean warm-start
 
 $(VENV)/.stamp: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -59,10 +59,14 @@ quickstart: setup
 # once), each with one torch thread: two processes of two threads on two cores
 # spin-wait in OpenMP and run slower than one thread each.
 TEST_WORKERS ?= 2
-test: setup
+test: setup lint
 	@eval "$$(sandbox/engine.sh start)"; \
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests; status=$$?; \
 	sandbox/engine.sh stop; exit $$status
+
+# pyflakes' and pycodestyle's errors ([tool.ruff] in pyproject.toml); `make test` runs it first.
+lint: setup
+	$(VENV)/bin/ruff check .
 
 # Everything but the tests marked slow (CI still runs them through `make test`).
 test-fast: setup

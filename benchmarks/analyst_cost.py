@@ -50,7 +50,7 @@ def main(count: int = 100) -> None:
         out = Path(tmp) / "planted.jsonl"
         rollout("trace/tau2-retail-v0", "planted", out, split="base", limit=count, progress=False)
         trajectories = read_trajectories(out)
-    gold = {(l.episode_id, l.capability): l.label for t in trajectories for l in GoldActionAnalyst().label(t)}
+    gold = {(x.episode_id, x.capability): x.label for t in trajectories for x in GoldActionAnalyst().label(t)}
 
     count_prompt, count_text, how = token_counter()
     counted = {"prompt": 0, "completion": 0}

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 
 from .channel import Channel, DockerChannel, PipeChannel
 from .errors import SandboxUnavailable
+from .rootfs import DEVICES, SANDBOX_UID, WORKER_IN_ROOTFS, ensure_rootfs, interpreter, rootfs_key, rootfs_tarball
 
 SECCOMP_OPTIONAL = "-no-seccomp"
 RUNTIME_ENV = "TRACE_GYM_DOCKER_RUNTIME"
-from .rootfs import DEVICES, SANDBOX_UID, WORKER_IN_ROOTFS, ensure_rootfs, interpreter, rootfs_key, rootfs_tarball
 
 IMAGE_REPOSITORY = "trace-gym-sandbox"
 # -s -P rather than -I: the jail's environment is cleared and holds only WORKER_ENV, which

@@ -139,7 +139,7 @@ def recorded_analyst(gold_labels: dict[tuple[str, str], str]):
 @pytest.mark.parametrize("per_trajectory", [False, True])
 def test_llm_analyst_end_to_end_retries_and_caches(tmp_path, per_trajectory):
     trajectories = read_trajectories(make_small_planted(tmp_path))
-    gold = {(l.episode_id, l.capability): l.label for t in trajectories for l in GoldActionAnalyst().label(t)}
+    gold = {(x.episode_id, x.capability): x.label for t in trajectories for x in GoldActionAnalyst().label(t)}
     answer, state = recorded_analyst(gold)
     config = SelectionConfig(runs=3, min_runs=2)
     with OpenAIDouble(answer) as server:
@@ -166,7 +166,7 @@ def make_small_planted(tmp_path):
 
 def test_agreement_with_gold_is_reported(tmp_path):
     trajectories = read_trajectories(make_small_planted(tmp_path))
-    gold = {(l.episode_id, l.capability): l.label for t in trajectories for l in GoldActionAnalyst().label(t)}
+    gold = {(x.episode_id, x.capability): x.label for t in trajectories for x in GoldActionAnalyst().label(t)}
     answer, _ = recorded_analyst(gold)
     with OpenAIDouble(answer) as server:
         analyst = make_analyst("openai:double", base_url=server.base_url, api_key="test-key", per_trajectory=True)
@@ -189,7 +189,7 @@ def test_compare_gold_does_not_change_the_selection(tmp_path):
     rollout("trace/tau2-retail-v0", "planted", out, split="test", limit=24, seed=2, progress=False,
             agent_kwargs={"deficits": {"corrupt_ids": 0.4, "end_early": 0.2, "omit_info": 0.5}})
     trajectories = read_trajectories(out)
-    gold = {(l.episode_id, l.capability): l.label for t in trajectories for l in GoldActionAnalyst().label(t)}
+    gold = {(x.episode_id, x.capability): x.label for t in trajectories for x in GoldActionAnalyst().label(t)}
     answer, _ = recorded_analyst(gold)
     config = SelectionConfig(runs=3, min_runs=2)
     with OpenAIDouble(answer) as server:

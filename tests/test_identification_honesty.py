@@ -107,7 +107,7 @@ def test_gold_analyst_labels_every_planted_trajectory(tmp_path, env_id):
     assert len(labels) == len(trajectories) * 6
     if env_id.endswith("airline-v0"):
         corrupted = [t for t in trajectories if "corrupt_ids" in t.agent_info["deficits"]]
-        lacking = {l.episode_id for l in labels if l.capability == "precise_arguments" and l.label == "LACKING"}
+        lacking = {x.episode_id for x in labels if x.capability == "precise_arguments" and x.label == "LACKING"}
         assert corrupted and sum(t.episode_id in lacking for t in corrupted) >= 0.8 * len(corrupted)
 
 

@@ -1,7 +1,6 @@
 """Models and rollouts: OpenAI-compatible and local backends, LLM agents, executors."""
 
 import json
-import os
 
 import gymnasium as gym
 import pytest
@@ -10,7 +9,7 @@ import trace_gym  # noqa: F401
 from conftest import run_cli
 from openai_double import OpenAIDouble, gold_answer
 from trace_gym.actions import parse_action
-from trace_gym.agents import LLMAgent, OracleAgent, PlantedDeficitAgent
+from trace_gym.agents import LLMAgent, PlantedDeficitAgent
 from trace_gym.llm import LLMError, make_backend
 from trace_gym.rollout import Episode, rollout, run_episode
 from trace_gym.store import read_trajectories

@@ -6,7 +6,6 @@ test process) carries on with the next case.
 """
 
 import json
-import os
 import re
 
 import pytest
@@ -16,7 +15,6 @@ from trace_gym.sandbox import (
     SandboxEnvError,
     SandboxError,
     SandboxFlood,
-    SandboxProtocolError,
     SandboxTimeout,
     SandboxWorker,
 )

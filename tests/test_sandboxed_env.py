@@ -1,7 +1,5 @@
 """A synthesized env through the sandbox, as a Gymnasium text env with the target's schemas."""
 
-import json
-import math
 import os
 import shutil
 import subprocess

@@ -1,6 +1,5 @@
 """The τ²-bench targets through gym.make and step(str), scored by tau2 itself."""
 
-import json
 
 import gymnasium as gym
 import pytest

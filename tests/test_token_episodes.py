@@ -83,7 +83,7 @@ def test_cached_and_uncached_generation_agree_on_a_multi_turn_tau2_episode(smol)
         trajectory = run_episode(env, agent, "trace/tau2-retail-v0", Episode(task, 0, 0))
         runs[cached] = (agent.tokens, trajectory, smol.cache_stats())
     smol.kv_cache = True
-    (plain, plain_traj, _), (cached, cached_traj, stats) = runs[False], runs[True]
+    (plain, _, _), (cached, cached_traj, stats) = runs[False], runs[True]
     assert len(cached.turns) >= 2, cached_traj.termination_reason
     assert stats["hits"] >= len(cached.turns)  # the cached run did reuse keys and values
     assert [t.completion_ids for t in cached.turns] == [t.completion_ids for t in plain.turns]

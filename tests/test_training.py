@@ -5,7 +5,6 @@ The runs themselves (model updates, kill -9 and --resume) are in test_training_r
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 

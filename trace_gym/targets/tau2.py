@@ -28,7 +28,6 @@ It must not change what tau2 computes: no reward shaping, no schema edits.
 from __future__ import annotations
 
 import os
-import time
 import uuid
 from datetime import datetime, timezone
 from typing import Any

@@ -29,11 +29,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .config import GRPOTrainingConfig, TrainingError
+from .rollouts import informative, plan_groups
+
 
 class UntrainableEnvError(TrainingError):
     """Calibration found that the policy cannot learn from an env (too few informative groups at every level)."""
 
-from .rollouts import informative, plan_groups
 
 SCHEMA_VERSION = 1
 
