@@ -37,6 +37,7 @@ from typing import Any
 
 from trace_gym.actions import parse_action
 from trace_gym.errors import TraceGymError
+from trace_gym.llm.base import LLMError
 
 
 class AgentGaveUp(TraceGymError):
@@ -124,7 +125,10 @@ class LLMAgent:
             seed=self._sampling_seed(), adapter=self.adapter, session=self.session,
         )
         if self.token_level:
-            request.prompt_ids, request.prefix_len = self._prompt_ids(), self._prefix_len
+            try:
+                request.prompt_ids, request.prefix_len = self._prompt_ids(), self._prefix_len
+            except LLMError as exc:  # the template refuses this conversation: this episode ends, not the run
+                raise AgentGaveUp(f"{exc}; the episode ends here, truncated") from None
             context = getattr(self.backend, "context_size", None)
             if context and len(request.prompt_ids) + self.max_new_tokens > context:
                 raise AgentGaveUp(f"the prompt is {len(request.prompt_ids)} tokens: with max_new_tokens "

@@ -12,42 +12,13 @@ template's control tokens added.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 trl = pytest.importorskip("trl")
 
-TEMPLATES = Path(trl.__file__).parent / "chat_templates"
-# template -> the control tokens its tokenizer has (added, so each encodes as one id)
-FAMILIES = {
-    "embedded": None,
-    "llama3_1": ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>",
-                 "<|python_tag|>"],
-    "qwen2_5": ["<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"],
-    "qwen3": ["<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
-              "<think>", "</think>"],
-}
-
-
-def backend_for(family: str):
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    from trace_gym.llm.embedded import ensure_embedded_model
-    from trace_gym.llm.local_hf import LocalHF
-
-    tokenizer = AutoTokenizer.from_pretrained(str(ensure_embedded_model()))
-    template = None
-    if FAMILIES[family]:  # as the real tokenizers have them: turn markers special, Qwen's tool and think tags not
-        markers = [t for t in FAMILIES[family] if t.startswith("<|")]
-        tokenizer.add_special_tokens({"additional_special_tokens": markers})
-        tokenizer.add_tokens([t for t in FAMILIES[family] if t not in markers], special_tokens=False)
-        template = (TEMPLATES / f"{family}.jinja").read_text()
-    config = AutoConfig.for_model("llama", vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
-                                  num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
-    model = AutoModelForCausalLM.from_config(config)
-    return LocalHF.from_model(model, tokenizer, chat_template=template)
+from families import FAMILIES, backend_for  # noqa: E402  (after the importorskips)
 
 
 def control_ids(backend) -> set[int]:

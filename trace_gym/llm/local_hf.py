@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import sys
 import threading
 import time
 from collections import Counter, OrderedDict
@@ -150,13 +151,17 @@ class LocalHF:
         shared_prefix_attention: attend to a shared prefix once per batch instead of
             once per row (exact; off: every row's cache holds its own copy).
         chat_template: replaces the tokenizer's own.
+        template: which template to play with (``templates.choose``): ``auto`` keeps
+            one that appends turn for turn, else takes TRL's training template for the
+            family; ``stock`` keeps the tokenizer's; or a TRL template name or
+            ``.jinja`` path. ``template_note`` says what was chosen and why.
     """
 
     token_level = True
 
     def __init__(self, path: str | None = None, *, name: str | None = None, adapters: dict[str, str] | None = None,
                  device: str | None = None, max_batch: int = 8, kv_cache: bool = True,
-                 cache_bytes: int = DEFAULT_CACHE_BYTES, chat_template: str | None = None,
+                 cache_bytes: int = DEFAULT_CACHE_BYTES, chat_template: str | None = None, template: str = "auto",
                  model: Any = None, tokenizer: Any = None, shared_prefix_attention: bool = True):
         try:
             import torch
@@ -192,6 +197,13 @@ class LocalHF:
             self.model.eval()
         if chat_template is not None:
             self.tokenizer.chat_template = chat_template
+        from .templates import CANNOT_APPEND, choose, template_kwargs
+
+        stock = self.tokenizer.chat_template
+        self.tokenizer.chat_template, self.template_note = choose(self.tokenizer, template)
+        self._template_kwargs = template_kwargs(self.tokenizer.chat_template)
+        if self.tokenizer.chat_template != stock or self.template_note.endswith(CANNOT_APPEND):
+            print(f"trace-gym: {self.name} plays under {self.template_note}", file=sys.stderr)
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.shared_prefix = shared_prefix_attention and shared_prefix.supported(getattr(self.model, "config", None))
@@ -281,7 +293,8 @@ class LocalHF:
         try:
             return self.tokenizer.apply_chat_template(plain_messages(messages, self._control, self._turns),
                                                       tools=plain_messages(tools, self._control) if tools else None,
-                                                      add_generation_prompt=generation_prompt, tokenize=False)
+                                                      add_generation_prompt=generation_prompt, tokenize=False,
+                                                      **self._template_kwargs)
         except Exception as exc:  # jinja errors: the template refuses this conversation
             raise LLMError(f"the chat template of {self.name} cannot render this conversation ({exc})") from None
 
@@ -336,6 +349,10 @@ class LocalHF:
         prompt: the rest of the template's turn close (the part the model did not
         sample) and the new messages, rendered on their own."""
         head = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}, last_assistant]
+        if len(last_assistant.get("tool_calls") or []) > 1:
+            # only what follows the turn is rendered here (the turn itself is the model's own ids), and templates
+            # that take one call per turn (Llama 3.x) would refuse the whole conversation for a second call
+            head[-1] = {**last_assistant, "tool_calls": last_assistant["tool_calls"][:1]}
         before = self._render(head, None, False)
         after = self._render([*head, *new_messages], None, True)
         if not after.startswith(before):

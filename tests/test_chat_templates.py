@@ -1,0 +1,165 @@
+"""The paper's families play token in/token out: Llama 3.1's, Qwen2.5's and Qwen3's
+stock templates (TRL's copies) over tiny random models. The loop appends each
+turn's ids to those it holds, so a template must render earlier turns the same
+whatever follows: Qwen3's stock one does not (it drops earlier reasoning), and is
+swapped for TRL's training template; Llama's gets its tools in the system turn and
+a turn with two tool calls; a template that still cannot play ends that episode,
+with the reason, never the run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("trl")
+
+from families import FAMILIES, backend_for, family_tokenizer  # noqa: E402  (after the importorskips)
+
+STOCK = [f for f in FAMILIES if f != "embedded"]
+
+
+def call(name: str, i: int, **arguments) -> dict:
+    return {"id": f"c{i}", "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+TOOLS = [{"type": "function", "function": {"name": n, "description": n, "parameters": {"type": "object", "properties": {}}}}
+         for n in ("find_user_id_by_email", "get_order_details", "cancel_pending_order")]
+EPISODE = [  # a τ²-retail episode as the loop sees it: calls, results, messages, a user reply
+    {"role": "system", "content": "You are a retail agent. Authenticate the user first."},
+    {"role": "user", "content": "Cancel order #W1, I am mia@example.com."},
+    {"role": "assistant", "content": "", "tool_calls": [call("find_user_id_by_email", 1, email="mia@example.com")]},
+    {"role": "tool", "tool_call_id": "c1", "name": "find_user_id_by_email", "content": "mia_1"},
+    {"role": "assistant", "content": "", "tool_calls": [call("get_order_details", 2, order_id="#W1")]},
+    {"role": "tool", "tool_call_id": "c2", "name": "get_order_details", "content": '{"status": "pending"}'},
+    {"role": "assistant", "content": "Shall I cancel #W1 (ordered by mistake)?"},
+    {"role": "user", "content": "Yes."},
+    {"role": "assistant", "content": "", "tool_calls": [call("cancel_pending_order", 3, order_id="#W1", reason="ordered by mistake")]},
+    {"role": "tool", "tool_call_id": "c3", "name": "cancel_pending_order", "content": '{"status": "cancelled"}'},
+]
+
+
+def played_ids(backend, messages: list[dict]) -> list[int]:
+    """The ids the loop holds after the last message: the first prompt, then each
+    assistant turn as the model samples it and the messages after it appended."""
+    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    ids, _ = backend.encode_conversation(messages[: turns[0]], TOOLS)
+    for k, i in enumerate(turns):
+        sampled = backend.encode_reply(messages[i])
+        following = messages[i + 1: turns[k + 1] if k + 1 < len(turns) else len(messages)]
+        ids = [*ids, *sampled, *backend.encode_continuation(messages[i], following, sampled)]
+    return ids
+
+
+def test_auto_keeps_a_template_that_appends_and_takes_trls_training_one_for_qwen3():
+    notes = {family: backend_for(family).template_note for family in STOCK}
+    assert notes["llama3_1"].startswith("the tokenizer's own") and notes["qwen2_5"].startswith("the tokenizer's own")
+    assert notes["qwen3"].startswith("TRL's training template")
+    assert "re-renders earlier turns" in backend_for("qwen3", template="stock").template_note
+
+
+@pytest.mark.parametrize("family", STOCK)
+def test_an_episode_appended_turn_by_turn_reads_as_the_whole_conversation_rendered(family):
+    backend = backend_for(family)
+    ids = played_ids(backend, EPISODE)
+    whole = backend._render(EPISODE, TOOLS, True)
+    assert backend.tokenizer.decode(ids) == whole
+    if family == "llama3_1":  # the tool schemas sit in the system turn, the prefix episodes share
+        _, prefix = backend.encode_conversation(EPISODE[:2], TOOLS)
+        assert prefix > 0 and "find_user_id_by_email" in backend.tokenizer.decode(backend.encode_conversation(
+            EPISODE[:2], TOOLS)[0][:prefix])
+
+
+def test_qwen3s_stock_template_cannot_append_and_says_so():
+    backend = backend_for("qwen3", template="stock")
+    with pytest.raises(Exception, match="re-renders earlier turns"):
+        played_ids(backend, EPISODE)
+
+
+def test_a_template_named_that_cannot_append_is_refused_in_one_line():
+    from trace_gym.llm.base import LLMError
+
+    tokenizer = family_tokenizer("qwen3")
+    with pytest.raises(LLMError, match="chat template 'qwen3' re-renders earlier turns"):
+        from trace_gym.llm.templates import choose
+
+        choose(tokenizer, "qwen3")
+    with pytest.raises(LLMError, match="chat template 'qwen9': neither a file nor one of TRL's"):
+        choose(tokenizer, "qwen9")
+    assert choose(tokenizer, "qwen3_training")[1] == "'qwen3_training'"
+
+
+def test_llamas_one_call_per_turn_template_still_appends_after_a_turn_with_two_calls():
+    backend = backend_for("llama3_1")
+    two = {"role": "assistant", "content": "", "tool_calls": [call("get_order_details", 1, order_id="#W1"),
+                                                               call("get_order_details", 2, order_id="#W2")]}
+    with pytest.raises(Exception, match="only supports single tool-calls"):
+        backend._render([*EPISODE[:2], two], TOOLS, False)  # the whole conversation cannot be rendered
+    results = [{"role": "tool", "tool_call_id": f"c{i}", "name": "get_order_details", "content": f"order {i}"}
+               for i in (1, 2)]
+    text = backend.tokenizer.decode(backend.encode_continuation(two, results, []))
+    assert "order 1" in text and "order 2" in text and text.endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", STOCK)
+def test_tau2_episodes_play_under_each_family_and_a_template_error_ends_only_its_episode(family):
+    from trace_gym.rollout import Episode, play_episodes
+
+    for template in ("auto", "stock") if family == "qwen3" else ("auto",):
+        backend = backend_for(family, template=template)
+        played = play_episodes(backend, "trace/tau2-retail-v0", [Episode("0", 0, 1), Episode("1", 0, 2)], batch=2,
+                               temperature=1.0, max_new_tokens=8, env_kwargs={"max_steps": 8, "split": "train"})
+        assert len(played) == 2
+        for p in played:
+            if template == "stock":  # Qwen3's own: the second turn cannot be appended; the episode ends, the run goes on
+                assert p.trajectory.error and "re-renders earlier turns" in p.trajectory.error
+                assert len(p.tokens.turns) == 1
+            else:
+                assert len(p.tokens.turns) >= 2, p.trajectory.error
+                p.tokens.check()  # each turn's prompt extends the last turn's prompt and completion
+
+
+@pytest.fixture(scope="module")
+def oracle_demos(tmp_path_factory):
+    from conftest import run_cli
+
+    out = tmp_path_factory.mktemp("demos") / "oracle.jsonl"
+    result = run_cli("rollout", "--env", "trace/tau2-retail-v0", "--agent", "oracle", "--split", "train", "--tasks", "2",
+                     "--out", str(out), "--no-progress")
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", STOCK)
+def test_one_grpo_iteration_and_an_sft_run_under_each_familys_stock_template(family, tmp_path, oracle_demos):
+    """A model folder as a user has it (stock template in its tokenizer): GRPO and SFT both
+    play and train under the template the loop chose, and the SFT policy keeps it."""
+    from families import tiny_model
+
+    from trace_gym.training import GRPOTrainingConfig, train
+    from trace_gym.training.sft import SFTTrainingConfig, sft
+
+    tokenizer = family_tokenizer(family)
+    folder = tmp_path / family
+    tiny_model(tokenizer, arch="qwen3" if family == "qwen3" else "llama").save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+    config = GRPOTrainingConfig(env_ids=["trace/tau2-mock-v0"], model=f"hf:{folder}", out=str(tmp_path / "grpo"), groups=1,
+                                rollouts_per_group=2, iterations=1, max_new_tokens=8, max_steps=4, learning_rate=1e-3,
+                                torch_threads=1, dtype="float32", calibrate=False, train_anyway=True, max_draws=1,
+                                train_unvalidated=["trace/tau2-mock-v0"])
+    result = train(config, progress=False)
+    [row] = [json.loads(line) for line in result.log.read_text().splitlines()]
+    assert row["rollouts"] == 2 and row["failed_episodes"] == 0 and (result.adapter / "adapter_model.safetensors").exists()
+
+    done = sft(SFTTrainingConfig(trajectories=[str(oracle_demos)], model=f"hf:{folder}", out=str(tmp_path / "sft"),
+                                 epochs=1, batch_size=2, micro_batch=2, learning_rate=1e-3,
+                                 torch_threads=1, dtype="float32"), progress=False)
+    from trace_gym.llm import make_backend
+
+    policy = make_backend(done.policy)
+    assert done.steps >= 1 and done.first_loss > 0
+    assert policy.template_note.startswith("the tokenizer's own (it appends")  # the chosen template travels with it
