@@ -103,3 +103,46 @@ def test_an_existing_run_without_resume_is_refused(tmp_path):
     assert result.returncode == 2 and "already holds a run; pass --resume" in result.stderr
     result = run_cli("run", str(config), "--from", "deploy")
     assert result.returncode == 2 and "--from deploy: not one of this run's stages" in result.stderr
+
+
+CEILING = """
+[run]
+target = "trace/tau2-retail-v0"
+dir = "{run}"
+stages = ["rollout"]
+
+[rollout]
+agent = "planted"
+tasks = 4
+max_steps = {steps}
+"""
+
+
+def test_a_step_limit_no_agent_could_pass_within_is_refused_before_any_model_time(tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text(CEILING.format(run=tmp_path / "short", steps=10))  # τ² counts every message: 10 is too few
+    result = run_cli("run", str(config))
+    assert result.returncode == 2, result.stderr
+    assert ("[rollout] max_steps 10: the target's own solutions pass none of the first 4 train tasks within it, "
+            "so no agent can; raise it") in result.stderr
+    assert "Traceback" not in result.stderr and not list((tmp_path / "short" / "rollouts").glob("trajectories-*"))
+
+    config.write_text(CEILING.format(run=tmp_path / "long", steps=16))
+    result = run_cli("run", str(config))
+    assert result.returncode == 0, result.stderr
+    ceilings = json.loads((tmp_path / "long" / "state.json").read_text())["stages"]["rollout"]["outputs"]["ceilings"]
+    assert ceilings["rollout"]["episodes"] == 4 and 0 < ceilings["rollout"]["successes"] <= 4
+    assert "*Ceiling*: the target's own solutions pass within rollout's max_steps 16" in \
+        (tmp_path / "long" / "report.md").read_text()
+
+
+def test_evaluations_step_limit_is_checked_on_the_train_split(tmp_path):
+    from trace_gym.pipeline import PipelineError, _check_ceilings, config_from_data
+
+    config = config_from_data({"run": {"target": "trace/tau2-retail-v0", "dir": str(tmp_path / "run")},
+                               "rollout": {"tasks": 4, "max_steps": 16}, "evaluate": {"tasks": 4, "max_steps": 8}})
+    with pytest.raises(PipelineError, match=r"\[evaluate\] max_steps 8: .* none of the first 4 train tasks"):
+        _check_ceilings(config, tmp_path, lambda _: None)
+    played = {json.loads(line).get("task_id") for f in tmp_path.glob("oracle-*.jsonl")
+              for line in f.read_text().splitlines()} - {None}
+    assert played == {"0", "1", "2", "3"}  # the train split's first tasks; evaluation's held-out ones untouched

@@ -588,6 +588,7 @@ def stage_rollout(config: PipelineConfig, state: RunState, say: Callable[[str], 
                 "mean_reward": summary.mean_reward, "wall_s": summary.wall_s,
                 "summary": f"{summary.episodes} episodes, pass rate {summary.successes / max(summary.episodes, 1):.3f}"}
 
+    ceilings = _check_ceilings(config, out.parent, say)
     played = play(config.rollout.agent, out)
     failures = played["episodes"] - played["successes"]
     short = min(played["successes"], failures) < config.rollout.min_contrast
@@ -598,9 +599,59 @@ def stage_rollout(config: PipelineConfig, state: RunState, say: Callable[[str], 
         # (the whole split: a scripted fallback costs no model time, and selection needs contrast)
         fallback = play(config.rollout.fallback, out.with_name(out.stem + f"-{config.rollout.fallback}.jsonl"), None)
         fallback["wall_s"] += played["wall_s"]
-        return {**fallback, "policy": played, "fallback_reason": reason,
+        return {**fallback, "policy": played, "fallback_reason": reason, "ceilings": ceilings,
                 "summary": f"policy: {played['summary']}; too few to contrast, {config.rollout.fallback}: {fallback['summary']}"}
-    return played
+    return {**played, "ceilings": ceilings}
+
+
+def oracle_ceiling(target: str, out: Path, *, split: str | None, tasks: int | None, max_steps: int | None,
+                   seed: int = 0) -> dict[str, Any] | None:
+    """The target's own solutions played on these tasks within ``max_steps``: the most any agent
+    can pass there. None when the target knows no solutions (``oracle_actions`` gives None)."""
+    from .registry import make
+    from .rollout import rollout
+
+    env_kwargs = {"max_steps": max_steps} if max_steps else {}
+    env = make(target, **({"split": split} if split else {}), **env_kwargs)
+    try:
+        task_ids = list(getattr(env.unwrapped, "task_ids", None) or [])
+        solutions = getattr(env.unwrapped, "oracle_actions", None)
+        if not task_ids or not callable(solutions):
+            return None
+        env.reset(seed=0, options={"task_id": task_ids[0]})
+        if solutions() is None:
+            return None
+    finally:
+        env.close()
+    summary = rollout(target, "oracle", out, split=split, limit=tasks, seed=seed, resume=True, env_kwargs=env_kwargs,
+                      progress=False)
+    return {"episodes": summary.episodes, "successes": summary.successes, "max_steps": max_steps, "split": split,
+            "trajectories": str(out)}
+
+
+def _check_ceilings(config: PipelineConfig, folder: Path, say: Callable[[str], None]) -> dict[str, Any]:
+    """Refuse, before any model time, a step limit within which even the target's own
+    solutions pass none of the tasks: no agent could, and every figure would read 0.
+    Evaluation's limit is checked on the rollout split too (only evaluation plays held-out tasks)."""
+    limits = {"rollout": (config.rollout.max_steps, config.rollout.tasks)}
+    if "evaluate" in config.run.stages:
+        limits["evaluate"] = (config.evaluate.max_steps, config.evaluate.tasks or config.rollout.tasks)
+    found: dict[str, Any] = {}
+    for stage, (max_steps, tasks) in limits.items():
+        name = f"oracle-{config.rollout.split}-{max_steps or 'default'}-{tasks or 'all'}.jsonl"
+        ceiling = oracle_ceiling(config.run.target, folder / name, split=config.rollout.split, tasks=tasks,
+                                 max_steps=max_steps, seed=config.run.seed)
+        if ceiling is None:
+            return {}  # a target without reference solutions: nothing to measure the limits against
+        found[stage] = ceiling
+        if ceiling["successes"] == 0:
+            raise PipelineError(
+                f"[{stage}] max_steps {max_steps if max_steps else '(the default)'}: the target's own solutions "
+                f"pass none of the first {ceiling['episodes']} {config.rollout.split} tasks within it, so no agent "
+                "can; raise it")
+        say(f"the target's own solutions pass {ceiling['successes']} of {ceiling['episodes']} {config.rollout.split} "
+            f"tasks within [{stage}] max_steps {max_steps or '(default)'}")
+    return found
 
 
 def _given_trajectories(config: PipelineConfig) -> dict[str, Any]:

@@ -31,6 +31,15 @@ def _rel(path: str | Path, run_dir: Path) -> str:
         return str(path)
 
 
+def _ceilings(ceilings: dict[str, Any]) -> list[str]:
+    """What the step limits allow: the target's own solutions played within each."""
+    if not ceilings:
+        return []
+    parts = [f"within {stage}'s max_steps {c['max_steps'] or '(default)'}, {c['successes']} of its first "
+             f"{c['episodes']} `{c['split']}` tasks" for stage, c in ceilings.items()]
+    return [f"*Ceiling*: the target's own solutions pass {'; '.join(parts)}: no agent can pass more there.", ""]
+
+
 def write_report(config: Any, state: Any) -> Path:
     run_dir = config.run_dir
     out = [f"# TRACE run: {config.run.target}", "",
@@ -61,6 +70,7 @@ def write_report(config: Any, state: Any) -> Path:
                 f"(`{_rel(r['trajectories'], run_dir)}`).", "",
                 "*Pass rate*: the share of episodes the target's own evaluator scored as solved. Identification "
                 "contrasts the successes with the failures, so it needs some of each.", ""]
+        out += _ceilings(r.get("ceilings") or {})
     if "identify" in stages:
         out += _identify_section(stages["identify"].outputs, run_dir, config)
     if "synthesize" in stages:
