@@ -186,3 +186,40 @@ def test_the_shipped_warm_start_is_what_the_command_makes_and_loads(tmp_path, de
     policy = make_backend(name)
     [completion] = policy.generate([[{"role": "user", "content": "Where is my order #W0000001?"}]], max_new_tokens=8)
     assert completion.text is not None
+
+
+@pytest.mark.slow
+def test_a_stopped_warm_start_resumes_from_its_last_checkpoint(tmp_path, demos):
+    """A run killed after its first checkpoint goes on from it with --resume: every step is
+    logged once and the policy is made; a resume with other options, or with nothing to
+    resume, and a plain rerun over the unfinished folder are each refused in one line."""
+    import shutil
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "sft"
+    options = ["--trajectories", str(demos), "--out", str(out), "--epochs", "1", "--batch-size", "1", "--micro-batch", "1",
+               "--max-tokens", "5700", "--threads", "1", "--dtype", "float32", "--save-steps", "1"]
+    refused = run_cli("sft", *options, "--resume")
+    assert refused.returncode == 2 and "nothing to resume" in refused.stderr and len(refused.stderr.splitlines()) == 1
+    exe = shutil.which("trace-gym", path=str(Path(sys.executable).parent)) or "trace-gym"
+    process = subprocess.Popen([exe, "sft", *options], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not (out / "checkpoints" / "checkpoint-1" / "trainer_state.json").exists():
+        assert process.poll() is None and time.monotonic() < deadline, "the run ended before its first checkpoint"
+        time.sleep(0.2)
+    process.kill()
+    process.wait()
+    assert not (out / "model").exists()
+    again = run_cli("sft", *options)
+    assert again.returncode == 2 and "--resume" in again.stderr and len(again.stderr.splitlines()) == 1
+    other = list(options)
+    other[options.index("--epochs") + 1] = "2"
+    other = run_cli("sft", *other, "--resume")
+    assert other.returncode == 2 and "epochs" in other.stderr and len(other.stderr.splitlines()) == 1
+    resumed = run_cli("sft", *options, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from checkpoint-" in resumed.stdout and (out / "model").exists()
+    steps = [json.loads(line)["iteration"] for line in (out / "sft_log.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]

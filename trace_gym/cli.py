@@ -244,7 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
                                       "sft_log.jsonl and run.json into --out. A file holding a held-out task is refused.")
     warm.add_argument("--trajectories", required=True, help="trajectory file(s), comma-separated")
     warm.add_argument("--out", required=True, help="run folder")
-    warm.add_argument("--model", default=None, help="policy to warm-start: the embedded smollm2-135m-instruct (default) or hf:<local folder>")
+    warm.add_argument("--model", default=None, help="policy to warm-start: an embedded model (default smollm2-135m-instruct), a shipped warm start "
+                      "or hf:<local folder>")
     warm.add_argument("--min-reward", type=float, default=None, help="learn from episodes with at least this reward (default 1.0)")
     warm.add_argument("--epochs", type=int, default=None, help="passes over the demonstrations (default 2)")
     warm.add_argument("--lr", type=float, default=None, help="AdamW learning rate (default 2e-4)")
@@ -257,6 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
     warm.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cpu or cuda (default cpu)")
     warm.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     warm.add_argument("--seed", type=int, default=None)
+    warm.add_argument("--save-steps", type=int, default=None, help="optimizer steps between checkpoints (default 5)")
+    warm.add_argument("--resume", action="store_true", help="go on from the last checkpoint in --out (same options)")
     warm.set_defaults(func=cmd_sft)
 
     baseline = sub.add_parser("baseline", help="baselines TRACE is compared with at equal rollouts (gepa)")
@@ -619,8 +622,9 @@ def cmd_sft(args: argparse.Namespace) -> int:
     options = {"model": args.model, "min_reward": args.min_reward, "epochs": args.epochs, "learning_rate": args.lr,
                "batch_size": args.batch_size, "micro_batch": args.micro_batch, "lora_rank": args.lora_rank,
                "lora_alpha": args.lora_alpha,
-               "max_tokens": args.max_tokens, "dtype": args.dtype, "torch_threads": args.threads, "seed": args.seed}
-    config = SFTTrainingConfig(trajectories=[p.strip() for p in args.trajectories.split(",") if p.strip()], out=args.out,
+               "max_tokens": args.max_tokens, "dtype": args.dtype, "torch_threads": args.threads, "seed": args.seed,
+               "save_steps": args.save_steps}
+    config = SFTTrainingConfig(resume=args.resume, trajectories=[p.strip() for p in args.trajectories.split(",") if p.strip()], out=args.out,
                                device=args.device, **{k: v for k, v in options.items() if v is not None})
     result = sft(config)
     losses = "n/a" if result.first_loss is None else f"{result.first_loss:.3f} -> {result.last_loss:.3f}"
