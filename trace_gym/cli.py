@@ -197,6 +197,22 @@ def build_parser() -> argparse.ArgumentParser:
     route.add_argument("--json", action="store_true", help="print the decisions as JSON lines")
     route.set_defaults(func=cmd_route)
 
+    serve = sub.add_parser("serve", help="the improved agent behind an OpenAI-compatible API, each conversation routed",
+                           description="An OpenAI-compatible server (chat completions with tools, vLLM's token-id "
+                                       "completions, /v1/load_lora_adapter) over a local model. Given an earlier run, it "
+                                       "serves its policy with every adapter the run trained, and the model id 'trace' "
+                                       "routes each conversation to its capability adapter as evaluation does.")
+    serve.add_argument("run_dir", metavar="RUN", nargs="?", default=None, help="an earlier trace-gym run (its policy, "
+                       "adapters and router)")
+    serve.add_argument("--model", default=None, help="without RUN: a local model, the embedded smollm2-135m-instruct "
+                       "(default), a shipped warm start or hf:<folder>")
+    serve.add_argument("--adapter", action="append", default=None, metavar="NAME=PATH",
+                       help="also serve this LoRA adapter under NAME (repeatable)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    serve.add_argument("--quiet", action="store_true", help="do not log each request to stderr")
+    serve.set_defaults(func=cmd_serve)
+
     train = sub.add_parser("train", help="train one LoRA adapter with GRPO (TRL + peft) on registry envs",
                            description="GRPO on one env (a capability env, or a target: the GRPO-on-target baseline) or "
                                        "on a mixture (--env A,B,C: the merged-adapter baseline). Defaults are the TRACE "
@@ -586,6 +602,46 @@ def cmd_route(args: argparse.Namespace) -> int:
             scores = ", ".join(f"{k} {v:.2f}" for k, v in shown.items())
             print(f"{str(task)[:60]}: {decision.capability or 'none'} (adapter {decision.adapter or 'none'}; "
                   f"{'calibrated ' if decision.calibrated else ''}scores {scores})")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .serve import ROUTED, make_server, served_from_run, served_model
+
+    if args.run_dir and args.model:
+        raise TraceGymError("give RUN (its policy is served) or --model, not both")
+    adapters = {}
+    for item in args.adapter or []:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise TraceGymError(f"--adapter: expected NAME=PATH, got {item!r}")
+        if not (Path(path) / "adapter_config.json").exists():
+            raise TraceGymError(f"--adapter {name}: no LoRA adapter at {path} (no adapter_config.json there)")
+        adapters[name] = path
+    if args.run_dir:
+        served = served_from_run(args.run_dir)
+        for name, path in adapters.items():
+            served.backend.load_adapter(name, path)
+    else:
+        from .llm import EMBEDDED_DEFAULT
+
+        served = served_model(args.model or EMBEDDED_DEFAULT, adapters)
+    try:
+        server = make_server(served, args.host, args.port,
+                             log=None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True)))
+    except OSError as exc:
+        raise TraceGymError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
+    host, port = server.server_address[:2]
+    routed = f"'{ROUTED}' routes each conversation; " if served.router is not None else ""
+    print(f"serving {', '.join(served.models())} at http://{host}:{port}/v1 ({routed}Ctrl-C stops)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
     return 0
 
 

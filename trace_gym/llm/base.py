@@ -232,6 +232,37 @@ def requests_for(conversations: list[list[dict[str, Any]]], *, tools: list[dict[
                               seed=seed, adapter=adapter) for c in conversations]
 
 
+class Generates:
+    """``generate`` for a backend whose ``complete`` takes requests (every backend here)."""
+
+    def complete(self, requests: list[GenerationRequest]) -> list[Completion]:
+        raise NotImplementedError
+
+    def generate(self, conversations: list[list[dict[str, Any]]], *, tools: list[dict[str, Any]] | None = None,
+                 max_new_tokens: int = 256, temperature: float = 0.0, seed: int | None = None,
+                 adapter: str | None = None) -> list[Completion]:
+        return self.complete(requests_for(conversations, tools=tools, max_new_tokens=max_new_tokens,
+                                          temperature=temperature, seed=seed, adapter=adapter))
+
+
+class RemoteRequests(Generates):
+    """``complete`` for a backend that sends each request to a server (``_one``),
+    ``concurrency`` at a time: the server batches what arrives together."""
+
+    concurrency: int = 8
+
+    def _one(self, request: GenerationRequest) -> Completion:
+        raise NotImplementedError
+
+    def complete(self, requests: list[GenerationRequest]) -> list[Completion]:
+        from concurrent.futures import ThreadPoolExecutor
+
+        if len(requests) == 1:
+            return [self._one(requests[0])]
+        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(requests))) as pool:
+            return list(pool.map(self._one, requests))
+
+
 class LLMBackend(Protocol):
     name: str
     token_level: bool  # True: completions carry ``tokens`` and requests may carry ``prompt_ids``

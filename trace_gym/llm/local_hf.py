@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from . import shared_prefix
-from .base import Completion, GenerationRequest, LLMError, requests_for
+from .base import Completion, GenerationRequest, Generates, LLMError
 from .token_template import TokenTemplate
 
 DEFAULT_CACHE_BYTES = 4 * 2**30
@@ -139,7 +139,7 @@ class KVStore:
         self.entries.clear()
 
 
-class LocalHF(TokenTemplate):
+class LocalHF(TokenTemplate, Generates):
     """Args:
         path: a local model folder (``from_model`` takes a model object instead).
         adapters: LoRA adapters to load, name -> folder.
@@ -267,12 +267,6 @@ class LocalHF(TokenTemplate):
                 "hits": self.store.hits, "misses": self.store.misses}
 
     # --- generation -----------------------------------------------------------------
-    def generate(self, conversations: list[list[dict[str, Any]]], *, tools: list[dict[str, Any]] | None = None,
-                 max_new_tokens: int = 256, temperature: float = 0.0, seed: int | None = None,
-                 adapter: str | None = None) -> list[Completion]:
-        return self.complete(requests_for(conversations, tools=tools, max_new_tokens=max_new_tokens,
-                                          temperature=temperature, seed=seed, adapter=adapter))
-
     def complete(self, requests: list[GenerationRequest]) -> list[Completion]:
         """One completion per request, each with its own seed, temperature,
         adapter and token budget; batched ``max_batch`` rows at a time."""

@@ -22,13 +22,12 @@ import math
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from .base import Completion, GenerationRequest, LLMError, plain_messages, requests_for
+from .base import Completion, GenerationRequest, LLMError, RemoteRequests, plain_messages
 
 
-class OpenAICompatible:
+class OpenAICompatible(RemoteRequests):
     token_level = False
 
     def __init__(self, model: str, *, base_url: str | None = None, api_key: str | None = None, timeout: float = 60.0,
@@ -49,20 +48,7 @@ class OpenAICompatible:
         self.calls = 0
         self._lock = threading.Lock()
 
-    def generate(self, conversations: list[list[dict[str, Any]]], *, tools: list[dict[str, Any]] | None = None,
-                 max_new_tokens: int = 256, temperature: float = 0.0, seed: int | None = None,
-                 adapter: str | None = None) -> list[Completion]:
-        return self.complete(requests_for(conversations, tools=tools, max_new_tokens=max_new_tokens,
-                                          temperature=temperature, seed=seed, adapter=adapter))
-
-    def complete(self, requests: list[GenerationRequest]) -> list[Completion]:
-        """One chat completion per request, each with its own settings, ``concurrency`` at a time."""
-        if len(requests) == 1:
-            return [self._complete(requests[0])]
-        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(requests))) as pool:
-            return list(pool.map(self._complete, requests))
-
-    def _complete(self, r: GenerationRequest) -> Completion:
+    def _one(self, r: GenerationRequest) -> Completion:
         request: dict[str, Any] = {"model": r.adapter or self.model, "messages": plain_messages(r.messages), "max_tokens": r.max_new_tokens,
                                    "temperature": r.temperature}
         if r.tools:

@@ -1,4 +1,4 @@
-"""Model specs to backends: ``smollm2-135m-instruct``, ``openai:<model>``, ``hf:<path>``."""
+"""Model specs to backends: ``smollm2-135m-instruct``, ``openai:<model>``, ``hf:<path>``, ``vllm:<model>``."""
 
 from __future__ import annotations
 
@@ -25,4 +25,9 @@ def make_backend(spec: str, **kwargs: Any) -> LLMBackend:
         from .local_hf import LocalHF
 
         return LocalHF(spec.removeprefix("hf:"), **kwargs)
-    raise LLMError(f"unknown model '{spec}'; use {', '.join(EMBEDDED_MODELS)}, openai:<model> or hf:<local path>")
+    if spec.startswith("vllm:"):
+        from .vllm_tokens import VLLMTokens
+
+        return VLLMTokens(spec.removeprefix("vllm:"), **kwargs)
+    raise LLMError(f"unknown model '{spec}'; use {', '.join(EMBEDDED_MODELS)}, openai:<model>, hf:<local path> or "
+                   "vllm:<model> (a vLLM server's token-id completions)")

@@ -1,0 +1,142 @@
+"""`trace-gym serve` as a real process on 127.0.0.1: the openai SDK gets routed tool
+calls from an earlier run's adapters, and the vLLM-protocol client (`vllm:<model>`)
+plays τ² episodes through the server with the ids and logprobs the local model gives."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+
+import trace_gym  # noqa: F401
+from conftest import run_cli
+
+pytest.importorskip("peft")
+WARM = "smollm2-135m-tau2-retail-sft"
+
+
+@contextmanager
+def serving(*args: str):
+    """A `trace-gym serve ... --port 0` process; yields its base URL."""
+    exe = shutil.which("trace-gym", path=str(Path(sys.executable).parent)) or "trace-gym"
+    process = subprocess.Popen([exe, "serve", *args, "--port", "0", "--quiet"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        line = process.stdout.readline()
+        assert line.startswith("serving "), (line, process.stderr.read() if process.poll() is not None else "")
+        yield line.split(" at ", 1)[1].split()[0]
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def post(url: str, body: dict) -> tuple[int, str]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _play(backend, episodes: int = 1):
+    from trace_gym.agents import LLMAgent
+    from trace_gym.rollout import Episode, play_batched
+
+    env = gym.make("trace/tau2-retail-v0", split="base", max_steps=6)
+    try:
+        agent = LLMAgent(backend, max_new_tokens=40)
+        return list(play_batched([env], [agent], "trace/tau2-retail-v0",
+                                 [Episode(str(task), 0, task) for task in range(episodes)]))
+    finally:
+        env.close()
+
+
+@pytest.mark.slow
+def test_the_vllm_client_plays_the_episodes_the_local_model_plays():
+    from trace_gym.llm import make_backend
+
+    local = _play(make_backend(WARM))
+    with serving("--model", WARM) as url:
+        remote_backend = make_backend(f"vllm:{WARM}", base_url=url)
+        assert remote_backend.token_level and remote_backend.stop_ids == make_backend(WARM).stop_ids
+        remote = _play(remote_backend)
+    assert [p.trajectory.task_id for p in remote] == [p.trajectory.task_id for p in local]
+    for mine, theirs in zip(local, remote):
+        assert len(theirs.tokens.turns) == len(mine.tokens.turns) >= 2  # multi-turn: the server extended its caches
+        assert theirs.tokens.ids == mine.tokens.ids and theirs.tokens.mask == mine.tokens.mask
+        assert theirs.tokens.logprobs == pytest.approx(mine.tokens.logprobs, abs=2e-3)
+        assert [m.content for m in theirs.trajectory.messages] == [m.content for m in mine.trajectory.messages]
+
+
+@pytest.mark.slow
+def test_serve_routes_each_conversation_of_an_earlier_run_to_its_adapter(tmp_path):
+    import openai
+
+    from test_evaluation import _earlier_run, _zero_lora
+
+    run = _earlier_run(tmp_path)
+    tools = [{"type": "function", "function": {"name": "get_order_details", "description": "An order's status and items.",
+                                               "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}},
+                                                              "required": ["order_id"]}}}]
+    messages = [{"role": "system", "content": "You are a retail customer-service agent. Call tools to look things up."},
+                {"role": "user", "content": "I want to return the blue headphones from order #W1234567."}]
+    with serving(str(run)) as url:
+        client = openai.OpenAI(base_url=url, api_key="unused")
+        served = [m.id for m in client.models.list().data]
+        assert served[0] == "trace" and "smollm2-135m-instruct" in served
+        assert {"precise_arguments", "complete_actions", "grpo-target", "merged"} <= set(served)
+        reply = client.chat.completions.create(model="trace", messages=messages, tools=tools, max_tokens=24, temperature=0)
+        route = reply.model_extra["trace_gym"]["route"]
+        assert route["capability"] in {"precise_arguments", "complete_actions", None} and set(route["scores"]) == {"A", "B", "none"}
+        assert reply.model_extra["trace_gym"]["adapter"] == route["adapter"]
+        assert reply.choices[0].finish_reason in {"stop", "length", "tool_calls"} and reply.usage.completion_tokens >= 1
+        again = client.chat.completions.create(model="trace", messages=[*messages, {"role": "assistant", "content": "Sure."},
+                                                                         {"role": "user", "content": "Thanks."}], max_tokens=4)
+        assert again.model_extra["trace_gym"]["route"] == route  # one conversation, one route (its opening)
+        named = client.chat.completions.create(model="merged", messages=messages, max_tokens=4)
+        assert named.model_extra["trace_gym"] == {"adapter": "merged", "route": None}
+
+        with pytest.raises(openai.NotFoundError, match="does not exist here"):
+            client.chat.completions.create(model="no-such-adapter", messages=messages, max_tokens=4)
+        for bad, words in (({"model": "trace", "messages": []}, "non-empty list"),
+                           ({"messages": messages, "max_tokens": 0}, "at least 1"),
+                           ({"messages": messages, "n": 2}, "'n' must be 1"),
+                           ({"messages": messages, "tools": "x"}, "'tools' must be")):
+            status, body = post(f"{url}/chat/completions", bad)
+            assert status == 400 and words in json.loads(body)["error"]["message"], body
+        status, body = post(f"{url}/completions", {"prompt": [10 ** 9], "max_tokens": 2})
+        assert status == 400 and "outside the vocabulary" in body
+        status, body = post(f"{url}/completions", {"prompt": [1, 2, 3], "max_tokens": 9000})
+        assert status == 400 and "context" in body  # the model's own limit, one line
+
+        _zero_lora(tmp_path / "new")
+        status, body = post(f"{url}/load_lora_adapter", {"lora_name": "late", "lora_path": str(tmp_path / "new")})
+        assert status == 200 and "Success" in body
+        assert "late" in [m.id for m in client.models.list().data]
+        assert client.chat.completions.create(model="late", messages=messages, max_tokens=4).model_extra["trace_gym"]["adapter"] == "late"
+        for bad, words in (({"lora_name": "late", "lora_path": str(tmp_path / "new")}, "already loaded"),
+                           ({"lora_name": "x", "lora_path": str(tmp_path / "none")}, "no LoRA adapter")):
+            status, body = post(f"{url}/load_lora_adapter", bad)
+            assert status == 400 and words in body, body
+        status, body = post(f"{url}/chat/completions", {"model": "trace"})
+        assert status == 400  # the server is still up after every refusal
+        assert client.models.list().data
+
+
+def test_serve_refuses_what_it_cannot_serve_in_one_line(tmp_path):
+    for args, words in ((["--model", "openai:gpt-x"], "needs a local model"),
+                        ([str(tmp_path)], "holds no run"),
+                        (["--adapter", "oops"], "expected NAME=PATH"),
+                        (["--adapter", f"a={tmp_path}"], "no LoRA adapter"),
+                        ([str(tmp_path), "--model", WARM], "not both")):
+        result = run_cli("serve", *args, "--port", "0")
+        assert result.returncode == 2 and words in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr

@@ -1,0 +1,156 @@
+"""A vLLM server (or ``trace-gym serve``) through its token-id completions: ids in,
+sampled ids and their logprobs out, the same contract as a local model.
+
+``vllm:<model>`` renders conversations here, with the model's own tokenizer
+and the template ``LocalHF`` would choose (``TokenTemplate``), and sends the
+ids to ``POST /v1/completions`` (``prompt`` a list of ids, ``logprobs``,
+``return_tokens_as_token_ids``, ``return_token_ids``); so an episode played
+through a server is the token sequence a local model would have played, and
+GRPO can train on it. vLLM re-renders chat transcripts through its own parser;
+this path never asks it to.
+
+The tokenizer comes from ``tokenizer`` (a local folder or an embedded model's
+name) or, by default, from ``<model>`` itself: ``vllm serve /models/Llama-3.1-8B``
+names its model by that path. The server comes from ``base_url`` or
+``OPENAI_BASE_URL``. Adapters are addressed by name (vLLM serves a LoRA as its
+own model id); ``load_adapter`` loads one at run time through
+``/v1/load_lora_adapter`` (vLLM needs ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``).
+vLLM's logprobs are the model's own unless it is started with
+``--logprobs-mode processed_logprobs``; ``trace-gym serve`` returns those of
+the distribution sampled from, as a local model records them. ``score`` (the
+router's label scores) is not implemented here: route with a local model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from .base import Completion, GenerationRequest, LLMError, RemoteRequests
+from .token_template import TokenTemplate
+
+_TOKEN_ID = "token_id:"
+
+
+class VLLMTokens(TokenTemplate, RemoteRequests):
+    token_level = True
+
+    def __init__(self, model: str, *, tokenizer: str | None = None, base_url: str | None = None,
+                 api_key: str | None = None, timeout: float = 120.0, concurrency: int = 8, template: str = "auto",
+                 max_retries: int = 3, backoff_s: float = 0.5):
+        try:
+            from transformers import AutoConfig, AutoTokenizer
+            from transformers.utils import logging as hf_logging
+        except ImportError as exc:
+            raise LLMError(f"vllm: models need transformers for their tokenizer ({exc}); run make setup") from None
+        hf_logging.set_verbosity_error()
+        self.model = model
+        self.name = f"vllm:{model}"
+        self.base_url = (base_url or os.environ.get("OPENAI_BASE_URL") or "http://127.0.0.1:8000/v1").rstrip("/")
+        self.api_key = api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
+        self.timeout, self.concurrency = timeout, max(1, concurrency)
+        self.max_retries, self.backoff_s = max_retries, backoff_s
+        self.adapters: dict[str, str] = {}
+        folder, chat_template = _tokenizer_folder(tokenizer or model)
+        self.tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        try:
+            config = AutoConfig.from_pretrained(folder, local_files_only=True)
+        except (OSError, ValueError):
+            config = None
+        self.context_size: int | None = getattr(config, "max_position_embeddings", None)
+        generation_eos = None
+        if (Path(folder) / "generation_config.json").exists():
+            generation_eos = json.loads((Path(folder) / "generation_config.json").read_text()).get("eos_token_id")
+        self._set_template(chat_template, template, generation_eos)
+
+    # --- the backend protocol -------------------------------------------------------------------
+    def load_adapter(self, name: str, path: str) -> None:
+        """Ask the server to load a LoRA (a folder it can read) under ``name``."""
+        self._post("/load_lora_adapter", {"lora_name": name, "lora_path": str(path)}, text=True)
+        self.adapters[name] = str(path)
+
+    def release(self, session: str) -> None:
+        """Nothing to release: the server keeps its own caches."""
+
+    def clear_cache(self) -> None:
+        """Nothing to clear here (the server's prefix cache follows its weights)."""
+
+    # --- one request ------------------------------------------------------------------------------
+    def _one(self, request: GenerationRequest) -> Completion:
+        if request.prompt_ids is not None:
+            ids, prefix_len = list(request.prompt_ids), request.prefix_len
+        else:
+            ids, prefix_len = self.encode_conversation(request.messages, request.tools)
+        if self.context_size and len(ids) + request.max_new_tokens > self.context_size:
+            raise LLMError(f"a prompt of {len(ids)} tokens with max_new_tokens {request.max_new_tokens} passes "
+                           f"{self.name}'s context of {self.context_size} tokens")
+        body = {"model": request.adapter or self.model, "prompt": ids, "max_tokens": request.max_new_tokens,
+                "temperature": request.temperature, "logprobs": 0, "return_tokens_as_token_ids": True,
+                "return_token_ids": True, "skip_special_tokens": False, "stop_token_ids": sorted(self.stop_ids),
+                "prefix_len": prefix_len}
+        if request.seed is not None:
+            body["seed"] = request.seed
+        answer = self._post("/completions", body)
+        try:
+            choice = answer["choices"][0]
+            logprobs = [float(x) for x in choice["logprobs"]["token_logprobs"]]
+            sampled = choice.get("token_ids")
+            if sampled is None:
+                sampled = [int(t.removeprefix(_TOKEN_ID)) for t in choice["logprobs"]["tokens"]]
+            sampled = [int(i) for i in sampled]
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError):
+            raise LLMError(f"{self.base_url}/completions gave no sampled token ids with logprobs (a vLLM server "
+                           "answers them to return_tokens_as_token_ids and logprobs)") from None
+        if len(sampled) != len(logprobs):
+            raise LLMError(f"{self.base_url}/completions gave {len(sampled)} token ids and {len(logprobs)} logprobs")
+        return self._completion(ids, sampled, logprobs)
+
+    def _post(self, path: str, body: dict[str, Any], text: bool = False) -> Any:
+        data = json.dumps(body).encode("utf-8")
+        url = self.base_url + path
+        for attempt in range(self.max_retries + 1):
+            request = urllib.request.Request(url, data=data, method="POST", headers={
+                "Content-Type": "application/json", "Authorization": f"Bearer {self.api_key}"})
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                    raw = response.read().decode("utf-8")
+                return raw if text else json.loads(raw)
+            except urllib.error.HTTPError as exc:
+                detail = _error_message(exc)
+                if exc.code < 500 and exc.code != 429:
+                    raise LLMError(f"{url}: {exc.code} {detail}") from None
+                failure = f"{exc.code} {detail}"
+            except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+                failure = str(getattr(exc, "reason", exc))
+            except json.JSONDecodeError:
+                raise LLMError(f"{url} answered something that is not JSON") from None
+            if attempt < self.max_retries:
+                time.sleep(self.backoff_s * 2**attempt)
+        raise LLMError(f"{url}: no answer after {self.max_retries + 1} tries ({failure})")
+
+
+def _error_message(exc: Any) -> str:
+    try:
+        payload = json.loads(exc.read().decode("utf-8"))
+        return str(payload.get("error", {}).get("message") or payload)
+    except Exception:  # noqa: BLE001 - whatever the body was, the status says enough
+        return exc.reason or ""
+
+
+def _tokenizer_folder(spec: str) -> tuple[str, str | None]:
+    """(local folder, chat template to set or None) of a tokenizer spec: an embedded
+    model's name, ``hf:<folder>`` or a folder."""
+    from .embedded import EMBEDDED_MODELS, TOOL_CHAT_TEMPLATE, local_model
+
+    if spec in EMBEDDED_MODELS:
+        return str(local_model(spec)), TOOL_CHAT_TEMPLATE
+    folder = spec.removeprefix("hf:")
+    if not (Path(folder) / "tokenizer_config.json").exists():
+        raise LLMError(f"vllm:{spec}: no tokenizer at {folder}; the client renders conversations itself, so it needs "
+                       "the model's tokenizer here (tokenizer=<local folder> or an embedded model's name)")
+    return folder, None
