@@ -73,6 +73,22 @@ def build_parser() -> argparse.ArgumentParser:
     freeze = envs_sub.add_parser("freeze-tools", help="re-freeze a target's tool schemas and result shapes into env_registry/<target>/tools.json and results.json")
     freeze.add_argument("env_id")
     freeze.set_defaults(func=cmd_envs_freeze)
+    targets = sub.add_parser("targets", help="a target of your own: scaffold it, freeze its tools")
+    targets_sub = targets.add_subparsers(title="targets commands", metavar="COMMAND")
+    tnew = targets_sub.add_parser("new", help="scaffold a target of your own that already plays (docs/targets.md)",
+                                  description="Writes DIR/NAME/manifest.toml and DIR/NAME/<name>.py: a plain gymnasium.Env "
+                                              "(a small order desk with train and test tasks, tools, a reward and "
+                                              "reference solutions) that rollout, the oracle and training play as it is. "
+                                              "Make it yours one piece at a time.")
+    tnew.add_argument("name", help="lower-case name with dashes, e.g. my-desk (id trace/<name>-v0)")
+    tnew.add_argument("--dir", default=".", help="where to create the folder (default: here); register it by putting "
+                      "this folder on TRACE_GYM_REGISTRY_PATH or in a package's trace_gym.registry entry point")
+    tnew.add_argument("--description", default="", help="one sentence on what the target is")
+    tnew.set_defaults(func=cmd_targets_new)
+    tfreeze = targets_sub.add_parser("freeze", help="freeze a target's tool schemas and result formats (tools.json and "
+                                     "results.json beside its manifest, both or neither)")
+    tfreeze.add_argument("env_id")
+    tfreeze.set_defaults(func=cmd_envs_freeze)
     catalog = envs_sub.add_parser("catalog", help="write the registry catalogue (CATALOG.md and catalog.json)")
     catalog.add_argument("--registry", default=None, metavar="DIR", help="the registry folder (default: the installed env_registry)")
     catalog.add_argument("--check", action="store_true", help="write nothing; exit 1 if the committed catalogue is out of date")
@@ -346,6 +362,20 @@ def cmd_envs_new(args: argparse.Namespace) -> int:
 
     folder = new_env(args.name, args.target, args.dir, args.capability, args.description)
     print(f"created {folder}/ (env.py, manifest.toml, README.md); next: edit env.py, then trace-gym validate {folder}")
+    return 0
+
+
+def cmd_targets_new(args: argparse.Namespace) -> int:
+    import os
+
+    from .scaffold import new_target
+
+    folder = new_target(args.name, args.dir, args.description)
+    parent = os.path.abspath(args.dir)
+    print(f"created {folder}/ (manifest.toml, {args.name.replace('-', '_')}.py); next:\n"
+          f"  export TRACE_GYM_REGISTRY_PATH={parent}\n"
+          f"  trace-gym rollout --env trace/{args.name}-v0 --agent oracle --split train --out runs/{args.name}-oracle.jsonl\n"
+          f"  trace-gym targets freeze trace/{args.name}-v0")
     return 0
 
 

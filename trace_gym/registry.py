@@ -3,8 +3,9 @@
 ``import trace_gym`` calls :func:`register_all`, which reads the manifests
 (tomllib, no other import) and registers Gymnasium specs with string entry
 points: nothing heavy is imported until an env is made. Folders come from the
-installed ``trace_gym.env_registry`` package plus any listed in the
-``TRACE_GYM_REGISTRY_PATH`` environment variable (``os.pathsep``-separated).
+installed ``trace_gym.env_registry`` package, the packages that installed
+distributions name in the ``trace_gym.registry`` entry-point group, and any listed
+in the ``TRACE_GYM_REGISTRY_PATH`` environment variable (``os.pathsep``-separated).
 
 A manifest::
 
@@ -86,13 +87,41 @@ class EnvEntry:
         return "passed" if report.get("passed") else "failed"
 
 
+ENTRY_POINT_GROUP = "trace_gym.registry"
+
+
 def registry_dirs() -> list[Path]:
-    """Folders that hold env folders, the installed registry first."""
+    """Folders that hold env folders: the installed registry first, then those of
+    installed packages' ``trace_gym.registry`` entry points, then ``TRACE_GYM_REGISTRY_PATH``'s."""
     from . import env_registry  # a package with no code, cheap to import
 
     dirs = [Path(p) for p in env_registry.__path__]
+    dirs += entry_point_dirs()
     extra = os.environ.get("TRACE_GYM_REGISTRY_PATH", "")
     dirs += [Path(p) for p in extra.split(os.pathsep) if p]
+    return dirs
+
+
+def entry_point_dirs() -> list[Path]:
+    """The folders installed packages register: an entry point in the ``trace_gym.registry``
+    group names a package (``my_envs = "my_pkg.envs"``) whose folder holds env folders.
+    Its folder is found without importing it; one that cannot be found is a warning."""
+    import importlib.util
+    from importlib.metadata import entry_points
+
+    dirs = []
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            spec = importlib.util.find_spec(point.value.split(":", 1)[0])
+        except (ImportError, ValueError) as exc:
+            spec, problem = None, str(exc)
+        else:
+            problem = "not a package"
+        locations = list(getattr(spec, "submodule_search_locations", None) or [])
+        if not locations:
+            warnings.warn(f"entry point {point.name} = {point.value!r} ({ENTRY_POINT_GROUP}): {problem}; its envs are "
+                          "not registered", stacklevel=2)
+        dirs += [Path(p) for p in locations]
     return dirs
 
 

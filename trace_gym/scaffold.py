@@ -1,4 +1,5 @@
-"""``trace-gym envs new``: a new env folder that already passes validation.
+"""``trace-gym envs new``: a new env folder that already passes validation;
+``trace-gym targets new``: a target of the user's own that already plays.
 
 The scaffold is a complete, small env (a lookup with one of the target's read
 tools) so that a contributor starts from green and changes one thing at a
@@ -179,3 +180,44 @@ def _result_code(target_folder: Path, tool: str, param: str) -> tuple[str, str, 
 
 def _toml_text(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
+
+
+TARGET_TEMPLATE = Path(__file__).with_name("templates") / "target.py"
+TARGET_MANIFEST = """# A target of your own (docs/targets.md): put this folder's parent on TRACE_GYM_REGISTRY_PATH.
+id = "{env_id}"
+kind = "target"
+entry_point = "{module}:{cls}"   # the module beside this manifest
+description = "{description}"
+"""
+
+
+def new_target(name: str, dest: str | Path, description: str = "") -> Path:
+    """``dest/name/``: a manifest and a plain ``gymnasium.Env`` module (the template's
+    order desk, its class renamed) that rollout, the oracle and training play as they are."""
+    import importlib.util
+
+    if not NAME.match(name):
+        raise TraceGymError(f"target name {name!r}: use 3-50 lowercase letters, digits and dashes, starting with a letter")
+    env_id = f"trace/{name}-v0"
+    try:
+        get_entry(env_id)
+    except TraceGymError:
+        pass
+    else:
+        raise TraceGymError(f"{env_id} is already registered; choose another NAME")
+    module = name.replace("-", "_")
+    if importlib.util.find_spec(module) is not None:
+        raise TraceGymError(f"the module name {module!r} is taken by an installed module, which would shadow it; "
+                            "choose another NAME")
+    folder = Path(dest) / name
+    if folder.exists():
+        raise TraceGymError(f"{folder} already exists; choose another NAME or --dir")
+    cls = "".join(part.capitalize() for part in name.split("-")) + "Env"
+    folder.mkdir(parents=True)
+    (folder / f"{module}.py").write_text(TARGET_TEMPLATE.read_text(encoding="utf-8").replace("TargetEnv", cls),
+                                         encoding="utf-8")
+    (folder / "manifest.toml").write_text(TARGET_MANIFEST.format(
+        env_id=env_id, module=module, cls=cls,
+        description=_toml_text(description or f"{name}: a target of my own, from trace-gym's order-desk scaffold")),
+        encoding="utf-8")
+    return folder

@@ -1,0 +1,58 @@
+"""`trace-gym targets new` scaffolds a target of the user's own that plays as it is, and
+an installed package registers its envs through the `trace_gym.registry` entry point."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import run_cli
+
+
+def test_a_scaffolded_target_plays_freezes_and_refuses_mistakes(tmp_path):
+    registry = tmp_path / "mine"
+    made = run_cli("targets", "new", "order-desk", "--dir", str(registry))
+    assert made.returncode == 0, made.stderr
+    assert f"export TRACE_GYM_REGISTRY_PATH={registry}" in made.stdout
+    folder = registry / "order-desk"
+    assert "class OrderDeskEnv(gym.Env)" in (folder / "order_desk.py").read_text()
+    env = {"TRACE_GYM_REGISTRY_PATH": str(registry)}
+    out = tmp_path / "oracle.jsonl"
+    played = run_cli("rollout", "--env", "trace/order-desk-v0", "--agent", "oracle", "--split", "train", "--out", str(out),
+                     "--no-progress", env=env)
+    assert played.returncode == 0, played.stderr
+    assert "12 episodes, pass rate 1.000" in played.stdout
+    idle = run_cli("rollout", "--env", "trace/order-desk-v0", "--agent", "message_only", "--split", "train",
+                   "--out", str(tmp_path / "idle.jsonl"), "--no-progress", env=env)
+    assert idle.returncode == 0 and "pass rate 0.000" in idle.stdout  # the reward asks for the work, not a reply
+    frozen = run_cli("targets", "freeze", "trace/order-desk-v0", env=env)
+    assert frozen.returncode == 0, frozen.stderr
+    tools = json.loads((folder / "tools.json").read_text())
+    assert {t["function"]["name"] for t in (tools["tools"] if isinstance(tools, dict) else tools)} == {"get_order", "cancel_order"}
+    assert (folder / "results.json").exists()
+
+    for args, extra, words in ((["order-desk", "--dir", str(registry)], env, "already registered"),
+                               (["order-desk", "--dir", str(registry)], {}, "already exists"),
+                               (["Order_Desk"], {}, "lowercase"),
+                               (["json"], {}, "taken by an installed module")):
+        refused = run_cli("targets", "new", *args, env=extra, cwd=tmp_path)
+        assert refused.returncode == 2 and words in refused.stderr, refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1
+
+
+def test_an_installed_package_registers_its_envs_by_entry_point(tmp_path):
+    site = tmp_path / "site"
+    package = site / "desk_envs"
+    assert run_cli("targets", "new", "order-desk", "--dir", str(package)).returncode == 0
+    (package / "__init__.py").write_text("")
+    info = site / "desk_envs-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: desk-envs\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[trace_gym.registry]\ndesk = desk_envs\nbroken = no_such_package_here\n")
+    env = {"PYTHONPATH": str(site), "TRACE_GYM_REGISTRY_PATH": ""}
+    listed = run_cli("envs", "list", "--json", env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert "trace/order-desk-v0" in {row["id"] for row in json.loads(listed.stdout)}
+    assert "no_such_package_here" in listed.stderr and "not registered" in listed.stderr  # a warning, not a failure
+    played = run_cli("rollout", "--env", "trace/order-desk-v0", "--agent", "oracle", "--split", "test", "--out",
+                     str(tmp_path / "o.jsonl"), "--no-progress", env=env)
+    assert played.returncode == 0 and "4 episodes, pass rate 1.000" in played.stdout, played.stderr
