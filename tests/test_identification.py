@@ -150,6 +150,8 @@ def test_llm_analyst_end_to_end_retries_and_caches(tmp_path, per_trajectory):
         pairs = len(trajectories) * (1 if per_trajectory else 2)
         assert first.calls == 4 + 1 + pairs and first.tokens > 0
         assert set(result.selected) <= {"precise_arguments", "complete_actions"} and "precise_arguments" in result.selected
+        prompts = [body["messages"][0]["content"] for body in server.requests]
+        assert all("a retail store's customer-service agent" in p for p in prompts if not p.startswith("These capability"))
         before = len(server.requests)
         second = make_analyst("openai:double", base_url=server.base_url, api_key="test-key", cache_dir=tmp_path / "cache", per_trajectory=per_trajectory)
         again = identify(trajectories, second, config=config)

@@ -56,3 +56,37 @@ def test_an_installed_package_registers_its_envs_by_entry_point(tmp_path):
     played = run_cli("rollout", "--env", "trace/order-desk-v0", "--agent", "oracle", "--split", "test", "--out",
                      str(tmp_path / "o.jsonl"), "--no-progress", env=env)
     assert played.returncode == 0 and "4 episodes, pass rate 1.000" in played.stdout, played.stderr
+
+
+def test_prompts_name_what_the_targets_agent_is(tmp_path):
+    """The analyst's and the router's prompts say what the target's agent is, from its
+    manifest's `agent` words (a training env: its target's), and those words, which no
+    behaviour reads, leave an env's code hash (and so its validation) as it was."""
+    from trace_gym.hashing import code_hash
+    from trace_gym.registry import agent_words, read_manifest
+    from trace_gym.routing import RouteCapability, Router
+
+    retail = agent_words("trace/tau2-retail-v0")
+    assert retail.startswith("a retail store's customer-service agent")
+    assert agent_words("trace/tool-precision-v0") == retail and "phone" in agent_words("trace/toolsandbox-v0")
+    assert agent_words("trace/no-such-env-v0") == "a tool-using agent"
+    folder = tmp_path / "desk"
+    folder.mkdir()
+    (folder / "manifest.toml").write_text('id = "trace/desk-v0"\nkind = "target"\nentry_point = "desk:Desk"\n'
+                                          'description = "Order desk: cancel pending orders."\n')
+    assert read_manifest(folder).agent == "a tool-using agent on trace/desk-v0 (Order desk)"
+    before = code_hash(folder)
+    (folder / "manifest.toml").write_text((folder / "manifest.toml").read_text() + 'agent = "a desk clerk"\n')
+    assert read_manifest(folder).agent == "a desk clerk" and code_hash(folder) == before
+    (folder / "manifest.toml").write_text((folder / "manifest.toml").read_text() + '[kwargs]\nx = 1\n')
+    assert code_hash(folder) != before
+
+    class Scores:
+        name = "fixed"
+
+        def score(self, conversation, labels, **_):
+            return {label: 0.0 for label in labels}
+
+    caps = [RouteCapability("precise_arguments", "Exact argument values.", "a")]
+    system = Router(Scores(), caps, agent=retail).prompt("Cancel order #W1.")[0]["content"]
+    assert retail in system and "customer-service tasks" not in Router(Scores(), caps).prompt("x")[0]["content"]

@@ -8,11 +8,15 @@ from pathlib import Path
 HASHED_FILES = ("env.py", "manifest.toml", "tools.json", "results.json")  # results.json: a target's frozen result shapes
 
 
+UNHASHED_KEYS = (b"code_hash", b"agent =", b"agent=")
+
+
 def code_hash(folder: Path) -> str:
     """sha256 over the files that define an env's behaviour (not its README or report).
 
     ``manifest.toml``'s own ``code_hash`` line is excluded so that writing the
-    hash into the manifest does not change it.
+    hash into the manifest does not change it, and so is its ``agent`` line
+    (words for prompts: what the target's agent is), which no behaviour reads.
     """
     digest = hashlib.sha256()
     for name in HASHED_FILES:
@@ -21,6 +25,6 @@ def code_hash(folder: Path) -> str:
             continue
         data = path.read_bytes()
         if name == "manifest.toml":
-            data = b"\n".join(line for line in data.splitlines() if not line.strip().startswith(b"code_hash"))
+            data = b"\n".join(line for line in data.splitlines() if not line.strip().startswith(UNHASHED_KEYS))
         digest.update(name.encode() + b"\0" + data + b"\0")
     return digest.hexdigest()

@@ -14,6 +14,7 @@ A manifest::
     target = "trace/tau2-retail-v0"      # synthesized: the target it trains for
     entry_point = "trace_gym.sandbox.env:SandboxedEnv"   # optional for synthesized
     description = "..."
+    agent = "a retail store's customer-service agent"   # optional, targets: words for prompts
     [capability]                         # synthesized only
     name = "structured-data reasoning"
     description = "..."
@@ -62,6 +63,16 @@ class EnvEntry:
 
         return CallErrorStyle(**self.manifest.get("call_errors", {}))
 
+    @property
+    def agent(self) -> str:
+        """What the target's agent is, in words for prompts (the analyst's, the router's):
+        the manifest's ``agent``, else the id and the first clause of its description."""
+        words = self.manifest.get("agent")
+        if isinstance(words, str) and words.strip():
+            return words.strip()
+        clause = self.description.split(":")[0].split("(")[0].strip().rstrip(".")
+        return f"a tool-using agent on {self.id}" + (f" ({clause})" if clause else "")
+
     def validation_status(self) -> str:
         """trusted (targets), unvalidated, passed, failed, or stale (the env's code,
         or its target's frozen interface, changed since)."""
@@ -100,6 +111,18 @@ def registry_dirs() -> list[Path]:
     extra = os.environ.get("TRACE_GYM_REGISTRY_PATH", "")
     dirs += [Path(p) for p in extra.split(os.pathsep) if p]
     return dirs
+
+
+def agent_words(env_id: str | None) -> str:
+    """``EnvEntry.agent`` of ``env_id``; of a synthesized env, its target's; a plain
+    phrase for an id the registry does not hold."""
+    try:
+        entry = get_entry(env_id) if env_id else None
+        if entry is not None and entry.kind == "synthesized" and entry.target:
+            entry = get_entry(entry.target)
+    except UnknownEnvError:
+        entry = None
+    return entry.agent if entry is not None else "a tool-using agent"
 
 
 def entry_point_dirs() -> list[Path]:

@@ -63,18 +63,18 @@ class RouteDecision:
         return asdict(self)
 
 
-ROUTER_SYSTEM = (
-    "You route customer-service tasks to specialists. Each specialist is good at one skill. "
-    "Read the task and answer with the label of the one skill the task needs most, "
-    f"or '{NONE_LABEL}' if it needs none of them. Answer with the label alone."
-)
+def router_system(agent: str = "a tool-using agent") -> str:
+    """The router's system prompt; ``agent``: what the target's agent is (``registry.agent_words``)."""
+    return (f"You route the tasks of {agent} to specialists. Each specialist is good at one skill. "
+            "Read the task and answer with the label of the one skill the task needs most, "
+            f"or '{NONE_LABEL}' if it needs none of them. Answer with the label alone.")
 
 
 class Router:
     """Argmax over label scores from the base model (``backend.score``)."""
 
     def __init__(self, backend: Any, capabilities: list[RouteCapability], *, max_examples: int = 2,
-                 example_chars: int = 300, calibrate: bool = False):
+                 example_chars: int = 300, calibrate: bool = False, agent: str = "a tool-using agent"):
         if not capabilities:
             raise RoutingError("the router needs at least one capability with an adapter")
         if len(capabilities) > len(string.ascii_uppercase):
@@ -88,6 +88,7 @@ class Router:
         self.by_label = {string.ascii_uppercase[i]: c for i, c in enumerate(capabilities)}
         self.labels = [*self.by_label, NONE_LABEL]
         self.calibrate = calibrate
+        self.agent = agent
         self._baseline: dict[str, float] | None = None
 
     def prompt(self, task_message: str) -> list[dict[str, str]]:
@@ -99,7 +100,7 @@ class Router:
         lines.append(f"{NONE_LABEL}. The task needs none of these skills.")
         lines += ["", "Task:", task_message.strip(), "",
                   f"Which skill does this task need most? Answer with one label: {', '.join(self.labels)}."]
-        return [{"role": "system", "content": ROUTER_SYSTEM}, {"role": "user", "content": "\n".join(lines)}]
+        return [{"role": "system", "content": router_system(self.agent)}, {"role": "user", "content": "\n".join(lines)}]
 
     def _scores(self, task_message: str) -> dict[str, float]:
         scores = self.backend.score(self.prompt(task_message), self.labels, adapter=None)

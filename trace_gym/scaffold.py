@@ -188,6 +188,7 @@ id = "{env_id}"
 kind = "target"
 entry_point = "{module}:{cls}"   # the module beside this manifest
 description = "{description}"
+agent = "an order desk's support agent"   # what your agent is, in words the analyst's and router's prompts use
 """
 
 

@@ -136,7 +136,9 @@ def build_router(ctx: EvalContext, records: list[AdapterRecord], *, control: boo
         from ..identification.gold import GOLD_CAPABILITIES
 
         caps = [RouteCapability(n, GOLD_CAPABILITIES.get(n, n), adapter) for n, adapter in names.items()]
-    return Router(ctx.backend, caps, calibrate=ctx.calibrate_router)
+    from ..registry import agent_words
+
+    return Router(ctx.backend, caps, calibrate=ctx.calibrate_router, agent=agent_words(ctx.target))
 
 
 @register_method

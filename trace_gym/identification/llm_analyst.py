@@ -80,6 +80,13 @@ def render(template: str, **values: Any) -> str:
     return string.Template(text).substitute(**values)
 
 
+def _agent(trajectories: list[Trajectory]) -> str:
+    """What the agent of these trajectories is, in the words of its target's manifest."""
+    from trace_gym.registry import agent_words
+
+    return agent_words(trajectories[0].env_id if trajectories else None)
+
+
 def compact(trajectory: Trajectory, budget: int = 4000, per_message: int = 400) -> str:
     """A trajectory as numbered lines, each message cut to ``per_message`` characters."""
     lines = [f"episode {trajectory.episode_id}, reward {trajectory.reward:.2f}"]
@@ -152,7 +159,8 @@ class LLMAnalyst:
             batch = random.Random(f"{seed}|discovery|{r}").sample(failures, min(self.batch_size, len(failures)))
             per = max(400, self.budget_chars // len(batch))
             text = "\n\n".join(compact(t, budget=per) for t in batch)
-            pooled += self.ask(render("discovery", count=len(batch), trajectories=text), DiscoveryAnswer).capabilities
+            pooled += self.ask(render("discovery", agent=_agent(batch), count=len(batch), trajectories=text),
+                               DiscoveryAnswer).capabilities
         return self.merge(pooled)
 
     def merge(self, pooled: list[Candidate]) -> dict[str, str]:
@@ -175,12 +183,14 @@ class LLMAnalyst:
             return [label for chunk in chunks for label in chunk]
 
     def _label_pair(self, trajectory: Trajectory, name: str, description: str) -> Label:
-        answer = self.ask(render("label_pair", name=name, description=description, trajectory=compact(trajectory, 12_000)), PairLabel)
+        answer = self.ask(render("label_pair", agent=_agent([trajectory]), name=name, description=description,
+                                 trajectory=compact(trajectory, 12_000)), PairLabel)
         return Label(trajectory.episode_id, name, answer.label, _evidence(answer.evidence))
 
     def _label_trajectory(self, trajectory: Trajectory, candidates: dict[str, str]) -> list[Label]:
         listing = "\n".join(f'- "{n}": {d}' for n, d in candidates.items())
-        answer = self.ask(render("label_trajectory", capabilities=listing, trajectory=compact(trajectory, 12_000)), TrajectoryLabels,
+        answer = self.ask(render("label_trajectory", agent=_agent([trajectory]), capabilities=listing,
+                                 trajectory=compact(trajectory, 12_000)), TrajectoryLabels,
                           check=lambda a: {x.capability for x in a.labels} >= set(candidates))
         by_name = {x.capability: x for x in answer.labels}
         return [Label(trajectory.episode_id, n, by_name[n].label, _evidence(by_name[n].evidence)) for n in candidates]
