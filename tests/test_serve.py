@@ -24,22 +24,28 @@ WARM = "smollm2-135m-tau2-retail-sft"
 
 
 @contextmanager
-def serving(*args: str):
+def serving(*args: str, start_s: float = 180):
     """A `trace-gym serve ... --port 0` process; yields its base URL."""
+    import threading
+
     exe = shutil.which("trace-gym", path=str(Path(sys.executable).parent)) or "trace-gym"
     process = subprocess.Popen([exe, "serve", *args, "--port", "0", "--quiet"], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+                               stderr=subprocess.DEVNULL, text=True)
+    first: list[str] = []
+    reader = threading.Thread(target=lambda: first.append(process.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(start_s)
     try:
-        line = process.stdout.readline()
-        assert line.startswith("serving "), (line, process.stderr.read() if process.poll() is not None else "")
-        yield line.split(" at ", 1)[1].split()[0]
+        assert first and first[0].startswith("serving "), f"the server did not start: {first}"
+        yield first[0].split(" at ", 1)[1].split()[0]
     finally:
         process.terminate()
         process.wait(timeout=30)
 
 
-def post(url: str, body: dict) -> tuple[int, str]:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+def post(url: str, body, headers: dict | None = None) -> tuple[int, str]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(request, timeout=120) as response:
             return response.status, response.read().decode()
@@ -69,9 +75,14 @@ def test_the_vllm_client_plays_the_episodes_the_local_model_plays():
         remote_backend = make_backend(f"vllm:{WARM}", base_url=url)
         assert remote_backend.token_level and remote_backend.stop_ids == make_backend(WARM).stop_ids
         remote = _play(remote_backend)
+        with urllib.request.urlopen(f"{url.removesuffix('/v1')}/health", timeout=30) as response:
+            cache = json.loads(response.read())["cache"]
+        refused = post(f"{url}/load_lora_adapter", {"lora_name": "x", "lora_path": "/"})
+        assert refused[0] == 403 and "--allow-adapter-loading" in refused[1]  # off unless asked for
+    assert cache["hits"] >= 1  # a later turn extended the episode's keys and values on the server
     assert [p.trajectory.task_id for p in remote] == [p.trajectory.task_id for p in local]
     for mine, theirs in zip(local, remote):
-        assert len(theirs.tokens.turns) == len(mine.tokens.turns) >= 2  # multi-turn: the server extended its caches
+        assert len(theirs.tokens.turns) == len(mine.tokens.turns) >= 2
         assert theirs.tokens.ids == mine.tokens.ids and theirs.tokens.mask == mine.tokens.mask
         assert theirs.tokens.logprobs == pytest.approx(mine.tokens.logprobs, abs=2e-3)
         assert [m.content for m in theirs.trajectory.messages] == [m.content for m in mine.trajectory.messages]
@@ -89,8 +100,9 @@ def test_serve_routes_each_conversation_of_an_earlier_run_to_its_adapter(tmp_pat
                                                               "required": ["order_id"]}}}]
     messages = [{"role": "system", "content": "You are a retail customer-service agent. Call tools to look things up."},
                 {"role": "user", "content": "I want to return the blue headphones from order #W1234567."}]
-    with serving(str(run)) as url:
-        client = openai.OpenAI(base_url=url, api_key="unused")
+    key = {"Authorization": "Bearer sesame"}
+    with serving(str(run), "--api-key", "sesame", "--allow-adapter-loading") as url:
+        client = openai.OpenAI(base_url=url, api_key="sesame")
         served = [m.id for m in client.models.list().data]
         assert served[0] == "trace" and "smollm2-135m-instruct" in served
         assert {"precise_arguments", "complete_actions", "grpo-target", "merged"} <= set(served)
@@ -111,29 +123,89 @@ def test_serve_routes_each_conversation_of_an_earlier_run_to_its_adapter(tmp_pat
                            ({"messages": messages, "max_tokens": 0}, "at least 1"),
                            ({"messages": messages, "n": 2}, "'n' must be 1"),
                            ({"messages": messages, "tools": "x"}, "'tools' must be")):
-            status, body = post(f"{url}/chat/completions", bad)
+            status, body = post(f"{url}/chat/completions", bad, key)
             assert status == 400 and words in json.loads(body)["error"]["message"], body
-        status, body = post(f"{url}/completions", {"prompt": [10 ** 9], "max_tokens": 2})
-        assert status == 400 and "outside the vocabulary" in body
-        status, body = post(f"{url}/completions", {"prompt": [1, 2, 3], "max_tokens": 9000})
-        assert status == 400 and "context" in body  # the model's own limit, one line
+        for bad, words in (({"prompt": [10 ** 9], "max_tokens": 2}, "outside the vocabulary"),
+                           ({"prompt": [1, 2, 3], "max_tokens": 9000}, "context"),  # the model's own limit, one line
+                           ({"prompt": [1, 2, 3], "seed": 10 ** 40}, "'seed' must be between"),
+                           ({"prompt": [1, 2, 3], "temperature": 1e9}, "'temperature' must be between"),
+                           ({"prompt": [1, 2, 3], "stream": True}, "'stream' is not supported"),
+                           ({"prompt": [1, 2, 3], "top_p": 0.5}, "'top_p' is not supported"),
+                           ({"prompt": [1, 2, 3], "stop_token_ids": [5]}, "differ from the ids")):
+            status, body = post(f"{url}/completions", bad, key)
+            assert status == 400 and words in body, body
+        assert post(f"{url}/completions", {"prompt": [1, 2, 3], "max_tokens": 2})[0] == 401  # no key
+        assert post(f"{url}/completions", b"prompt=1", {**key, "Content-Type": "text/plain"})[0] == 415  # no form posts
+        host = urllib.request.Request(f"{url}/models", headers={**key, "Host": "evil.example:80"})
+        with pytest.raises(urllib.error.HTTPError, match="403"):
+            urllib.request.urlopen(host, timeout=30)  # a page that rebinds its name to 127.0.0.1
 
         _zero_lora(tmp_path / "new")
-        status, body = post(f"{url}/load_lora_adapter", {"lora_name": "late", "lora_path": str(tmp_path / "new")})
+        status, body = post(f"{url}/load_lora_adapter", {"lora_name": "late", "lora_path": str(tmp_path / "new")}, key)
         assert status == 200 and "Success" in body
         assert "late" in [m.id for m in client.models.list().data]
         assert client.chat.completions.create(model="late", messages=messages, max_tokens=4).model_extra["trace_gym"]["adapter"] == "late"
         for bad, words in (({"lora_name": "late", "lora_path": str(tmp_path / "new")}, "already loaded"),
                            ({"lora_name": "x", "lora_path": str(tmp_path / "none")}, "no LoRA adapter")):
-            status, body = post(f"{url}/load_lora_adapter", bad)
+            status, body = post(f"{url}/load_lora_adapter", bad, key)
             assert status == 400 and words in body, body
-        status, body = post(f"{url}/chat/completions", {"model": "trace"})
+        status, body = post(f"{url}/chat/completions", {"model": "trace"}, key)
         assert status == 400  # the server is still up after every refusal
         assert client.models.list().data
 
 
+def test_a_request_answers_for_its_own_mistakes_and_an_episode_keeps_its_session():
+    """The generator's own logic over a backend that fails any batch holding a bad row:
+    batched with a good request, the bad one gets the error and the good one its
+    completion; a request extending an earlier one's ids (same adapter) continues its session."""
+    import threading
+
+    from trace_gym.llm.base import Completion, GenerationRequest, LLMError, TokenTurn
+    from trace_gym.serve import Generator
+
+    class Backend:
+        max_batch = 8
+
+        def __init__(self):
+            self.batches: list[list[tuple[str, str | None]]] = []
+
+        def complete(self, requests):
+            self.batches.append([(r.session, r.adapter) for r in requests])
+            if any(r.max_new_tokens == 99 for r in requests):
+                raise LLMError("row 99 is bad")
+            return [Completion("ok", tokens=TokenTurn(list(r.prompt_ids), [7], [0.0])) for r in requests]
+
+        def release(self, session):
+            pass
+
+    backend = Backend()
+    generator = Generator(backend, window_s=0.5)
+    answers: dict[str, object] = {}
+
+    def ask(name, request):
+        try:
+            answers[name] = generator.submit(request)
+        except Exception as exc:  # noqa: BLE001 - the answer under test
+            answers[name] = exc
+
+    threads = [threading.Thread(target=ask, args=(n, GenerationRequest([], prompt_ids=[1, 2], max_new_tokens=t)))
+               for n, t in (("good", 4), ("bad", 99))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(backend.batches[0]) == 2 and [len(b) for b in backend.batches[1:]] == [1, 1]  # together, then alone
+    assert isinstance(answers["bad"], Exception) and "row 99" in str(answers["bad"])
+    assert answers["good"].tokens.completion_ids == [7]
+    [good_session] = [name for name, (_, ids) in generator.sessions.items() if ids == [1, 2, 7]]
+    ask("next", GenerationRequest([], prompt_ids=[1, 2, 7, 8], max_new_tokens=4))
+    assert backend.batches[-1] == [(good_session, None)]  # the episode's next turn, its own session
+    ask("other", GenerationRequest([], prompt_ids=[1, 2, 7, 8, 7, 9], max_new_tokens=4, adapter="x"))
+    assert backend.batches[-1][0][0] != good_session  # another adapter never continues it
+
+
 def test_serve_refuses_what_it_cannot_serve_in_one_line(tmp_path):
-    for args, words in ((["--model", "openai:gpt-x"], "needs a local model"),
+    for args, words in ((["--model", "openai:gpt-x"], "needs a token-level model"),
                         ([str(tmp_path)], "holds no run"),
                         (["--adapter", "oops"], "expected NAME=PATH"),
                         (["--adapter", f"a={tmp_path}"], "no LoRA adapter"),

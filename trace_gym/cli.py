@@ -226,6 +226,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="also serve this LoRA adapter under NAME (repeatable)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    serve.add_argument("--api-key", default=None, help="require this key from every client (Authorization: Bearer KEY); "
+                       "default: the TRACE_GYM_SERVE_API_KEY variable, else none")
+    serve.add_argument("--allow-adapter-loading", action="store_true",
+                       help="answer /v1/load_lora_adapter (off: a client cannot make the server read a folder)")
     serve.add_argument("--quiet", action="store_true", help="do not log each request to stderr")
     serve.set_defaults(func=cmd_serve)
 
@@ -636,6 +640,7 @@ def cmd_route(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    import os
     from pathlib import Path
 
     from .serve import ROUTED, make_server, served_from_run, served_model
@@ -660,7 +665,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         served = served_model(args.model or EMBEDDED_DEFAULT, adapters)
     try:
         server = make_server(served, args.host, args.port,
-                             log=None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True)))
+                             log=None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True)),
+                             api_key=args.api_key or os.environ.get("TRACE_GYM_SERVE_API_KEY") or None,
+                             allow_adapter_loading=args.allow_adapter_loading)
     except OSError as exc:
         raise TraceGymError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
     host, port = server.server_address[:2]

@@ -64,6 +64,14 @@ class Served:
     router: Any = None
     routes: "OrderedDict[str, Any]" = field(default_factory=OrderedDict)
 
+    def vocabulary(self) -> int:
+        """Ids a prompt may hold: the tokenizer's, and no more than the model has embeddings for."""
+        size = len(self.backend.tokenizer)
+        model = getattr(self.backend, "model", None)
+        embeddings = getattr(model, "get_input_embeddings", None)
+        rows = getattr(embeddings(), "num_embeddings", None) if callable(embeddings) else None
+        return min(size, rows) if rows else size
+
     def models(self) -> list[str]:
         return [*([ROUTED] if self.router is not None else []), self.name, *sorted(self.backend.adapters)]
 
@@ -120,30 +128,66 @@ def served_model(model: str, adapters: dict[str, str] | None = None) -> Served:
 
 def _check_token_level(backend: Any) -> None:
     if not getattr(backend, "token_level", False):
-        raise ServeError(f"serve needs a local model (the embedded one or hf:<folder>), not {backend.name}: "
-                         "a server's model is served by that server")
+        raise ServeError(f"serve needs a token-level model (the embedded one, hf:<folder> or vllm:<model>), not "
+                         f"{backend.name}: an OpenAI-compatible server's chat model is served by that server")
 
 
 # --- requests -------------------------------------------------------------------------------------
 
-def _number(body: dict[str, Any], key: str, default: Any, kind: type, low: float | None = None) -> Any:
+SEED_RANGE = (0, 2**63 - 1)
+MAX_TEMPERATURE = 5.0
+MIN_TEMPERATURE = 1e-4
+"""Below it, a temperature is greedy decoding (a tiny divisor would make the logits overflow)."""
+UNSUPPORTED = {"stream": (False, None), "stop": (None, [], ""), "logprobs": (None, False), "top_logprobs": (None, 0),
+               "top_p": (None, 1, 1.0), "top_k": (None, -1, 0), "min_p": (None, 0, 0.0), "logit_bias": (None, {}),
+               "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
+               "repetition_penalty": (None, 1, 1.0), "response_format": (None, {"type": "text"}),
+               "parallel_tool_calls": (None, True, False), "tool_choice": (None, "auto")}
+"""Parameters this server does not implement, with the values that mean "not used"; any other
+value is refused rather than silently ignored (``stream`` included: the reply is one JSON body)."""
+
+
+def _number(body: dict[str, Any], key: str, default: Any, kind: type, low: float | None = None,
+            high: float | None = None) -> Any:
     value = body.get(key, default)
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not float(value).is_integer()):
         raise ServeError(f"'{key}' must be a{'n integer' if kind is int else ' number'}, got {value!r}")
-    if low is not None and value < low:
-        raise ServeError(f"'{key}' must be at least {low}, got {value}")
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise ServeError(f"'{key}' must be {'at least ' + str(low) if high is None else f'between {low} and {high}'}, "
+                         f"got {value}")
     return kind(value)
 
 
-def _common(body: dict[str, Any], default_tokens: int, default_temperature: float) -> dict[str, Any]:
+def _common(served: Served, body: dict[str, Any], prompt_len: int, default_tokens: int, *,
+            completions: bool = False) -> dict[str, Any]:
+    """Sampling settings of a request, each checked here, before it can share a batch
+    with anyone else's: a request that would fail in the batch fails alone."""
+    for key, neutral in UNSUPPORTED.items():
+        if completions and key in ("logprobs",):
+            continue
+        if key in body and body[key] not in neutral:
+            raise ServeError(f"'{key}' is not supported by this server (got {body[key]!r}); leave it out")
     if _number(body, "n", 1, int, 1) != 1:
         raise ServeError("'n' must be 1 here: send one request per sample, each with its own seed")
+    stops = body.get("stop_token_ids")
+    own = getattr(served.backend, "stop_ids", set())
+    if stops is not None and set(stops if isinstance(stops, list) else [stops]) != set(own):
+        raise ServeError(f"'stop_token_ids' {stops!r} differ from the ids this model stops on ({sorted(own)}): the "
+                         "client and the server render with different templates")
+    context = getattr(served.backend, "context_size", None) or 0
+    room = context - prompt_len if context else None
+    if room is not None and room < 1:
+        raise ServeError(f"a prompt of {prompt_len} tokens leaves no room in the model's context of {context} tokens")
     tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    return {"max_new_tokens": _number({"max_tokens": tokens}, "max_tokens", default_tokens, int, 1),
-            "temperature": _number(body, "temperature", default_temperature, float, 0),
-            "seed": _number(body, "seed", None, int)}
+    tokens = _number({"max_tokens": tokens}, "max_tokens", min(default_tokens, room or default_tokens), int, 1)
+    if room is not None and tokens > room:
+        raise ServeError(f"a prompt of {prompt_len} tokens with max_tokens {tokens} passes the model's context of "
+                         f"{context} tokens")
+    temperature = _number(body, "temperature", 1.0, float, 0, MAX_TEMPERATURE)
+    return {"max_new_tokens": tokens, "temperature": 0.0 if temperature < MIN_TEMPERATURE else temperature,
+            "seed": _number(body, "seed", None, int, *SEED_RANGE)}
 
 
 def chat_request(served: Served, body: dict[str, Any]) -> tuple[Any, Any]:
@@ -162,7 +206,7 @@ def chat_request(served: Served, body: dict[str, Any]) -> tuple[Any, Any]:
     except Exception as exc:  # a template that cannot render these messages: the client's request
         raise ServeError(f"the chat template cannot render these messages: {str(exc).splitlines()[0]}") from None
     return GenerationRequest(messages=messages, tools=tools or None, adapter=adapter, prompt_ids=ids,
-                             prefix_len=prefix_len, **_common(body, 256, 1.0)), decision
+                             prefix_len=prefix_len, **_common(served, body, len(ids), 1024)), decision
 
 
 def completion_request(served: Served, body: dict[str, Any]) -> Any:
@@ -174,14 +218,15 @@ def completion_request(served: Served, body: dict[str, Any]) -> Any:
         prompt = prompt[0]
     if isinstance(prompt, str):
         prompt = served.backend.tokenizer.encode(prompt, add_special_tokens=False)
-    vocabulary = len(served.backend.tokenizer)
+    vocabulary = served.vocabulary()
     if not (isinstance(prompt, list) and prompt and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt)):
         raise ServeError("'prompt' must be text or a non-empty list of token ids (one prompt per request)")
     if any(i < 0 or i >= vocabulary for i in prompt):
         raise ServeError(f"'prompt' holds token ids outside the vocabulary (0..{vocabulary - 1})")
     adapter, _ = served.adapter_for(body.get("model"), None)
     return GenerationRequest(messages=[], adapter=adapter, prompt_ids=list(prompt),
-                             prefix_len=_number(body, "prefix_len", 0, int, 0), **_common(body, 16, 1.0))
+                             prefix_len=_number(body, "prefix_len", 0, int, 0, len(prompt)),
+                             **_common(served, body, len(prompt), 16, completions=True))
 
 
 def _stamp(kind: str, model: str) -> dict[str, Any]:
@@ -229,14 +274,17 @@ def completion_response(served: Served, model: str, completion: Any, body: dict[
 
 class Generator:
     """Runs the requests that arrive together as one batch on the backend. Each
-    request gets a session: the one whose ids (prompt + completion) its prompt
-    extends, else a new one, so an episode's keys and values are reused turn by turn."""
+    request gets a session: the one of its adapter whose ids (prompt + completion)
+    its prompt extends, else a new one, so an episode's keys and values are reused
+    turn by turn. A batch that fails is run again request by request, so a
+    request answers for its own mistakes only."""
 
-    def __init__(self, backend: Any, *, window_s: float = 0.005, max_sessions: int = 256):
+    def __init__(self, backend: Any, *, window_s: float = 0.005, max_sessions: int = 256, wait_s: float = 3600.0):
         self.backend = backend
         self.window_s = window_s
+        self.wait_s = wait_s
         self.max_sessions = max_sessions
-        self.sessions: OrderedDict[str, list[int]] = OrderedDict()
+        self.sessions: OrderedDict[str, tuple[str | None, list[int]]] = OrderedDict()
         self.queue: queue.Queue = queue.Queue()
         self.thread = threading.Thread(target=self._loop, name="trace-gym-serve-generate", daemon=True)
         self.thread.start()
@@ -244,27 +292,49 @@ class Generator:
     def submit(self, request: Any) -> Any:
         done: dict[str, Any] = {"event": threading.Event()}
         self.queue.put((request, done))
-        done["event"].wait()
+        deadline = time.monotonic() + self.wait_s
+        while not done["event"].wait(1.0):
+            if not self.thread.is_alive():
+                raise ServeError("the generation thread has stopped; restart the server", 500)
+            if time.monotonic() > deadline:
+                raise ServeError(f"no completion within {self.wait_s:.0f} s", 503)
         if "error" in done:
             raise done["error"]
         return done["completion"]
 
-    def _session(self, ids: list[int]) -> str:
+    def _session(self, adapter: str | None, ids: list[int]) -> str:
         best, best_len = None, 0
-        for name, held in self.sessions.items():
-            if best_len < len(held) < len(ids) and ids[: len(held)] == held:
+        for name, (held_adapter, held) in self.sessions.items():
+            if held_adapter == adapter and best_len < len(held) < len(ids) and ids[: len(held)] == held:
                 best, best_len = name, len(held)
         if best is None:
-            best = uuid.uuid4().hex
-        else:
-            del self.sessions[best]  # claimed by this request: another request must not extend it too
+            return uuid.uuid4().hex
+        del self.sessions[best]  # claimed by this request: another request must not extend it too
         return best
 
-    def _finish(self, session: str, ids: list[int]) -> None:
-        self.sessions[session] = ids
+    def _finish(self, session: str, adapter: str | None, ids: list[int]) -> None:
+        self.sessions[session] = (adapter, ids)
         while len(self.sessions) > self.max_sessions:
             old, _ = self.sessions.popitem(last=False)
             self.backend.release(old)
+
+    def _run(self, batch: list[tuple[Any, dict[str, Any]]]) -> None:
+        try:
+            completions = self.backend.complete([request for request, _ in batch])
+            if len(completions) != len(batch):
+                raise ServeError(f"the model gave {len(completions)} completions for {len(batch)} requests", 500)
+        except Exception as exc:  # noqa: BLE001 - answered below, never the thread's end
+            if len(batch) > 1:
+                for item in batch:  # whose request was it? each alone answers for itself
+                    self._run([item])
+                return
+            batch[0][1]["error"] = _as_serve_error(exc)
+            return
+        for (request, done), completion in zip(batch, completions):
+            turn = completion.tokens
+            if turn is not None:
+                self._finish(request.session, request.adapter, [*turn.prompt_ids, *turn.completion_ids])
+            done["completion"] = completion
 
     def _loop(self) -> None:
         while True:
@@ -275,19 +345,18 @@ class Generator:
                     batch.append(self.queue.get(timeout=max(0.0, deadline - time.monotonic())))
                 except queue.Empty:
                     break
-            for request, _ in batch:
-                request.session = self._session(request.prompt_ids)
             try:
-                completions = self.backend.complete([r for r, _ in batch])
-            except Exception as exc:  # noqa: BLE001 - one bad batch is answered, the server goes on
-                for request, done in batch:
-                    done["error"] = _as_serve_error(exc)
+                for request, _ in batch:
+                    request.session = self._session(request.adapter, request.prompt_ids)
+                self._run(batch)
+            except Exception as exc:  # noqa: BLE001 - whatever went wrong, every waiting client is answered
+                for _, done in batch:
+                    done.setdefault("error", _as_serve_error(exc))
+            finally:
+                for _, done in batch:
+                    if "completion" not in done:
+                        done.setdefault("error", ServeError("the model gave no completion for this request", 500))
                     done["event"].set()
-                continue
-            for (request, done), completion in zip(batch, completions):
-                self._finish(request.session, [*completion.tokens.prompt_ids, *completion.tokens.completion_ids])
-                done["completion"] = completion
-                done["event"].set()
 
 
 def _as_serve_error(exc: Exception) -> ServeError:
@@ -295,17 +364,26 @@ def _as_serve_error(exc: Exception) -> ServeError:
 
     if isinstance(exc, ServeError):
         return exc
-    if isinstance(exc, LLMError):
+    if isinstance(exc, (LLMError, TraceGymError)):
         return ServeError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
     return ServeError(f"the model failed on this request: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", 500)
 
 
 # --- HTTP -----------------------------------------------------------------------------------------
 
-def make_server(served: Served, host: str = "127.0.0.1", port: int = 8000, *, log: Any = None) -> ThreadingHTTPServer:
-    """An HTTP server for ``served`` (not started: call ``serve_forever``)."""
+LOOPBACK_NAMES = {"127.0.0.1", "localhost", "::1", "[::1]"}
+
+
+def make_server(served: Served, host: str = "127.0.0.1", port: int = 8000, *, log: Any = None,
+                api_key: str | None = None, allow_adapter_loading: bool = False) -> ThreadingHTTPServer:
+    """An HTTP server for ``served`` (not started: call ``serve_forever``). With
+    ``api_key``, every request must carry it as a bearer token. Bound to a loopback
+    address, it answers only requests addressed to a loopback name (a web page the
+    user visits cannot reach it by DNS rebinding) and only JSON bodies (no form a page
+    can post). ``/v1/load_lora_adapter`` is refused unless ``allow_adapter_loading``."""
     generator = Generator(served.backend)
     lock = threading.Lock()  # routing scores with the base model; adapters load one at a time
+    loopback = host in LOOPBACK_NAMES
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -320,6 +398,8 @@ def make_server(served: Served, host: str = "127.0.0.1", port: int = 8000, *, lo
             self.send_response(status)
             self.send_header("Content-Type", "text/plain; charset=utf-8" if isinstance(payload, str) else "application/json")
             self.send_header("Content-Length", str(len(body)))
+            if self.close_connection:
+                self.send_header("Connection", "close")
             self.end_headers()
             self.wfile.write(body)
 
@@ -327,27 +407,57 @@ def make_server(served: Served, host: str = "127.0.0.1", port: int = 8000, *, lo
             kind = "not_found_error" if exc.status == 404 else "invalid_request_error" if exc.status < 500 else "server_error"
             self._send(exc.status, {"error": {"message": str(exc), "type": kind, "param": None, "code": exc.status}})
 
+        def _admit(self) -> None:
+            """Refuse a request this server must not answer (before its body is read)."""
+            if loopback:
+                header = self.headers.get("Host") or ""
+                name = header.split("]")[0] + "]" if header.startswith("[") else header.rsplit(":", 1)[0]
+                if name not in LOOPBACK_NAMES:
+                    self.close_connection = True
+                    raise ServeError(f"this server answers requests to {host} only (Host: {self.headers.get('Host')!r})", 403)
+            if api_key is not None and self.headers.get("Authorization") != f"Bearer {api_key}":
+                self.close_connection = True
+                raise ServeError("a valid API key is needed (Authorization: Bearer <key>)", 401)
+
+        def _body(self) -> dict[str, Any]:
+            if (self.headers.get("Content-Type") or "").split(";")[0].strip().lower() != "application/json":
+                self.close_connection = True
+                raise ServeError("the request body must be JSON (Content-Type: application/json)", 415)
+            try:
+                length = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                length = -1
+            if length < 0 or length > MAX_BODY:
+                self.close_connection = True  # the body is left unread: nothing more can be read on this connection
+                raise ServeError(f"Content-Length must be a number of bytes up to {MAX_BODY}, got "
+                                 f"{self.headers.get('Content-Length')!r}", 413 if length > MAX_BODY else 400)
+            try:
+                body = json.loads(self.rfile.read(length) or b"{}")
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                raise ServeError("the request body is not JSON") from None
+            if not isinstance(body, dict):
+                raise ServeError("the request body must be a JSON object")
+            return body
+
         def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
-            if self.path.rstrip("/") == "/v1/models":
-                self._send(200, {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "trace-gym"}
-                                                           for m in served.models()]})
-            elif self.path.rstrip("/") in ("/health", "/v1/health"):
-                self._send(200, {"status": "ok"})
-            else:
-                self._error(ServeError(f"no such endpoint: GET {self.path}", 404))
+            try:
+                self._admit()
+                path = self.path.rstrip("/")
+                if path == "/v1/models":
+                    self._send(200, {"object": "list", "data": [{"id": m, "object": "model", "created": 0,
+                                                                "owned_by": "trace-gym"} for m in served.models()]})
+                elif path in ("/health", "/v1/health"):
+                    stats = getattr(served.backend, "cache_stats", None)
+                    self._send(200, {"status": "ok", "cache": stats() if callable(stats) else None})
+                else:
+                    raise ServeError(f"no such endpoint: GET {self.path}", 404)
+            except ServeError as exc:
+                self._error(exc)
 
         def do_POST(self) -> None:  # noqa: N802
             try:
-                length = int(self.headers.get("Content-Length") or 0)
-                if length > MAX_BODY:
-                    raise ServeError(f"a request body of {length} bytes is over the {MAX_BODY}-byte limit", 413)
-                raw = self.rfile.read(length)
-                try:
-                    body = json.loads(raw or b"{}")
-                except (json.JSONDecodeError, UnicodeDecodeError):
-                    raise ServeError("the request body is not JSON") from None
-                if not isinstance(body, dict):
-                    raise ServeError("the request body must be a JSON object")
+                self._admit()
+                body = self._body()
                 path = self.path.rstrip("/")
                 if path == "/v1/chat/completions":
                     with lock:
@@ -359,14 +469,17 @@ def make_server(served: Served, host: str = "127.0.0.1", port: int = 8000, *, lo
                     request = completion_request(served, body)
                     self._send(200, completion_response(served, body.get("model") or served.name, generator.submit(request), body))
                 elif path == "/v1/load_lora_adapter":
+                    if not allow_adapter_loading:
+                        raise ServeError("loading adapters at run time is off; start the server with "
+                                         "--allow-adapter-loading", 403)
                     name, folder = body.get("lora_name"), body.get("lora_path")
                     if not isinstance(name, str) or not name or not isinstance(folder, str):
                         raise ServeError("load_lora_adapter needs 'lora_name' and 'lora_path'")
-                    if name in served.models():
-                        raise ServeError(f"the adapter '{name}' is already loaded")
                     if not (Path(folder) / "adapter_config.json").exists():
                         raise ServeError(f"no LoRA adapter at {folder} (no adapter_config.json there)")
                     with lock:
+                        if name in served.models():
+                            raise ServeError(f"the adapter '{name}' is already loaded")
                         served.backend.load_adapter(name, folder)
                     self._send(200, f"Success: LoRA adapter '{name}' added successfully.")
                 else:

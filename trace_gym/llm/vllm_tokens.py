@@ -35,6 +35,11 @@ from .base import Completion, GenerationRequest, LLMError, RemoteRequests
 from .token_template import TokenTemplate
 
 _TOKEN_ID = "token_id:"
+NEUTRAL_SAMPLING = {"top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
+                    "frequency_penalty": 0.0}
+"""Sent with every request: vLLM fills any sampling setting a request leaves out from the model's
+generation_config.json (``--generation-config auto``, its default), e.g. Qwen2.5's top_p 0.8 and
+repetition penalty 1.05; the local model samples from the plain tempered softmax."""
 
 
 class VLLMTokens(TokenTemplate, RemoteRequests):
@@ -63,15 +68,23 @@ class VLLMTokens(TokenTemplate, RemoteRequests):
         except (OSError, ValueError):
             config = None
         self.context_size: int | None = getattr(config, "max_position_embeddings", None)
-        generation_eos = None
-        if (Path(folder) / "generation_config.json").exists():
-            generation_eos = json.loads((Path(folder) / "generation_config.json").read_text()).get("eos_token_id")
+        try:
+            from transformers import GenerationConfig
+
+            generation_eos = GenerationConfig.from_pretrained(folder, local_files_only=True).eos_token_id
+        except OSError:  # no generation_config.json: what transformers derives from the model's config
+            generation_eos = GenerationConfig.from_model_config(config).eos_token_id if config is not None else None
         self._set_template(chat_template, template, generation_eos)
 
     # --- the backend protocol -------------------------------------------------------------------
     def load_adapter(self, name: str, path: str) -> None:
-        """Ask the server to load a LoRA (a folder it can read) under ``name``."""
-        self._post("/load_lora_adapter", {"lora_name": name, "lora_path": str(path)}, text=True)
+        """Ask the server to load a LoRA (a folder it can read) under ``name``; one it
+        already holds under that name counts as loaded."""
+        try:
+            self._post("/load_lora_adapter", {"lora_name": name, "lora_path": str(path)}, text=True)
+        except LLMError as exc:
+            if "already" not in str(exc):
+                raise
         self.adapters[name] = str(path)
 
     def release(self, session: str) -> None:
@@ -90,9 +103,9 @@ class VLLMTokens(TokenTemplate, RemoteRequests):
             raise LLMError(f"a prompt of {len(ids)} tokens with max_new_tokens {request.max_new_tokens} passes "
                            f"{self.name}'s context of {self.context_size} tokens")
         body = {"model": request.adapter or self.model, "prompt": ids, "max_tokens": request.max_new_tokens,
-                "temperature": request.temperature, "logprobs": 0, "return_tokens_as_token_ids": True,
-                "return_token_ids": True, "skip_special_tokens": False, "stop_token_ids": sorted(self.stop_ids),
-                "prefix_len": prefix_len}
+                "temperature": request.temperature, **NEUTRAL_SAMPLING, "logprobs": 0,
+                "return_tokens_as_token_ids": True, "return_token_ids": True, "skip_special_tokens": False,
+                "stop_token_ids": sorted(self.stop_ids), "prefix_len": prefix_len}
         if request.seed is not None:
             body["seed"] = request.seed
         answer = self._post("/completions", body)
@@ -122,11 +135,17 @@ class VLLMTokens(TokenTemplate, RemoteRequests):
                 return raw if text else json.loads(raw)
             except urllib.error.HTTPError as exc:
                 detail = _error_message(exc)
-                if exc.code < 500 and exc.code != 429:
+                if exc.code not in (429, 502, 503):  # only a busy or restarting server is asked again
                     raise LLMError(f"{url}: {exc.code} {detail}") from None
                 failure = f"{exc.code} {detail}"
-            except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
-                failure = str(getattr(exc, "reason", exc))
+            except (TimeoutError, urllib.error.URLError) as exc:
+                reason = getattr(exc, "reason", exc)
+                if isinstance(reason, TimeoutError) or isinstance(exc, TimeoutError):
+                    # the server may still be generating it: asking again would only add load
+                    raise LLMError(f"{url}: no answer within {self.timeout:.0f} s") from None
+                failure = str(reason)
+            except ConnectionError as exc:
+                failure = str(exc)
             except json.JSONDecodeError:
                 raise LLMError(f"{url} answered something that is not JSON") from None
             if attempt < self.max_retries:
