@@ -235,6 +235,11 @@ def test_evaluate_plays_every_method_row_from_an_earlier_runs_artifacts(tmp_path
     assert result.returncode == 0, result.stderr
     rows = {r.method: r for r in load_results(run / "eval")}
     assert list(rows) == ["base", "trace", "grpo-target", "merged", "summed", "control"]
+    from trace_gym.llm import make_backend
+
+    summed = run / "eval" / "summed-adapter"  # saved, and loads where any adapter does
+    make_backend("smollm2-135m-instruct").load_adapter("summed", str(summed))
+    assert json.loads((summed / "adapter_config.json").read_text())["r"] == 4  # two rank-2 adapters, concatenated
     assert all(r.episodes == 1 and r.tasks == 1 for r in rows.values())
     assert rows["trace"].routing["accuracy"] is not None  # the gold analyst's labels of base are a truth
     assert rows["control"].routing is not None and rows["summed"].routing is None

@@ -105,7 +105,7 @@ def test_serve_routes_each_conversation_of_an_earlier_run_to_its_adapter(tmp_pat
         client = openai.OpenAI(base_url=url, api_key="sesame")
         served = [m.id for m in client.models.list().data]
         assert served[0] == "trace" and "smollm2-135m-instruct" in served
-        assert {"precise_arguments", "complete_actions", "grpo-target", "merged"} <= set(served)
+        assert {"precise_arguments", "complete_actions", "grpo-target", "merged", "summed"} <= set(served)
         reply = client.chat.completions.create(model="trace", messages=messages, tools=tools, max_tokens=24, temperature=0)
         route = reply.model_extra["trace_gym"]["route"]
         assert route["capability"] in {"precise_arguments", "complete_actions", None} and set(route["scores"]) == {"A", "B", "none"}

@@ -99,8 +99,9 @@ class Served:
 
 
 def served_from_run(run_dir: str | Path) -> Served:
-    """The policy of an earlier ``trace-gym run`` with every adapter it trained, and its
-    router (none if the run trained no capability adapter)."""
+    """The policy of an earlier ``trace-gym run`` with every adapter it trained (and
+    ``summed``, their weights added, where it trained two or more capability adapters),
+    and its router (none if the run trained no capability adapter)."""
     from .evaluation import Unavailable, get_method, policy_backend
     from .pipeline import eval_context, load_run
 
@@ -112,6 +113,10 @@ def served_from_run(run_dir: str | Path) -> Served:
         router = get_method("trace").build(ctx).kwargs["router"]
     except Unavailable:
         router = None
+    try:
+        get_method("summed").build(ctx)  # the capability adapters' weights added, as evaluation plays them
+    except Unavailable:
+        pass
     return Served(ctx.backend, config.policy.model, router)
 
 

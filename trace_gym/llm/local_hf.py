@@ -239,6 +239,23 @@ class LocalHF(TokenTemplate, Generates):
             self.adapters[name] = "sum of " + " + ".join(sources)
             self._drop_adapter_cache(name)
 
+    def save_adapter(self, name: str, folder: str | Path) -> Path:
+        """Write adapter ``name`` (a summed one too) as a PEFT folder that peft, vLLM
+        (``--lora-modules name=folder``) and ``load_adapter`` read; returns the folder."""
+        import shutil
+        import tempfile
+
+        self._check_adapter(name)
+        if name not in getattr(self.model, "peft_config", {}):
+            raise LLMError(f"{self.name} holds no peft adapter named '{name}'")
+        folder = Path(folder)
+        with self._lock, tempfile.TemporaryDirectory(dir=folder.parent if folder.parent.exists() else None) as tmp:
+            self.model.save_pretrained(tmp, selected_adapters=[name])
+            written = Path(tmp) / name if (Path(tmp) / name / "adapter_config.json").exists() else Path(tmp)
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copytree(written, folder, dirs_exist_ok=True)
+        return folder
+
     def _check_adapter(self, adapter: str | None) -> None:
         if adapter is None:
             return
