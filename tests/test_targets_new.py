@@ -4,6 +4,9 @@ an installed package registers its envs through the `trace_gym.registry` entry p
 from __future__ import annotations
 
 import json
+import shutil
+
+import pytest
 
 from conftest import run_cli
 
@@ -24,6 +27,25 @@ def test_a_scaffolded_target_plays_freezes_and_refuses_mistakes(tmp_path):
     idle = run_cli("rollout", "--env", "trace/order-desk-v0", "--agent", "message_only", "--split", "train",
                    "--out", str(tmp_path / "idle.jsonl"), "--no-progress", env=env)
     assert idle.returncode == 0 and "pass rate 0.000" in idle.stdout  # the reward asks for the work, not a reply
+    import sys
+
+    sys.path.insert(0, str(folder))
+    try:
+        from order_desk import OrderDeskEnv
+    finally:
+        sys.path.remove(str(folder))
+    desk, rewards = OrderDeskEnv(split="train"), []
+    for task in desk.task_ids:  # an agent that always cancels, then looks: never right
+        desk.reset(options={"task_id": task})
+        desk.step('{"name": "cancel_order", "arguments": {"order_id": "%s"}}' % desk.order)
+        desk.step('{"name": "get_order", "arguments": {"order_id": "%s"}}' % desk.order)
+        rewards.append(desk.step("Done.")[1])
+    assert rewards == [0.0] * len(desk.task_ids)
+    desk.reset(options={"task_id": 0})
+    observation, _, done, _, _ = desk.step('{"name": "get_order", "arguments": {"order_id": ')
+    assert not done and observation.startswith("Error")  # a malformed call is answered, not a goodbye
+    with pytest.raises(ValueError, match="not in the train split"):
+        desk.reset(options={"task_id": "13"})  # a test task, asked of the train split
     frozen = run_cli("targets", "freeze", "trace/order-desk-v0", env=env)
     assert frozen.returncode == 0, frozen.stderr
     tools = json.loads((folder / "tools.json").read_text())
@@ -47,11 +69,19 @@ def test_an_installed_package_registers_its_envs_by_entry_point(tmp_path):
     info = site / "desk_envs-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: desk-envs\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[trace_gym.registry]\ndesk = desk_envs\nbroken = no_such_package_here\n")
+    (info / "entry_points.txt").write_text("[trace_gym.registry]\ndesk = desk_envs\nbroken = no_such_package_here\n"
+                                           "nested = loud_pkg.envs\n")
+    (site / "loud_pkg" / "envs").mkdir(parents=True)  # a dotted entry point; its package's code must not run
+    (site / "loud_pkg" / "__init__.py").write_text("raise RuntimeError('imported at import trace_gym')\n")
+    (site / "loud_pkg" / "envs" / "__init__.py").write_text("")
+    shutil.copytree(package / "order-desk", site / "loud_pkg" / "envs" / "other-desk")
+    manifest = site / "loud_pkg" / "envs" / "other-desk" / "manifest.toml"
+    manifest.write_text(manifest.read_text().replace("trace/order-desk-v0", "trace/other-desk-v0"))
     env = {"PYTHONPATH": str(site), "TRACE_GYM_REGISTRY_PATH": ""}
     listed = run_cli("envs", "list", "--json", env=env)
     assert listed.returncode == 0, listed.stderr
-    assert "trace/order-desk-v0" in {row["id"] for row in json.loads(listed.stdout)}
+    assert {"trace/order-desk-v0", "trace/other-desk-v0"} <= {row["id"] for row in json.loads(listed.stdout)}
+    assert "imported at import" not in listed.stderr
     assert "no_such_package_here" in listed.stderr and "not registered" in listed.stderr  # a warning, not a failure
     played = run_cli("rollout", "--env", "trace/order-desk-v0", "--agent", "oracle", "--split", "test", "--out",
                      str(tmp_path / "o.jsonl"), "--no-progress", env=env)
@@ -78,8 +108,8 @@ def test_prompts_name_what_the_targets_agent_is(tmp_path):
     before = code_hash(folder)
     (folder / "manifest.toml").write_text((folder / "manifest.toml").read_text() + 'agent = "a desk clerk"\n')
     assert read_manifest(folder).agent == "a desk clerk" and code_hash(folder) == before
-    (folder / "manifest.toml").write_text((folder / "manifest.toml").read_text() + '[kwargs]\nx = 1\n')
-    assert code_hash(folder) != before
+    (folder / "manifest.toml").write_text((folder / "manifest.toml").read_text() + '[kwargs]\nagent = "llm"\n')
+    assert code_hash(folder) != before  # an `agent` the constructor reads is behaviour, and hashed
 
     class Scores:
         name = "fixed"

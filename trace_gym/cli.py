@@ -377,7 +377,7 @@ def cmd_targets_new(args: argparse.Namespace) -> int:
     folder = new_target(args.name, args.dir, args.description)
     parent = os.path.abspath(args.dir)
     print(f"created {folder}/ (manifest.toml, {args.name.replace('-', '_')}.py); next:\n"
-          f"  export TRACE_GYM_REGISTRY_PATH={parent}\n"
+          f"  export TRACE_GYM_REGISTRY_PATH={parent}${{TRACE_GYM_REGISTRY_PATH:+:$TRACE_GYM_REGISTRY_PATH}}\n"
           f"  trace-gym rollout --env trace/{args.name}-v0 --agent oracle --split train --out runs/{args.name}-oracle.jsonl\n"
           f"  trace-gym targets freeze trace/{args.name}-v0")
     return 0

@@ -903,7 +903,7 @@ def stage_evaluate(config: PipelineConfig, state: RunState, say: Callable[[str],
     played = {}
     for name, built, cost in build_methods(config.evaluate.methods, ctx, say):
         path = out / f"{name}.jsonl"
-        if name == "summed" and hasattr(ctx.backend, "save_adapter") and not (out / "summed-adapter").exists():
+        if name == "summed" and hasattr(ctx.backend, "save_adapter"):  # the sum of these adapters, every time
             say(f"summed adapter saved to {ctx.backend.save_adapter('summed', out / 'summed-adapter')} (servable)")
         say(f"{name} on the {config.evaluate.split} split")
         summary = rollout(config.run.target, built.agent, path,

@@ -128,24 +128,36 @@ def agent_words(env_id: str | None) -> str:
 def entry_point_dirs() -> list[Path]:
     """The folders installed packages register: an entry point in the ``trace_gym.registry``
     group names a package (``my_envs = "my_pkg.envs"``) whose folder holds env folders.
-    Its folder is found without importing it; one that cannot be found is a warning."""
-    import importlib.util
+    The folder is found on ``sys.path`` without importing anything (no package's code runs
+    at ``import trace_gym``); one that cannot be found is a warning, never a failure."""
     from importlib.metadata import entry_points
 
     dirs = []
     for point in entry_points(group=ENTRY_POINT_GROUP):
         try:
-            spec = importlib.util.find_spec(point.value.split(":", 1)[0])
-        except (ImportError, ValueError) as exc:
-            spec, problem = None, str(exc)
-        else:
-            problem = "not a package"
-        locations = list(getattr(spec, "submodule_search_locations", None) or [])
+            locations = _package_folders(point.value.split(":", 1)[0].strip())
+            problem = "no such package on sys.path"
+        except Exception as exc:  # noqa: BLE001 - someone else's broken install must not stop trace_gym
+            locations, problem = [], f"{type(exc).__name__}: {exc}"
         if not locations:
             warnings.warn(f"entry point {point.name} = {point.value!r} ({ENTRY_POINT_GROUP}): {problem}; its envs are "
                           "not registered", stacklevel=2)
-        dirs += [Path(p) for p in locations]
+        dirs += locations
     return dirs
+
+
+def _package_folders(dotted: str) -> list[Path]:
+    """The folders of package ``dotted``, found part by part on ``sys.path`` (importlib's
+    path finder, which reads directories and imports nothing)."""
+    from importlib.machinery import PathFinder
+
+    path = None
+    for part in dotted.split("."):
+        spec = PathFinder.find_spec(part, path)
+        if spec is None or not spec.submodule_search_locations:
+            return []
+        path = list(spec.submodule_search_locations)
+    return [Path(p) for p in path or []]
 
 
 def read_manifest(folder: Path) -> EnvEntry:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import queue
+import sys
 import threading
 import time
 import uuid
@@ -113,10 +114,17 @@ def served_from_run(run_dir: str | Path) -> Served:
         router = get_method("trace").build(ctx).kwargs["router"]
     except Unavailable:
         router = None
+    saved = config.run_dir / "eval" / "summed-adapter"
     try:
-        get_method("summed").build(ctx)  # the capability adapters' weights added, as evaluation plays them
+        if (saved / "adapter_config.json").exists():
+            ctx.backend.load_adapter("summed", str(saved))  # what evaluation played and saved
+        else:
+            get_method("summed").build(ctx)  # the capability adapters' weights added, as evaluation adds them
     except Unavailable:
         pass
+    except Exception as exc:  # noqa: BLE001 - the other adapters are still served
+        print(f"trace-gym serve: no 'summed' adapter ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})",
+              file=sys.stderr)
     return Served(ctx.backend, config.policy.model, router)
 
 

@@ -57,6 +57,8 @@ class BankSupportEnv(gym.Env):
             else:
                 observation = "Error: not found"
             done = False
+        elif parsed.kind == "malformed":  # answered, so the agent can write it again
+            observation, done = f"Error: {parsed.error}", False
         else:
             observation, done = "Thanks, bye.", True
         truncated = not done and self.steps >= self.max_steps

@@ -249,11 +249,20 @@ class LocalHF(TokenTemplate, Generates):
         if name not in getattr(self.model, "peft_config", {}):
             raise LLMError(f"{self.name} holds no peft adapter named '{name}'")
         folder = Path(folder)
-        with self._lock, tempfile.TemporaryDirectory(dir=folder.parent if folder.parent.exists() else None) as tmp:
-            self.model.save_pretrained(tmp, selected_adapters=[name])
-            written = Path(tmp) / name if (Path(tmp) / name / "adapter_config.json").exists() else Path(tmp)
-            folder.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copytree(written, folder, dirs_exist_ok=True)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))  # beside it: one rename away
+        old = folder.with_name(f".{folder.name}-old")
+        try:
+            with self._lock:
+                self.model.save_pretrained(str(tmp / "saved"), selected_adapters=[name])
+            written = tmp / "saved" / name if (tmp / "saved" / name / "adapter_config.json").exists() else tmp / "saved"
+            shutil.rmtree(old, ignore_errors=True)
+            if folder.exists():
+                folder.rename(old)  # the old folder stays whole until the new one is in place
+            written.rename(folder)
+            shutil.rmtree(old, ignore_errors=True)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
         return folder
 
     def _check_adapter(self, adapter: str | None) -> None:

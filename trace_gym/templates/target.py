@@ -5,7 +5,7 @@ message and puts the system prompt, the OpenAI tool schemas and the task id in
 ``info``; ``step`` takes the agent's raw text and returns a reward in [0, 1] when
 the episode ends; ``split=`` and ``task_ids`` give train and test tasks;
 ``oracle_actions()`` (optional) solves the current task. This one is a small
-order desk (look an order up, cancel it if it is still pending) that already
+order desk (look an order up, cancel it only if it is still pending) that already
 works end to end: replace the tasks, tools and reward with your own, one at a time.
 """
 import json
@@ -32,34 +32,43 @@ class TargetEnv(gym.Env):
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
-        task = (options or {}).get("task_id") or self.task_ids[(seed or 0) % len(self.task_ids)]
+        task = (options or {}).get("task_id")
+        task = str(task) if task is not None else self.task_ids[int(self.np_random.integers(len(self.task_ids)))]
+        if task not in self.task_ids:
+            raise ValueError(f"task {task!r} is not in the {self.split} split")
         rng = random.Random(int(task))
-        self.order = "ORD-%05d" % rng.randrange(10**5)
-        self.pending = rng.random() < 0.5
-        self.looked, self.cancelled, self.steps = False, False, 0
+        self.order, self.pending = "ORD-%05d" % rng.randrange(10**5), rng.random() < 0.5
+        self.looked = self.cancelled = self.blundered = False
+        self.steps = 0
         prompt = "You are an order desk agent. Look the order up; cancel it only if it is still pending."
         return (f"Please cancel my order {self.order}.", {"system_prompt": prompt, "tools": TOOLS, "task_id": task})
 
     def step(self, action):
         self.steps += 1
         parsed = parse_action(action)
-        done = parsed.kind != "tool_calls"  # a message to the user ends the episode
-        if not done:
-            call = parsed.tool_calls[0]
-            if call.arguments.get("order_id") != self.order or call.name not in ("get_order", "cancel_order"):
-                observation = "Error: not found"
-            elif call.name == "cancel_order" and not self.pending:
-                observation = "Error: only a pending order can be cancelled"
-            else:
-                self.looked = self.looked or call.name == "get_order"
-                self.cancelled = self.cancelled or call.name == "cancel_order"
-                status = "cancelled" if self.cancelled else "pending" if self.pending else "delivered"
-                observation = json.dumps({"order_id": self.order, "status": status})
+        done = parsed.kind == "message"  # a message to the user ends the episode; a malformed turn is answered
+        if parsed.kind == "malformed":
+            observation = f"Error: {parsed.error}"
+        elif parsed.kind == "tool_calls":
+            observation = "\n".join(self._call(call.name, call.arguments) for call in parsed.tool_calls)
         else:
             observation = "Thanks, bye."
         truncated = not done and self.steps >= self.max_steps
-        reward = float(self.looked and self.cancelled == self.pending) if done or truncated else 0.0
+        solved = self.looked and self.cancelled == self.pending and not self.blundered
+        reward = float(solved) if done or truncated else 0.0
         return observation, reward, done, truncated, {"termination_reason": "done" if done else None}
+
+    def _call(self, name, arguments):
+        if arguments.get("order_id") != self.order or name not in ("get_order", "cancel_order"):
+            return "Error: not found"
+        if name == "cancel_order":
+            if not (self.looked and self.pending):  # cancelling unlooked, or what cannot be cancelled, is the mistake
+                self.blundered = True
+                return "Error: only a pending order you have looked up can be cancelled"
+            self.cancelled = True
+        self.looked = True
+        status = "cancelled" if self.cancelled else "pending" if self.pending else "delivered"
+        return json.dumps({"order_id": self.order, "status": status})
 
     def oracle_actions(self):
         call = lambda name: json.dumps({"name": name, "arguments": {"order_id": self.order}})  # noqa: E731
