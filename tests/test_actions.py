@@ -28,6 +28,14 @@ def test_unclosed_block_at_end_is_still_a_call():
     assert a.kind == "tool_calls" and a.tool_calls[0].name == "a"
 
 
+def test_a_closing_tag_the_token_limit_cut_short_still_closes_the_call():
+    for cut in ("</", "</tool", "</tool_call"):
+        action = parse_action('<tool_call>{"name": "cancel", "arguments": {"order_id": "#W1"}}' + cut)
+        assert action.is_tool_call and action.tool_calls[0].arguments == {"order_id": "#W1"}, cut
+    for junk in ("}", "</tool_cal x", "</tol"):  # anything else after the call is still the model's mistake
+        assert parse_action('<tool_call>{"name": "cancel", "arguments": {}}' + junk).kind == "malformed", junk
+
+
 def test_openai_style_string_arguments_and_llama_parameters():
     assert parse_action('{"name": "f", "arguments": "{\\"k\\": 2}"}').tool_calls[0].arguments == {"k": 2}
     assert parse_action('{"name": "f", "parameters": {"k": 3}}').tool_calls[0].arguments == {"k": 3}

@@ -58,7 +58,7 @@ def parse_action(text: str) -> ParsedAction:
         blocks = _TOOL_CALL_BLOCK.findall(stripped)
         thought = _TOOL_CALL_BLOCK.sub("", stripped).replace("</tool_call>", "").strip()
         try:
-            calls = [call for block in blocks for call in _calls_from_json_text(block.strip())]
+            calls = [call for block in blocks for call in _calls_from_json_text(_cut_close(block.strip()))]
         except _Malformed as exc:
             return ParsedAction(kind="malformed", error=f"invalid <tool_call> block: {exc}", thought=thought)
         if not calls:
@@ -79,6 +79,18 @@ def parse_action(text: str) -> ParsedAction:
     if not stripped:
         return ParsedAction(kind="malformed", error="empty action: send a message or a tool call")
     return ParsedAction(kind="message", content=stripped)
+
+
+_CLOSE = "</tool_call>"
+
+
+def _cut_close(block: str) -> str:
+    """A block without the start of a closing tag that the token limit cut short (the call
+    before it is whole: ``{...}</tool``); anything else after the JSON stays, and is malformed."""
+    for size in range(len(_CLOSE) - 1, 1, -1):
+        if block.endswith(_CLOSE[:size]):
+            return block[:-size].rstrip()
+    return block
 
 
 def _looks_like_call(candidate: str) -> bool:
