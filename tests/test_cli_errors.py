@@ -110,6 +110,12 @@ CASES = [
     (("evaluate",), ["{dir}", "--tasks", "0"], "--tasks: must be at least 1"),
     (("route",), ["{dir}", "--message", "hi", "--tasks", "2"], "not both"),
     (("route",), ["{missing}"], "holds no run of trace-gym run"),
+    (("serve",), ["{missing}"], "holds no run of trace-gym run"),
+    (("serve",), ["--adapter", "oops"], "expected NAME=PATH"),
+    (("serve",), ["--port", "many"], "invalid int value"),
+    (("targets", "new"), ["Bad Name!", "--dir", "{root}"], "lowercase"),
+    (("targets", "new"), ["tau2-retail", "--dir", "{root}"], "already registered"),
+    (("targets", "freeze"), ["trace/nope-v0"], "unknown env id 'trace/nope-v0'"),
     (("report",), ["{missing}"], "no trajectory file"),
     (("report",), ["{malformed}"], "is not a trajectory record"),
 ]
