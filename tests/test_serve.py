@@ -212,3 +212,46 @@ def test_serve_refuses_what_it_cannot_serve_in_one_line(tmp_path):
                         ([str(tmp_path), "--model", WARM], "not both")):
         result = run_cli("serve", *args, "--port", "0")
         assert result.returncode == 2 and words in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_the_vllm_client_refuses_what_it_cannot_use_in_one_line(tmp_path):
+    """No tokenizer here, a 4xx (never asked again), a reply without sampled ids, a
+    server that is not there (asked again, then given up): each one LLMError."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from trace_gym.llm import LLMError, make_backend
+
+    with pytest.raises(LLMError, match="no tokenizer"):
+        make_backend(f"vllm:{tmp_path}")
+    calls = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):  # noqa: N802
+            self.rfile.read(int(self.headers["Content-Length"]))
+            calls.append(self.path)
+            status, body = (400, b'{"error": {"message": "bad request"}}') if len(calls) == 1 else (200, b'{"choices": [{"text": "x"}]}')
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    conversation = [[{"role": "user", "content": "hi"}]]
+    try:
+        client = make_backend("vllm:smollm2-135m-instruct", base_url=f"http://127.0.0.1:{server.server_address[1]}/v1",
+                              backoff_s=0)
+        with pytest.raises(LLMError, match="400 bad request"):
+            client.generate(conversation, max_new_tokens=2)
+        assert calls == ["/v1/completions"]  # a request the server refused is not sent again
+        with pytest.raises(LLMError, match="no sampled token ids"):
+            client.generate(conversation, max_new_tokens=2)
+    finally:
+        server.shutdown()
+    gone = make_backend("vllm:smollm2-135m-instruct", base_url="http://127.0.0.1:9/v1", max_retries=1, backoff_s=0)
+    with pytest.raises(LLMError, match="no answer after 2 tries"):
+        gone.generate(conversation, max_new_tokens=2)
