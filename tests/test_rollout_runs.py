@@ -137,6 +137,30 @@ def test_a_synthesized_env_is_rolled_out_by_seeds_and_resumes(tmp_path, seeded_r
     assert again.resumed == 6 and again.episodes == 8
 
 
+def test_a_given_up_episode_is_scored_by_the_env_for_what_it_did(tmp_path, seeded_registry):
+    """The env, not the runner, scores an abandoned episode: the order-lookup env pays
+    0.2 for a tool call and 0.3 for the right look-up, so a model that looks the order
+    up and then writes nothing parsable scores 0.5, not 0 (τ² scores its agent error 0:
+    test_llm's give-up test)."""
+    import re
+
+    def answer(body):
+        if not any(m.get("role") == "tool" for m in body["messages"]):
+            order = re.search(r"#W\d{7}", body["messages"][-1]["content"]).group(0)
+            return {"tool_calls": [{"name": "get_order_details", "arguments": {"order_id": order}}]}
+        return {"content": '<tool_call>{"name": "get_order_details", "arguments": '}
+
+    out = tmp_path / "gave-up.jsonl"
+    with OpenAIDouble(answer) as server:
+        summary = rollout(seeded_registry, "llm", out, seeds=2, progress=False,
+                          agent_kwargs={"model": "openai:double", "base_url": server.base_url, "api_key": "test-key"})
+    assert summary.aborted == 2
+    for t in read_trajectories(out):
+        assert t.error and "did not parse as an action 5 times" in t.error and t.termination_reason == "agent_error"
+        assert t.reward == 0.5 and t.reward_info["components"] == {"used_tool": 1.0, "looked_up": 1.0, "correct_status": 0.0}
+        assert t.reward_info["termination_reason"] == "agent_error"
+
+
 def test_a_synthesized_env_plays_the_split_its_manifest_names(tmp_path, seeded_registry):
     out = tmp_path / "split.jsonl"
     result = run_cli("rollout", "--env", seeded_registry, "--agent", "oracle", "--split", "test", "--out", str(out), "--json",

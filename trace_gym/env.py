@@ -304,6 +304,18 @@ class TextEnv(gym.Env[str, str]):
     def task_id(self) -> str | None:
         return self._task_id
 
+    def end(self, reason: str = "agent_error") -> float:
+        """End the episode before the env or its step limit did (an agent that gave
+        up, a wall-time limit): the env scores what was done so far, as it scores an
+        episode cut at its step limit, and says why in ``reward_info``. A target
+        scores it by its own rules (τ² gives an ``AGENT_ERROR`` ending 0). Returns
+        the reward; an episode already over keeps the reward it ended with."""
+        if not self._started:
+            raise EpisodeStateError("call reset() before end()")
+        if self._done:
+            return float((self._reward_info or {}).get("reward") or 0.0)
+        return self._finish(reason)
+
     def _finish(self, reason: str) -> float:
         self._done = True
         self._termination_reason = reason

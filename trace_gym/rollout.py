@@ -165,6 +165,9 @@ def _finish(env: Any, agent: Any, env_id: str, run: _Running, reward: float, ter
 
     core = env.unwrapped
     own = isinstance(core, TextEnv)  # a trace-gym env keeps the richer transcript (raw text, errors, user-side calls)
+    if error is not None and own:  # the env, not the runner, scores an abandoned episode (partial credit, or τ²'s 0)
+        reward = core.end("agent_error")
+        step_info = {**step_info, "reward_info": core.reward_info}
     usage = agent.usage() if hasattr(agent, "usage") else {}
     return Trajectory(
         episode_id=episode_id(env_id, run.episode.task_id, run.episode.sample, run.episode.reset_seed),
@@ -213,7 +216,9 @@ def run_episode(env: Any, agent: Any, env_id: str, episode: Episode) -> Trajecto
     """Play one episode; the env's transcript becomes the trajectory record.
 
     An agent that gives up (``AgentGaveUp``: its model never produced a valid
-    action) ends the episode with reward 0 and the reason in ``error``.
+    action) ends the episode, truncated, with the reason in ``error``: a
+    trace-gym env scores what was done so far (``TextEnv.end``: a synthesized
+    env's partial credit, τ²'s 0 for an agent error); another env, 0.
     """
     run = _start(env, agent, episode)
     reward, terminated, truncated, step_info = 0.0, False, False, {}
