@@ -32,12 +32,12 @@ adapter), ``receive(completion)`` takes the answer.
 from __future__ import annotations
 
 import uuid
-import zlib
 from typing import Any
 
 from trace_gym.actions import parse_action
 from trace_gym.errors import TraceGymError
 from trace_gym.llm.base import LLMError
+from trace_gym.seeding import derive_seed
 
 
 class AgentGaveUp(TraceGymError):
@@ -147,7 +147,7 @@ class LLMAgent:
 
     def _sampling_seed(self) -> int:
         """Per run seed, episode (env seed and sample) and turn: samples of one task differ."""
-        return zlib.crc32(f"{self.seed}|{self._episode_seed}|{self._episode_sample}|{self._turn}".encode()) & 0x7FFFFFFF
+        return derive_seed(self.seed, self._episode_seed, self._episode_sample, self._turn)
 
     def _prompt_ids(self) -> list[int]:
         if not self.tokens.turns:

@@ -61,7 +61,9 @@ def main() -> int:
     parser.add_argument("--groups", type=int, default=4)
     parser.add_argument("--rollouts-per-group", type=int, default=4)
     parser.add_argument("--lr", type=float, default=1e-4)
-    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--max-steps", type=int, default=None, help="agent actions per episode (default: the env's own)")
+    parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="keep the run here (default: a temporary folder)")
@@ -76,8 +78,8 @@ def main() -> int:
     folder = args.out or tempfile.mkdtemp(prefix="learning-curve-")
     config = GRPOTrainingConfig(env_ids=[args.env], out=os.path.join(folder, "run"), model=args.model,
                                 iterations=args.iterations, groups=args.groups, rollouts_per_group=args.rollouts_per_group,
-                                learning_rate=args.lr, max_new_tokens=args.max_new_tokens, torch_threads=args.threads,
-                                seed=args.seed)
+                                learning_rate=args.lr, max_new_tokens=args.max_new_tokens, max_steps=args.max_steps,
+                                temperature=args.temperature, torch_threads=args.threads, seed=args.seed)
     t0 = time.perf_counter()
     try:
         result = train(config, progress=False, resume=os.path.exists(os.path.join(config.out, "run.json")))
@@ -88,6 +90,7 @@ def main() -> int:
     rows = [json.loads(line) for line in result.log.read_text().splitlines()]
     calibration = json.loads((result.out / "calibration.json").read_text())["calibrations"][0]
     print(f"learning curve: {args.model} on {args.env}, G{args.groups} x K{args.rollouts_per_group}, lr {args.lr}, "
+          f"temperature {args.temperature}, max_new_tokens {args.max_new_tokens}, max_steps {args.max_steps or 'env default'}, "
           f"{args.iterations} iterations, dynamic sampling up to {config.max_draws} draws, run in {folder}")
     for figures in calibration["figures"]:
         print(f"calibration level {figures['level']}: mean reward {figures['mean_reward']}, "

@@ -212,3 +212,19 @@ def test_a_local_model_loads_the_adapter_given_by_path(tmp_path):
     first = lambda t: next(m.raw for m in t.messages if m.role == "assistant" and m.raw is not None)  # noqa: E731
     assert first(runs["adapted"]) != first(runs["plain"])
     assert read_run_settings(tmp_path / "adapted.jsonl")[0]["agent_options"]["adapter"] == adapter
+
+
+def test_every_derived_seed_comes_from_the_one_formula_and_keeps_its_value():
+    """Seeds are pinned: a run resumed by a later version must draw the seeds it drew
+    (episodes, GRPO groups, redraws, calibration), so the formula may not drift."""
+    from trace_gym.rollout import episode_seed, plan_seeded_episodes
+    from trace_gym.seeding import derive_seed
+    from trace_gym.training.config import GRPOTrainingConfig
+    from trace_gym.training.rollouts import plan_groups
+
+    assert derive_seed(0, "0", 0) == episode_seed(0, "0", 0) == 1204990841
+    assert derive_seed(7, "trace/tool-precision-v0", 3) == 271336901
+    [first, *_] = plan_groups(GRPOTrainingConfig(env_ids=["trace/tool-precision-v0"], out="x", seed=7, iterations=1),
+                              {"trace/tool-precision-v0": None})
+    assert json.loads(first)["seed"] == derive_seed(7, "trace/tool-precision-v0", 0)
+    assert [e.seed for e in plan_seeded_episodes([5], 2, run_seed=3)] == [derive_seed(3, "seed-5", k) for k in range(2)]

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import math
 import time
-import zlib
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from .errors import TraceGymError
+from .seeding import derive_seed
 from .store import TrajectoryStore
 from .trajectory import Message, Trajectory, episode_id
 
@@ -64,7 +64,7 @@ class RolloutSummary:
 
 def episode_seed(run_seed: int, task_id: str | None, sample: int) -> int:
     """A seed per episode that depends on its identity, not on run order."""
-    return zlib.crc32(f"{run_seed}|{task_id}|{sample}".encode()) & 0x7FFFFFFF
+    return derive_seed(run_seed, task_id, sample)
 
 
 def plan_episodes(task_ids: Iterable[str | None], samples: int, run_seed: int) -> list[Episode]:
@@ -330,6 +330,7 @@ def play_episodes(
     temperature: float = 1.0,
     max_new_tokens: int = 256,
     env_kwargs: dict[str, Any] | None = None,
+    run_seed: int = 0,
 ) -> list[PlayedEpisode]:
     """Play episodes of a registry env (a target in-process, a synthesized env in
     its sandbox) with a local model, in lock-step batches, and return them with
@@ -341,7 +342,8 @@ def play_episodes(
     policy a trainer is updating: cached keys and values are cleared at the
     start of each call, since the weights may have changed since the last).
     ``episodes`` are planned episodes or plain env seeds (synthesized envs; a
-    seed given G times is played G times, with different sampling seeds).
+    seed given G times is played G times, with different sampling seeds, derived
+    from ``run_seed`` as ``plan_seeded_episodes`` derives them).
     """
     from trace_gym.agents import make_agent
     from trace_gym.llm import make_backend
@@ -367,7 +369,7 @@ def play_episodes(
         if not isinstance(ep, Episode):
             env_seed = int(ep)
             repeats[env_seed] = repeats.get(env_seed, -1) + 1
-            ep = Episode(None, repeats[env_seed], episode_seed(0, f"seed-{env_seed}", repeats[env_seed]), env_seed=env_seed)
+            ep = Episode(None, repeats[env_seed], episode_seed(run_seed, f"seed-{env_seed}", repeats[env_seed]), env_seed=env_seed)
         planned.append(ep)
     size = max(1, min(batch, len(planned)))
     envs = [make(env_id, **(env_kwargs or {})) for _ in range(size)]

@@ -95,7 +95,7 @@ class ValidationConfig:
 
 def draw_seeds(run_seed: int, purpose: str, n: int) -> list[int]:
     """``n`` env seeds as training draws them: 31-bit, from the run's seed
-    (``rollout.episode_seed``, the project's one seed formula)."""
+    (``seeding.derive_seed``, the project's one seed formula)."""
     from .rollout import episode_seed
 
     return [episode_seed(run_seed, purpose, i) for i in range(n)]

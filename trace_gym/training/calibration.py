@@ -23,10 +23,11 @@ import dataclasses
 import json
 import statistics
 import time
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
+
+from trace_gym.seeding import derive_seed
 
 from .config import GRPOTrainingConfig, TrainingError
 from .rollouts import informative, plan_groups
@@ -141,7 +142,7 @@ def calibration_keys(config: GRPOTrainingConfig, env_id: str, tasks: list[str] |
     """G episode keys for one level, drawn as training draws its seeds but from a
     stream of their own (calibration never replays the seeds training will use)."""
     groups = config.calibration_groups or config.groups
-    seed = zlib.crc32(f"{config.seed}|calibration|{level_index}".encode()) & 0x7FFFFFFF
+    seed = derive_seed(config.seed, "calibration", level_index)
     plan = dataclasses.replace(config, env_ids=[env_id], iterations=1, groups=groups, seed=seed)
     return plan_groups(plan, {env_id: tasks})
 

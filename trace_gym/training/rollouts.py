@@ -43,11 +43,11 @@ import json
 import math
 import statistics
 import time
-import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
 from trace_gym.errors import TraceGymError
+from trace_gym.seeding import derive_seed
 
 from .config import GRPOTrainingConfig, TrainingError
 from .pool import EnvPool, EpisodeOutcome
@@ -98,12 +98,12 @@ def redraw_key(key: dict[str, Any], draw: int, run_seed: int, tasks: list[str] |
     import random
 
     env_id = key["env"]
-    token = f"{run_seed}|redraw|{json.dumps(key, sort_keys=True)}|{draw}"
+    parts = (run_seed, "redraw", json.dumps(key, sort_keys=True), draw)
     if key.get("task") is not None:
         if not tasks:
             raise TrainingError(f"{env_id}: cannot redraw a task without the target's task list")
-        return episode_key(env_id, task=random.Random(token).choice(tasks))
-    return episode_key(env_id, seed=zlib.crc32(token.encode()) & 0x7FFFFFFF)
+        return episode_key(env_id, task=random.Random("|".join(map(str, parts))).choice(tasks))
+    return episode_key(env_id, seed=derive_seed(*parts))
 
 
 class EnvTurnedError(TrainingError):
@@ -392,5 +392,5 @@ def plan_groups(config: GRPOTrainingConfig, task_lists: dict[str, list[str] | No
         if env_id in orders:
             keys.append(episode_key(env_id, task=orders[env_id][i % len(orders[env_id])]))
         else:
-            keys.append(episode_key(env_id, seed=zlib.crc32(f"{config.seed}|{env_id}|{i}".encode()) & 0x7FFFFFFF))
+            keys.append(episode_key(env_id, seed=derive_seed(config.seed, env_id, i)))
     return keys
