@@ -26,7 +26,7 @@ $(VENV)/.stamp: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip setuptools wheel
 	$(PIP) install -q $(TORCH)
-	$(PIP) install -q -e '.[tau2,sandbox,models,ray,train,baselines,test]'
+	$(PIP) install -q -e '.[tau2,sandbox,models,ray,train,baselines,openenv,test]'
 	$(PIP) install -q --no-deps $(EMBEDDED)
 	touch $@
 

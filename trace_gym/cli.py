@@ -89,6 +89,18 @@ def build_parser() -> argparse.ArgumentParser:
                                      "results.json beside its manifest, both or neither)")
     tfreeze.add_argument("env_id")
     tfreeze.set_defaults(func=cmd_envs_freeze)
+    eserve = envs_sub.add_parser("serve", help="serve a registry env as an OpenEnv environment (episodes on its /ws)",
+                                 description="OpenEnv's server (openenv-core) over a registry env, a target or a "
+                                             "synthesized env in its sandbox: reset takes seed, task_id and split; the "
+                                             "action is {\"text\": the agent's turn}; the observation holds the text, the "
+                                             "messages, the system prompt and tools at reset, and the reward at the end. "
+                                             "docs/targets.md has the protocol.")
+    eserve.add_argument("env_id")
+    eserve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    eserve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    eserve.add_argument("--max-sessions", type=int, default=8, help="episodes played at once, one per WebSocket "
+                        "session (default 8)")
+    eserve.set_defaults(func=cmd_envs_serve)
     catalog = envs_sub.add_parser("catalog", help="write the registry catalogue (CATALOG.md and catalog.json)")
     catalog.add_argument("--registry", default=None, metavar="DIR", help="the registry folder (default: the installed env_registry)")
     catalog.add_argument("--check", action="store_true", help="write nothing; exit 1 if the committed catalogue is out of date")
@@ -452,6 +464,24 @@ def validate_registry_envs(args: argparse.Namespace, config: Any) -> int:
         print(f"{len(outcomes) - len(failed)} of {len(outcomes)} envs passed"
               + (f"; failed: {', '.join(failed)} (trace-gym validate FOLDER shows each check's evidence)" if failed else ""))
     return 0 if all(o.passed for o in outcomes) else 1
+
+
+def cmd_envs_serve(args: argparse.Namespace) -> int:
+    from .openenv_server import BackgroundServer
+
+    if not 0 <= args.port < 65536:
+        raise TraceGymError(f"--port must be in 0..65535, got {args.port}")
+    try:
+        server = BackgroundServer(args.env_id, host=args.host, port=args.port, max_sessions=args.max_sessions)
+    except OSError as exc:
+        raise TraceGymError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
+    with server:
+        print(f"serving {args.env_id} over OpenEnv at {server.base_url} (episodes on /ws; Ctrl-C stops)", flush=True)
+        try:
+            server.wait()
+        except KeyboardInterrupt:
+            pass
+    return 0
 
 
 def cmd_envs_catalog(args: argparse.Namespace) -> int:
