@@ -29,6 +29,17 @@ def run_cli(*args: str, timeout: float = 600, env: dict | None = None, cwd: Path
     )
 
 
+@pytest.fixture(autouse=True)
+def _registry_dirs_added_stay_in_their_test():
+    """A folder a test's run adds to the registry (``add_registry_dir``) is gone after it,
+    as a monkeypatched TRACE_GYM_REGISTRY_PATH is."""
+    from trace_gym import registry
+
+    before = list(registry._ADDED)
+    yield
+    registry._ADDED[:] = before
+
+
 @pytest.fixture(scope="session")
 def retail_env():
     import gymnasium as gym

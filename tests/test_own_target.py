@@ -3,6 +3,7 @@ base class), registered by a folder on TRACE_GYM_REGISTRY_PATH, played and train
 
 import json
 import os
+import shutil
 
 import pytest
 
@@ -165,3 +166,19 @@ def test_a_plain_envs_unparsable_turn_is_recorded_as_one():
     record = transcript_messages([{"role": "user", "content": "hi"}, *turn_messages(broken, "Thanks, bye.", {}),
                                   *turn_messages("All done.", "ok", {})])
     assert [m.error for m in record if m.role == "assistant"] == [True, False]
+
+
+def test_a_program_adds_a_registry_folder_without_editing_the_environment(tmp_path, monkeypatch):
+    from trace_gym.registry import add_registry_dir, get_entry, registry_dirs
+
+    monkeypatch.delenv("TRACE_GYM_REGISTRY_PATH", raising=False)
+    folder = tmp_path / "mine"
+    (folder / "desk").mkdir(parents=True)
+    (folder / "desk" / "manifest.toml").write_text((REPO / "examples" / "bank-support" / "manifest.toml").read_text()
+                                                   .replace("trace/bank-support-v0", "trace/added-desk-v0"))
+    shutil.copy(REPO / "examples" / "bank-support" / "bank_support.py", folder / "desk")
+    assert add_registry_dir(folder) is True and add_registry_dir(folder) is False  # once
+    assert get_entry("trace/added-desk-v0").path == (folder / "desk").resolve() and folder.resolve() in registry_dirs()
+    assert "TRACE_GYM_REGISTRY_PATH" not in os.environ
+    library = [p for p in (REPO / "trace_gym").rglob("*.py") if 'os.environ["TRACE_GYM_REGISTRY_PATH"] =' in p.read_text()]
+    assert library == []  # no library code edits the user's setting

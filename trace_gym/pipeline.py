@@ -720,13 +720,14 @@ def _require(state: RunState, stage: str, by: str) -> dict[str, Any]:
 
 def stage_synthesize(config: PipelineConfig, state: RunState, say: Callable[[str], None]) -> dict[str, Any]:
     from .artifacts import EnvRecord, EnvSet
+    from .registry import add_registry_dir
     from .synthesis import synthesize
 
     identified = _require(state, "identify", "synthesize")
     out = config.run_dir / "envs"
     registry = out / "registry"
     registry.mkdir(parents=True, exist_ok=True)
-    _expose_registry(registry)  # the run's own envs are visible to gym.make here and in workers
+    add_registry_dir(registry)  # the run's own envs are visible to gym.make (workers are told: registry_dirs())
     envs = EnvSet()
     if not identified["selected"]:
         say("no capability was selected; nothing to synthesize")
@@ -757,19 +758,6 @@ def stage_synthesize(config: PipelineConfig, state: RunState, say: Callable[[str
             "analyst_tokens": tokens, "summary": summary}
 
 
-def _expose_registry(folder: str | Path) -> None:
-    """Make the run's own registry of synthesized envs visible to ``gym.make`` (here and in workers)."""
-    import os
-
-    from .registry import register_all
-
-    folder = str(Path(folder).resolve())
-    current = [p for p in os.environ.get("TRACE_GYM_REGISTRY_PATH", "").split(os.pathsep) if p]
-    if folder not in current:
-        os.environ["TRACE_GYM_REGISTRY_PATH"] = os.pathsep.join([*current, folder])
-    register_all()
-
-
 def training_plan(config: PipelineConfig, envs: dict[str, str]) -> list[dict[str, Any]]:
     """The training runs of the train stage: one adapter per capability env, then the
     baselines at the same total rollout budget, then the causal control."""
@@ -794,13 +782,14 @@ def training_plan(config: PipelineConfig, envs: dict[str, str]) -> list[dict[str
 def stage_train(config: PipelineConfig, state: RunState, say: Callable[[str], None]) -> dict[str, Any]:
     from .artifacts import AdapterRecord, AdapterSet, EnvSet, UntrainableRecord
     from .evaluation import trace_budget
+    from .registry import add_registry_dir
     from .training.calibration import UntrainableEnvError
     from .training.log import TrainLog
     from .training.rollouts import EnvTurnedError
     from .training.trainer import train
 
     synthesized = _require(state, "synthesize", "train")
-    _expose_registry(synthesized["registry"])
+    add_registry_dir(synthesized["registry"])
     out = config.run_dir / "adapters"
     out.mkdir(parents=True, exist_ok=True)
     made = AdapterSet()

@@ -4,8 +4,10 @@
 (tomllib, no other import) and registers Gymnasium specs with string entry
 points: nothing heavy is imported until an env is made. Folders come from the
 installed ``trace_gym.env_registry`` package, the packages that installed
-distributions name in the ``trace_gym.registry`` entry-point group, and any listed
-in the ``TRACE_GYM_REGISTRY_PATH`` environment variable (``os.pathsep``-separated).
+distributions name in the ``trace_gym.registry`` entry-point group, any listed
+in the ``TRACE_GYM_REGISTRY_PATH`` environment variable (``os.pathsep``-separated:
+the user's setting), and those a program adds with :func:`add_registry_dir` (a
+run's own synthesized envs; library code never edits the variable).
 
 A manifest::
 
@@ -101,16 +103,35 @@ class EnvEntry:
 ENTRY_POINT_GROUP = "trace_gym.registry"
 
 
+_ADDED: list[Path] = []
+"""Folders :func:`add_registry_dir` made visible to this process."""
+
+
 def registry_dirs() -> list[Path]:
     """Folders that hold env folders: the installed registry first, then those of
-    installed packages' ``trace_gym.registry`` entry points, then ``TRACE_GYM_REGISTRY_PATH``'s."""
+    installed packages' ``trace_gym.registry`` entry points, then ``TRACE_GYM_REGISTRY_PATH``'s,
+    then those added with :func:`add_registry_dir`."""
     from . import env_registry  # a package with no code, cheap to import
 
     dirs = [Path(p) for p in env_registry.__path__]
     dirs += entry_point_dirs()
     extra = os.environ.get("TRACE_GYM_REGISTRY_PATH", "")
     dirs += [Path(p) for p in extra.split(os.pathsep) if p]
-    return dirs
+    return dirs + [d for d in _ADDED if d not in dirs]
+
+
+def add_registry_dir(folder: str | Path) -> bool:
+    """Make a folder of env folders (each with a ``manifest.toml``) visible to this
+    process's registry and ``gym.make``, after every other source; returns False when
+    it was already visible. Other processes do not see it: a program that starts
+    workers passes them ``registry_dirs()`` (the Ray executor does), and a user who
+    wants it everywhere puts it on ``TRACE_GYM_REGISTRY_PATH``."""
+    path = Path(folder).resolve()
+    if any(path == d.resolve() for d in registry_dirs()):
+        return False
+    _ADDED.append(path)
+    register_all()
+    return True
 
 
 def agent_words(env_id: str | None) -> str:

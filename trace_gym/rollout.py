@@ -586,12 +586,17 @@ def _run_threads(env_id, env_kwargs, agent, agent_kwargs, todo, workers, record)
             env.close()
 
 
-def _ray_chunk(env_id: str, env_kwargs: dict[str, Any], agent: str, agent_kwargs: dict[str, Any], episodes: list[Episode]) -> list[str]:
-    """Runs on a Ray worker: its own env and agent; trajectories as JSON text."""
+def _ray_chunk(env_id: str, env_kwargs: dict[str, Any], agent: str, agent_kwargs: dict[str, Any], episodes: list[Episode],
+               dirs: list[str] = ()) -> list[str]:
+    """Runs on a Ray worker: its own env and agent; trajectories as JSON text. ``dirs``:
+    the driver's registry folders (a run's own envs are not on the worker's path)."""
     import trace_gym  # noqa: F401  (registers the envs in the worker)
     from trace_gym.agents import make_agent
 
-    from .registry import make
+    from .registry import add_registry_dir, make
+
+    for folder in dirs:
+        add_registry_dir(folder)
 
     env = make(env_id, **env_kwargs)
     try:
@@ -610,7 +615,10 @@ def _run_ray(env_id, env_kwargs, agent, agent_kwargs, todo, workers):
         ray.init(num_cpus=max(workers, 1), include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     remote = ray.remote(_ray_chunk)
     chunk = max(1, len(todo) // (max(workers, 1) * 4))
-    pending = [remote.remote(env_id, env_kwargs, agent, agent_kwargs, todo[i:i + chunk]) for i in range(0, len(todo), chunk)]
+    from .registry import registry_dirs
+
+    dirs = [str(d) for d in registry_dirs()]
+    pending = [remote.remote(env_id, env_kwargs, agent, agent_kwargs, todo[i:i + chunk], dirs) for i in range(0, len(todo), chunk)]
     while pending:
         ready, pending = ray.wait(pending, num_returns=1)
         for text in ray.get(ready[0]):

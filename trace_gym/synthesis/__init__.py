@@ -14,7 +14,6 @@ tool schemas will do. Env code is never imported or run in this process.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -136,7 +135,9 @@ def synthesize(capabilities: str | Path | list[Capability], target: str, *, anal
     say = progress or (lambda message: None)
     registry = Path(registry_dir) if registry_dir else default_registry_dir()
     result = SynthesisResult(entry.id, analyst, str(registry))
-    if not _expose(registry):
+    from trace_gym.registry import add_registry_dir
+
+    if add_registry_dir(registry):
         result.notes.append(f"{registry} is not on the registry path: set TRACE_GYM_REGISTRY_PATH={registry} "
                             "for other processes to see its envs")
     if analyst == "registry":
@@ -174,12 +175,3 @@ def synthesize(capabilities: str | Path | list[Capability], target: str, *, anal
     return result
 
 
-def _expose(registry: Path) -> bool:
-    """Make a registry dir visible to this process's registry; False if it was not already."""
-    from trace_gym.registry import registry_dirs
-
-    if any(registry.resolve() == d.resolve() for d in registry_dirs()):
-        return True
-    current = os.environ.get("TRACE_GYM_REGISTRY_PATH", "")
-    os.environ["TRACE_GYM_REGISTRY_PATH"] = os.pathsep.join(p for p in (current, str(registry)) if p)
-    return False
