@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from .base import LLMBackend, LLMError
@@ -10,21 +11,38 @@ from .embedded import EMBEDDED_MODELS, EMBEDDED_NAME
 EMBEDDED_DEFAULT = EMBEDDED_NAME
 
 
-def make_backend(spec: str, **kwargs: Any) -> LLMBackend:
+REMOTE_PREFIXES = ("openai:", "vllm:")
+
+
+def local_folder(spec: str) -> tuple[str, str | None]:
+    """(folder, chat template to set, or None) of a local model spec: an embedded model's
+    name (its folder in the cache, under our tool-call template, set every time so that
+    a model cached by an older version plays under the current one) or ``hf:<folder>``
+    (a bare folder too). The one reading of a local spec: backends, training and the
+    vLLM client's tokenizer all take it from here. Never reaches a hub."""
     if spec in EMBEDDED_MODELS:
         from .embedded import TOOL_CHAT_TEMPLATE, local_model
+
+        return str(local_model(spec)), TOOL_CHAT_TEMPLATE
+    if spec.startswith(REMOTE_PREFIXES):
+        raise LLMError(f"{spec} is a model behind a server, not a local folder; use {EMBEDDED_NAME} or hf:<local folder>")
+    folder = spec.removeprefix("hf:")
+    if not Path(folder).is_dir():
+        raise LLMError(f"no local model folder at {folder}: trace-gym loads local models only and never downloads weights")
+    return folder, None
+
+
+def make_backend(spec: str, **kwargs: Any) -> LLMBackend:
+    if spec in EMBEDDED_MODELS or spec.startswith("hf:"):
         from .local_hf import LocalHF
 
-        # The template is set here too, so a model cached by an older version gets the current one.
-        return LocalHF(str(local_model(spec)), name=spec, chat_template=TOOL_CHAT_TEMPLATE, **kwargs)
+        folder, template = local_folder(spec)
+        names = {"name": spec} if spec in EMBEDDED_MODELS else {}
+        return LocalHF(folder, **names, **({"chat_template": template} if template else {}), **kwargs)
     if spec.startswith("openai:"):
         from .openai_compat import OpenAICompatible
 
         return OpenAICompatible(spec.removeprefix("openai:"), **kwargs)
-    if spec.startswith("hf:"):
-        from .local_hf import LocalHF
-
-        return LocalHF(spec.removeprefix("hf:"), **kwargs)
     if spec.startswith("vllm:"):
         from .vllm_tokens import VLLMTokens
 

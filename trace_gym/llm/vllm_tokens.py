@@ -164,12 +164,13 @@ def _error_message(exc: Any) -> str:
 def _tokenizer_folder(spec: str) -> tuple[str, str | None]:
     """(local folder, chat template to set or None) of a tokenizer spec: an embedded
     model's name, ``hf:<folder>`` or a folder."""
-    from .embedded import EMBEDDED_MODELS, TOOL_CHAT_TEMPLATE, local_model
+    from .registry import local_folder
 
-    if spec in EMBEDDED_MODELS:
-        return str(local_model(spec)), TOOL_CHAT_TEMPLATE
-    folder = spec.removeprefix("hf:")
+    try:
+        folder, template = local_folder(spec)
+    except LLMError:
+        folder, template = spec.removeprefix("hf:"), None
     if not (Path(folder) / "tokenizer_config.json").exists():
         raise LLMError(f"vllm:{spec}: no tokenizer at {folder}; the client renders conversations itself, so it needs "
                        "the model's tokenizer here (tokenizer=<local folder> or an embedded model's name)")
-    return folder, None
+    return folder, template

@@ -62,16 +62,14 @@ class TrainingResult:
 def resolve_model(spec: str) -> tuple[str, str | None]:
     """(local folder, chat template to set) of a policy spec: the embedded name,
     ``hf:<folder>`` or a folder. Training never reaches a hub or a remote server."""
-    from trace_gym.llm.embedded import EMBEDDED_MODELS, EMBEDDED_NAME, TOOL_CHAT_TEMPLATE, local_model
+    from trace_gym.llm import LLMError
+    from trace_gym.llm.registry import REMOTE_PREFIXES, local_folder
 
-    if spec in EMBEDDED_MODELS:
-        return str(local_model(spec)), TOOL_CHAT_TEMPLATE
-    if spec.startswith("openai:"):
-        raise TrainingError(f"cannot train {spec}: GRPO updates local weights; use {EMBEDDED_NAME} or hf:<local folder>")
-    path = spec.removeprefix("hf:")
-    if not Path(path).is_dir():
-        raise TrainingError(f"no local model folder at {path}: trace-gym trains local models only and never downloads weights")
-    return path, None
+    try:
+        return local_folder(spec)
+    except LLMError as exc:
+        reason = "training updates local weights; " if spec.startswith(REMOTE_PREFIXES) else ""
+        raise TrainingError(f"cannot train {spec}: {reason}{exc}") from None
 
 
 def load_policy(spec: str, dtype: str, device: str = "cpu") -> tuple[Any, Any, str]:
