@@ -9,6 +9,7 @@ import json
 import random
 
 TOOLS = ["find_user_id_by_name_zip", "get_user_details", "get_order_details", "calculate"]
+LEVELS = 2  # 0: one or two orders to read; 1 (default): three to five
 FIRST = ["Yusuf", "Mia", "Noah", "Aarav", "Olivia", "Lucas", "Fatima", "Chen", "Sofia", "Ivan", "Amara", "Mateo"]
 LAST = ["Rossi", "Garcia", "Kim", "Patel", "Smith", "Novak", "Okafor", "Silva", "Muller", "Tanaka", "Haddad", "Lopez"]
 PRODUCTS = {
@@ -25,7 +26,7 @@ STATUSES = ["pending", "processed", "delivered", "cancelled"]
 class Environment:
     max_steps = 20
 
-    def reset(self, seed, hint=False):
+    def reset(self, seed, hint=False, level=1):
         rng = random.Random(seed)
         self.first, self.last = rng.choice(FIRST), rng.choice(LAST)
         self.zip = "%05d" % rng.randrange(10000, 99999)
@@ -33,7 +34,7 @@ class Environment:
         card = "credit_card_%07d" % rng.randrange(10**7)
         self.payment = {card: {"source": "credit_card", "id": card, "brand": rng.choice(["visa", "mastercard"]), "last_four": "%04d" % rng.randrange(10**4)}}
         self.orders = {}
-        for _ in range(rng.randint(3, 5)):
+        for _ in range(rng.randint(3, 5) if level else rng.randint(1, 2)):
             order_id = "#W%07d" % rng.randrange(10**7)
             items = []
             for _ in range(rng.randint(1, 4)):
