@@ -163,3 +163,55 @@ def test_one_grpo_iteration_and_an_sft_run_under_each_familys_stock_template(fam
     policy = make_backend(done.policy)
     assert done.steps >= 1 and done.first_loss > 0
     assert policy.template_note.startswith("the tokenizer's own (it appends")  # the chosen template travels with it
+
+
+@pytest.fixture(scope="module")
+def qwen3_folder(tmp_path_factory):
+    """A tiny Qwen3 model folder as a user has it: the stock template, which cannot append."""
+    from families import tiny_model
+
+    tokenizer = family_tokenizer("qwen3")
+    folder = tmp_path_factory.mktemp("qwen3") / "model"
+    tiny_model(tokenizer, arch="qwen3").save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_a_template_named_with_the_model_is_the_one_every_stage_loads(qwen3_folder):
+    """`[policy] chat_template` / `--chat-template` ride in the model spec: a backend, the
+    trainer's loader and the pipeline's stages all read the same choice from it."""
+    from trace_gym.llm import make_backend
+    from trace_gym.llm.templates import CANNOT_APPEND, trl_template
+    from trace_gym.pipeline import PolicySettings
+    from trace_gym.training.trainer import load_policy
+
+    spec = PolicySettings(model=f"hf:{qwen3_folder}", chat_template="qwen3_training").spec
+    assert spec == f"hf:{qwen3_folder}?template=qwen3_training"
+    backend = make_backend(spec)
+    assert backend.template_note == "'qwen3_training'" and backend.tokenizer.chat_template == trl_template("qwen3_training")
+    _, tokenizer, _ = load_policy(spec, "float32")
+    assert tokenizer.chat_template == trl_template("qwen3_training")
+
+    stock = make_backend(f"hf:{qwen3_folder}?template=stock")  # what the user asked for, with the warning
+    assert stock.template_note.endswith(CANNOT_APPEND)
+
+
+def test_training_refuses_a_template_that_cannot_append(qwen3_folder):
+    from trace_gym.training.config import TrainingError
+    from trace_gym.training.trainer import load_policy
+
+    with pytest.raises(TrainingError, match="re-renders earlier turns"):
+        load_policy(f"hf:{qwen3_folder}?template=stock", "float32")
+
+
+def test_rollout_plays_under_the_template_its_flag_names(qwen3_folder, tmp_path):
+    from conftest import run_cli
+
+    out = tmp_path / "r.jsonl"
+    result = run_cli("rollout", "--env", "trace/tau2-mock-v0", "--agent", "llm", "--model", f"hf:{qwen3_folder}",
+                     "--chat-template", "qwen3_training", "--tasks", "1", "--max-steps", "2",
+                     "--out", str(out), "--no-progress")
+    assert result.returncode == 0, result.stderr
+    assert "plays under 'qwen3_training'" in result.stderr
+    header = json.loads(out.read_text().splitlines()[0])
+    assert f"hf:{qwen3_folder}?template=qwen3_training" in json.dumps(header)

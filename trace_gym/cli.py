@@ -110,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     roll.add_argument("--env", required=True, help="env id, e.g. trace/tau2-retail-v0")
     roll.add_argument("--agent", required=True, help="llm, oracle, random, planted, noop or message_only")
     roll.add_argument("--model", default=None, help="for --agent llm: smollm2-135m-instruct (default, offline), openai:<model> or hf:<path>")
+    roll.add_argument("--chat-template", default=None, metavar="T", help="for --agent llm: " + TEMPLATE_HELP)
     roll.add_argument("--adapter", default=None, help="for --agent llm: a LoRA adapter name (vLLM) or path (local models)")
     roll.add_argument("--temperature", type=float, default=None, help="for --agent llm: sampling temperature (default 0: greedy)")
     roll.add_argument("--deficits", default=None, help="for --agent planted: name=probability,... e.g. corrupt_ids=0.3,end_early=0.3")
@@ -234,6 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "adapters and router)")
     serve.add_argument("--model", default=None, help="without RUN: a local model, the embedded smollm2-135m-instruct "
                        "(default), a shipped warm start or hf:<folder>")
+    serve.add_argument("--chat-template", default=None, metavar="T", help="with --model: " + TEMPLATE_HELP)
     serve.add_argument("--adapter", action="append", default=None, metavar="NAME=PATH",
                        help="also serve this LoRA adapter under NAME (repeatable)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -252,6 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "train_log.jsonl, reward_curve.png and checkpoints/ into --out.")
     train.add_argument("--env", required=True, help="env id, or several ids separated by commas (one merged adapter)")
     train.add_argument("--model", default=None, help="policy: the embedded smollm2-135m-instruct (default) or hf:<local folder>")
+    train.add_argument("--chat-template", default=None, metavar="T", help=TEMPLATE_HELP)
     train.add_argument("--out", required=True, help="run folder")
     train.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     train.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cpu or cuda (default cpu)")
@@ -294,6 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     warm.add_argument("--out", required=True, help="run folder")
     warm.add_argument("--model", default=None, help="policy to warm-start: an embedded model (default smollm2-135m-instruct), a shipped warm start "
                       "or hf:<local folder>")
+    warm.add_argument("--chat-template", default=None, metavar="T", help=TEMPLATE_HELP + " (saved with the model)")
     warm.add_argument("--min-reward", type=float, default=None, help="learn from episodes with at least this reward (default 1.0)")
     warm.add_argument("--epochs", type=int, default=None, help="passes over the demonstrations (default 2)")
     warm.add_argument("--lr", type=float, default=None, help="AdamW learning rate (default 2e-4)")
@@ -321,6 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "evaluates the best prompt on the held-out split (eval/).")
     gepa.add_argument("--env", required=True, help="the target env id, e.g. trace/tau2-retail-v0")
     gepa.add_argument("--model", default=None, help="policy: the embedded smollm2-135m-instruct (default), hf:<folder> or openai:<model>")
+    gepa.add_argument("--chat-template", default=None, metavar="T", help="of the policy: " + TEMPLATE_HELP)
     gepa.add_argument("--reflection", default=None, metavar="MODEL",
                       help="reflection model: openai:<model> (default: the embedded model, too small to be a fair baseline; it says so)")
     gepa.add_argument("--reflection-max-tokens", type=count, default=1024, metavar="N",
@@ -606,13 +611,33 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
     return 0 if all(o.status in ("registered", "served", "kept") for o in result.outcomes) else 1
 
 
+TEMPLATE_HELP = ("chat template of a local or vllm: model: auto (default: the model's own if it appends turn "
+                 "for turn, else TRL's training template for its family), stock, a TRL template's name "
+                 "(qwen3_training) or a .jinja path")
+
+
+def model_spec(model: str | None, template: str | None, default: str | None = None) -> str | None:
+    """The spec --model and --chat-template name together (None: the command's default model)."""
+    if not template:
+        return model
+    from .llm.registry import EMBEDDED_DEFAULT, with_template
+    from .llm.templates import check_choice
+
+    check_choice(template)
+    return with_template(model or default or EMBEDDED_DEFAULT, template)
+
+
 def agent_options(args: argparse.Namespace) -> dict[str, Any]:
     """Agent keyword arguments from the rollout flags; flags that do not apply to the agent are an error."""
     options: dict[str, Any] = {}
-    llm_flags = {"model": args.model, "adapter": args.adapter, "temperature": args.temperature}
+    llm_flags = {"model": args.model, "chat-template": args.chat_template, "adapter": args.adapter,
+                 "temperature": args.temperature}
     given = {k: v for k, v in llm_flags.items() if v is not None}
     if given and args.agent != "llm":
         raise TraceGymError(f"--{', --'.join(given)} only apply to --agent llm")
+    given.pop("chat-template", None)
+    if args.model or args.chat_template:
+        given["model"] = model_spec(args.model, args.chat_template)
     options.update(given)
     if args.deficits is not None:
         if args.agent != "planted":
@@ -675,8 +700,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from .serve import ROUTED, make_server, served_from_run, served_model
 
-    if args.run_dir and args.model:
-        raise TraceGymError("give RUN (its policy is served) or --model, not both")
+    if args.run_dir and (args.model or args.chat_template):
+        raise TraceGymError("give RUN (its policy is served, under its own chat template) or --model, not both")
     adapters = {}
     for item in args.adapter or []:
         name, sep, path = item.partition("=")
@@ -692,7 +717,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     else:
         from .llm import EMBEDDED_DEFAULT
 
-        served = served_model(args.model or EMBEDDED_DEFAULT, adapters)
+        served = served_model(model_spec(args.model or EMBEDDED_DEFAULT, args.chat_template), adapters)
     try:
         server = make_server(served, args.host, args.port,
                              log=None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True)),
@@ -718,7 +743,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     options = {"iterations": args.iterations, "groups": args.groups, "rollouts_per_group": args.rollouts_per_group,
                "learning_rate": args.lr, "lora_rank": args.lora_rank, "hint_share": args.hint_share,
                "max_new_tokens": args.max_new_tokens, "max_steps": args.max_steps, "sandbox_backend": args.backend,
-               "torch_threads": args.threads, "seed": args.seed, "model": args.model, "micro_batch": args.micro_batch,
+               "torch_threads": args.threads, "seed": args.seed, "model": model_spec(args.model, args.chat_template),
+               "micro_batch": args.micro_batch,
                "dtype": args.dtype, "max_draws": args.max_draws, "level": args.level}
     if args.no_calibrate:
         options["calibrate"] = False
@@ -742,7 +768,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_sft(args: argparse.Namespace) -> int:
     from .training.sft import SFTTrainingConfig, sft
 
-    options = {"model": args.model, "min_reward": args.min_reward, "epochs": args.epochs, "learning_rate": args.lr,
+    options = {"model": model_spec(args.model, args.chat_template), "min_reward": args.min_reward, "epochs": args.epochs, "learning_rate": args.lr,
                "batch_size": args.batch_size, "micro_batch": args.micro_batch, "lora_rank": args.lora_rank,
                "lora_alpha": args.lora_alpha,
                "max_tokens": args.max_tokens, "dtype": args.dtype, "torch_threads": args.threads, "seed": args.seed,
@@ -769,7 +795,7 @@ def cmd_baseline_gepa(args: argparse.Namespace) -> int:
             seed_prompt = Path(seed_prompt[1:]).read_text(encoding="utf-8")
         except OSError as exc:
             raise GEPAError(f"--seed-prompt {args.seed_prompt}: {exc.strerror}") from None
-    config = GEPAConfig(env=args.env, budget=args.budget, out=args.out, model=args.model or EMBEDDED_DEFAULT,
+    config = GEPAConfig(env=args.env, budget=args.budget, out=args.out, model=model_spec(args.model or EMBEDDED_DEFAULT, args.chat_template),
                         reflection=args.reflection, split=args.split, tasks=args.tasks, val_tasks=args.val_tasks,
                         minibatch=args.minibatch, seed_prompt=seed_prompt, temperature=args.temperature,
                         max_new_tokens=args.max_new_tokens, max_steps=args.max_steps, batch=args.batch,

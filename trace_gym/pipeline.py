@@ -74,6 +74,18 @@ class PolicySettings:
     """Local models: episodes generated together in lock-step, one batched generation per turn."""
     workers: int = 1
     """API models: episodes played in parallel threads."""
+    chat_template: str = "auto"
+    """Local and ``vllm:`` models: the chat template the policy plays, trains and is served
+    under. ``auto`` keeps the model's own where it appends turn for turn, else takes TRL's
+    training template for its family; ``stock``, a TRL template's name (``qwen3_training``)
+    or a ``.jinja`` path choose one. An ``openai:`` server renders with its own."""
+
+    @property
+    def spec(self) -> str:
+        """The model spec every stage loads: ``model`` with its ``chat_template``."""
+        from .llm.registry import with_template
+
+        return with_template(self.model, self.chat_template)
 
 
 @dataclass
@@ -244,6 +256,7 @@ def check_config(config: PipelineConfig) -> None:
     bad = [m for m in config.evaluate.methods if m not in REGISTERED]
     if bad:
         raise ConfigError(f"[evaluate] methods: unknown method '{bad[0]}'; methods are {', '.join(REGISTERED)}")
+    _check_template(config.policy)
     _check_model(config.policy.model, "[policy] model")
     grpo_config(config, ["<env>"], "<out>")  # every [train.grpo] mistake, now
     for capability in config.train.control:
@@ -295,7 +308,7 @@ def grpo_config(config: PipelineConfig, env_ids: list[str], out: str, *, iterati
     fixed = sorted({"env_ids", "out", "model"} & set(config.train.grpo))
     if fixed:
         raise ConfigError(f"[train.grpo] {fixed[0]}: set by the pipeline (the capability envs, adapters/, [policy] model)")
-    table = {**config.train.grpo, "env_ids": env_ids, "out": out, "model": config.policy.model}
+    table = {**config.train.grpo, "env_ids": env_ids, "out": out, "model": config.policy.spec}
     run = from_table(GRPOTrainingConfig, table, "train.grpo")
     run.iterations *= iterations_scale
     try:
@@ -328,11 +341,23 @@ def _check_model(spec: str, where: str) -> None:
         if not Path(spec[3:]).exists():
             raise ConfigError(f"{where}: no model folder at {spec[3:]}")
         return
-    if spec.startswith("openai:"):
+    if spec.startswith(("openai:", "vllm:")):
         if not os.environ.get("OPENAI_BASE_URL") and not os.environ.get("OPENAI_API_KEY"):
             raise ConfigError(f"{where}: {spec} needs an endpoint: set OPENAI_BASE_URL (and OPENAI_API_KEY)")
         return
-    raise ConfigError(f"{where}: unknown model '{spec}'; use {', '.join(EMBEDDED_MODELS)}, hf:<path> or openai:<model>")
+    raise ConfigError(f"{where}: unknown model '{spec}'; use {', '.join(EMBEDDED_MODELS)}, hf:<path>, openai:<model> "
+                      "or vllm:<model>")
+
+
+def _check_template(policy: PolicySettings) -> None:
+    from .llm import LLMError
+    from .llm.templates import check_choice
+
+    try:
+        _ = policy.spec  # refuses a template for a server that renders its own
+        check_choice(policy.chat_template)
+    except LLMError as exc:
+        raise ConfigError(f"[policy] chat_template: {exc}") from None
 
 
 def _check_analyst(spec: str, where: str, offline: tuple[str, ...]) -> None:
@@ -531,7 +556,7 @@ def route_run(run_dir: str | Path, *, messages: list[str] | None = None, split: 
     from .llm import make_backend
 
     config, state = load_run(run_dir)
-    ctx = eval_context(config, state, make_backend(config.policy.model))  # the base model routes: no adapter needed
+    ctx = eval_context(config, state, make_backend(config.policy.spec))  # the base model routes: no adapter needed
     try:
         router = get_method("trace").build(ctx).kwargs["router"]
     except Unavailable as exc:
@@ -559,7 +584,7 @@ def _summary(outputs: dict[str, Any]) -> str:
 # --- stages --------------------------------------------------------------------------------
 
 def _agent_kwargs(config: PipelineConfig, **extra: Any) -> dict[str, Any]:
-    return {"model": config.policy.model, "temperature": config.policy.temperature,
+    return {"model": config.policy.spec, "temperature": config.policy.temperature,
             "max_new_tokens": config.policy.max_new_tokens, **extra}
 
 
@@ -886,7 +911,7 @@ def stage_evaluate(config: PipelineConfig, state: RunState, say: Callable[[str],
     out = config.run_dir / "eval"
     out.mkdir(parents=True, exist_ok=True)
     ctx = eval_context(config, state, None)
-    ctx.backend = policy_backend(config.policy.model, ctx.adapters)
+    ctx.backend = policy_backend(config.policy.spec, ctx.adapters)
     adapters = ctx.adapters
     env_kwargs = {"max_steps": config.evaluate.max_steps} if config.evaluate.max_steps else {}
     played = {}

@@ -43,7 +43,7 @@ def _ceilings(ceilings: dict[str, Any]) -> list[str]:
 def write_report(config: Any, state: Any) -> Path:
     run_dir = config.run_dir
     out = [f"# TRACE run: {config.run.target}", "",
-           f"Policy `{config.policy.model}`, seed {config.run.seed}, stages: {', '.join(config.run.stages)}. "
+           f"Policy `{config.policy.spec}`, seed {config.run.seed}, stages: {', '.join(config.run.stages)}. "
            f"Every figure below is read from the files of `{run_dir}`; `state.json` records when each stage ran "
            "and a hash of what it read.", ""]
     stages = state.stages

@@ -108,7 +108,7 @@ def served_from_run(run_dir: str | Path) -> Served:
 
     config, state = load_run(run_dir)
     ctx = eval_context(config, state, None)
-    ctx.backend = policy_backend(config.policy.model, ctx.adapters)
+    ctx.backend = policy_backend(config.policy.spec, ctx.adapters)
     _check_token_level(ctx.backend)
     try:
         router = get_method("trace").build(ctx).kwargs["router"]
@@ -129,14 +129,16 @@ def served_from_run(run_dir: str | Path) -> Served:
 
 
 def served_model(model: str, adapters: dict[str, str] | None = None) -> Served:
-    """A local model (and adapters by name), with no router."""
+    """A local model (and adapters by name), with no router; served under its name
+    without the spec's chat template choice."""
     from .llm import make_backend
+    from .llm.registry import split_spec
 
     backend = make_backend(model)
     _check_token_level(backend)
     for name, path in (adapters or {}).items():
         backend.load_adapter(name, path)
-    return Served(backend, model)
+    return Served(backend, split_spec(model)[0])
 
 
 def _check_token_level(backend: Any) -> None:

@@ -12,6 +12,32 @@ EMBEDDED_DEFAULT = EMBEDDED_NAME
 
 
 REMOTE_PREFIXES = ("openai:", "vllm:")
+TEMPLATE_OPTION = "?template="
+"""A local or ``vllm:`` spec may name the chat template its model plays under:
+``hf:/models/qwen3-8b?template=qwen3_training`` (``templates.CHOICES``, a TRL template's
+name or a ``.jinja`` path). ``[policy] chat_template`` and ``--chat-template`` write it so;
+the spec then carries it through every stage, into run records and resume checks."""
+
+
+def split_spec(spec: str) -> tuple[str, str]:
+    """(model spec, chat template choice: ``auto`` unless the spec names one)."""
+    model, sep, choice = spec.partition(TEMPLATE_OPTION)
+    if sep and not choice.strip():
+        raise LLMError(f"model '{spec}': '{TEMPLATE_OPTION}' names no template")
+    return model, choice.strip() or "auto"
+
+
+def with_template(spec: str, template: str | None) -> str:
+    """``spec`` playing under chat template ``template`` (None or ``auto``: as it is)."""
+    model, current = split_spec(spec)
+    if not template or template == "auto":
+        return spec
+    if current not in ("auto", template):
+        raise LLMError(f"model '{spec}' already names chat template '{current}', not '{template}'")
+    if model.startswith("openai:"):
+        raise LLMError(f"{model}: an OpenAI-compatible server renders conversations with its own chat template; "
+                       "set it on the server (vLLM: --chat-template), or use vllm:<model> to render here")
+    return f"{model}{TEMPLATE_OPTION}{template}"
 
 
 def local_folder(spec: str) -> tuple[str, str | None]:
@@ -19,7 +45,9 @@ def local_folder(spec: str) -> tuple[str, str | None]:
     name (its folder in the cache, under our tool-call template, set every time so that
     a model cached by an older version plays under the current one) or ``hf:<folder>``
     (a bare folder too). The one reading of a local spec: backends, training and the
-    vLLM client's tokenizer all take it from here. Never reaches a hub."""
+    vLLM client's tokenizer all take it from here (a template choice in the spec is
+    ``split_spec``'s to read). Never reaches a hub."""
+    spec = split_spec(spec)[0]
     if spec in EMBEDDED_MODELS:
         from .embedded import TOOL_CHAT_TEMPLATE, local_model
 
@@ -33,19 +61,23 @@ def local_folder(spec: str) -> tuple[str, str | None]:
 
 
 def make_backend(spec: str, **kwargs: Any) -> LLMBackend:
-    if spec in EMBEDDED_MODELS or spec.startswith("hf:"):
+    model, choice = split_spec(spec)
+    if choice != "auto":
+        with_template(model, choice)  # refuses a template for a server that renders its own
+        kwargs.setdefault("template", choice)
+    if model in EMBEDDED_MODELS or model.startswith("hf:"):
         from .local_hf import LocalHF
 
-        folder, template = local_folder(spec)
-        names = {"name": spec} if spec in EMBEDDED_MODELS else {}
+        folder, template = local_folder(model)
+        names = {"name": model} if model in EMBEDDED_MODELS else {}
         return LocalHF(folder, **names, **({"chat_template": template} if template else {}), **kwargs)
-    if spec.startswith("openai:"):
+    if model.startswith("openai:"):
         from .openai_compat import OpenAICompatible
 
-        return OpenAICompatible(spec.removeprefix("openai:"), **kwargs)
-    if spec.startswith("vllm:"):
+        return OpenAICompatible(model.removeprefix("openai:"), **kwargs)
+    if model.startswith("vllm:"):
         from .vllm_tokens import VLLMTokens
 
-        return VLLMTokens(spec.removeprefix("vllm:"), **kwargs)
+        return VLLMTokens(model.removeprefix("vllm:"), **kwargs)
     raise LLMError(f"unknown model '{spec}'; use {', '.join(EMBEDDED_MODELS)}, openai:<model>, hf:<local path> or "
                    "vllm:<model> (a vLLM server's token-id completions)")

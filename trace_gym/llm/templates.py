@@ -79,6 +79,18 @@ def trl_template(name: str) -> str:
     return path.read_text(encoding="utf-8")
 
 
+def check_choice(choice: str) -> None:
+    """Refuses, in one line, a choice that names no template (before any model loads)."""
+    if choice in CHOICES:
+        return
+    path = Path(choice).expanduser()
+    if path.suffix == ".jinja":
+        if not path.is_file():
+            raise LLMError(f"chat template '{choice}': no such file")
+        return
+    trl_template(choice)
+
+
 def choose(tokenizer: Any, choice: str = "auto") -> tuple[str | None, str]:
     """(the template to use, why). ``choice`` is one of ``CHOICES``, a TRL template
     name or a ``.jinja`` path; a template that cannot play is kept only with ``stock``."""

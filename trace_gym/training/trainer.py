@@ -74,17 +74,30 @@ def resolve_model(spec: str) -> tuple[str, str | None]:
 
 def load_policy(spec: str, dtype: str, device: str = "cpu") -> tuple[Any, Any, str]:
     """(model, tokenizer, local folder) of a policy to train, its weights in
-    ``dtype``; the tokenizer gets the chat template the policy plays under and a
-    pad token."""
+    ``dtype``; the tokenizer gets the chat template the policy plays under (the
+    spec's choice, ``llm.registry.split_spec``) and a pad token. Training appends
+    turn by turn, so a template that re-renders earlier turns is refused."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
+
+    from trace_gym.llm import LLMError
+    from trace_gym.llm.registry import split_spec
+    from trace_gym.llm.templates import CANNOT_APPEND, choose
 
     hf_logging.set_verbosity_error()
     path, chat_template = resolve_model(spec)
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     if chat_template is not None:
         tokenizer.chat_template = chat_template
+    choice = split_spec(spec)[1]
+    if choice != "auto":
+        try:
+            tokenizer.chat_template, note = choose(tokenizer, choice)
+        except LLMError as exc:
+            raise TrainingError(f"cannot train {spec}: {exc}") from None
+        if note.endswith(CANNOT_APPEND):
+            raise TrainingError(f"cannot train {spec}: its chat template {note}")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=getattr(torch, dtype))
