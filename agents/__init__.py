@@ -29,6 +29,7 @@ LAZY_AGENTS = {
     "routed": ("trace_gym.routing", "RoutedAgent"),  # built by the pipeline's evaluate stage, with its router
 }
 
+
 def __getattr__(name: str) -> Any:
     if name in ("LLMAgent", "AgentGaveUp"):
         from . import llm_agent
@@ -37,7 +38,18 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
-__all__ = ["LLMAgent", "Agent", "OracleAgent", "PartialOracleAgent", "RandomAgent", "NoOpAgent", "MessageOnlyAgent", "PlantedDeficitAgent", "AGENTS", "make_agent"]
+__all__ = [
+    "LLMAgent",
+    "Agent",
+    "OracleAgent",
+    "PartialOracleAgent",
+    "RandomAgent",
+    "NoOpAgent",
+    "MessageOnlyAgent",
+    "PlantedDeficitAgent",
+    "AGENTS",
+    "make_agent",
+]
 
 
 def make_agent(name: str, **kwargs: Any) -> Agent:

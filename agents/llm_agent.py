@@ -47,8 +47,17 @@ class AgentGaveUp(TraceGymError):
 class LLMAgent:
     name = "llm"
 
-    def __init__(self, model: Any = None, adapter: str | None = None, temperature: float = 0.0, max_new_tokens: int = 256,
-                 seed: int = 0, max_malformed: int = 5, instructions: str | None = None, **backend_kwargs: Any):
+    def __init__(
+        self,
+        model: Any = None,
+        adapter: str | None = None,
+        temperature: float = 0.0,
+        max_new_tokens: int = 256,
+        seed: int = 0,
+        max_malformed: int = 5,
+        instructions: str | None = None,
+        **backend_kwargs: Any,
+    ):
         from trace_gym.llm import EMBEDDED_DEFAULT, make_backend
 
         if model is None or isinstance(model, str):
@@ -121,8 +130,13 @@ class LLMAgent:
 
         messages = self._conditioned(self._conversation)
         request = GenerationRequest(
-            messages=messages, tools=self.tools, max_new_tokens=self.max_new_tokens, temperature=self.temperature,
-            seed=self._sampling_seed(), adapter=self.adapter, session=self.session,
+            messages=messages,
+            tools=self.tools,
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            seed=self._sampling_seed(),
+            adapter=self.adapter,
+            session=self.session,
         )
         if self.token_level:
             try:
@@ -131,9 +145,11 @@ class LLMAgent:
                 raise AgentGaveUp(f"{exc}; the episode ends here, truncated") from None
             context = getattr(self.backend, "context_size", None)
             if context and len(request.prompt_ids) + self.max_new_tokens > context:
-                raise AgentGaveUp(f"the prompt is {len(request.prompt_ids)} tokens: with max_new_tokens "
-                                  f"{self.max_new_tokens} it would pass the model's context of {context} tokens; "
-                                  "the episode ends here, truncated")
+                raise AgentGaveUp(
+                    f"the prompt is {len(request.prompt_ids)} tokens: with max_new_tokens "
+                    f"{self.max_new_tokens} it would pass the model's context of {context} tokens; "
+                    "the episode ends here, truncated"
+                )
         return request
 
     def _conditioned(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -153,10 +169,12 @@ class LLMAgent:
         if not self.tokens.turns:
             ids, self._prefix_len = self.backend.encode_conversation(self._conditioned(self._conversation), self.tools)
             return ids
-        fresh = self._conversation[self._seen:]
+        fresh = self._conversation[self._seen :]
         if not fresh or fresh[0].get("role") != "assistant":
-            raise TraceGymError("the env's messages did not start with the agent's last turn where expected "
-                                "(was observe() called after step()?)")
+            raise TraceGymError(
+                "the env's messages did not start with the agent's last turn where expected "
+                "(was observe() called after step()?)"
+            )
         last = self.tokens.turns[-1]
         continuation = self.backend.encode_continuation(fresh[0], fresh[1:], last.completion_ids)
         return [*last.prompt_ids, *last.completion_ids, *continuation]
@@ -173,7 +191,9 @@ class LLMAgent:
         if parse_action(text).kind == "malformed":
             self._malformed += 1
             if self._malformed >= self.max_malformed:
-                raise AgentGaveUp(f"the model's output did not parse as an action {self._malformed} times in a row (last: {text[:120]!r})")
+                raise AgentGaveUp(
+                    f"the model's output did not parse as an action {self._malformed} times in a row (last: {text[:120]!r})"
+                )
         else:
             self._malformed = 0
         return text

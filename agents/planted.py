@@ -29,6 +29,7 @@ from .oracle import OracleAgent
 
 DEFICITS = ("corrupt_ids", "end_early", "omit_info", "skip_reads")
 
+
 class PlantedDeficitAgent(OracleAgent):
     name = "planted"
 
@@ -47,7 +48,9 @@ class PlantedDeficitAgent(OracleAgent):
         rng = random.Random(f"planted|{self._seed}|{info.get('task_id')}|{info.get('episode_seed')}")
         rolls = {name: rng.random() for name in DEFICITS}  # every deficit rolls, so switching one off changes no other
         drawn = [name for name in DEFICITS if rolls[name] < self.probabilities.get(name, 0.0)]
-        criteria = getattr(getattr(env.unwrapped, "_task", None), "evaluation_criteria", None) if env is not None else None
+        criteria = (
+            getattr(getattr(env.unwrapped, "_task", None), "evaluation_criteria", None) if env is not None else None
+        )
         info_strings = list(getattr(criteria, "communicate_info", None) or [])
         self._script, self.fired = apply_deficits(self._script, drawn, info_strings, rng)
 
@@ -55,7 +58,9 @@ class PlantedDeficitAgent(OracleAgent):
         return {"deficits": list(self.fired), "probabilities": dict(self.probabilities)}
 
 
-def apply_deficits(script: list[str], drawn: list[str], info_strings: list[str], rng: random.Random) -> tuple[list[str], list[str]]:
+def apply_deficits(
+    script: list[str], drawn: list[str], info_strings: list[str], rng: random.Random
+) -> tuple[list[str], list[str]]:
     """The script with the drawn deficits applied, and those that took effect (a
     deficit needs something to act on: a write that is still made to corrupt,
     information to omit); only those are recorded as fired."""
@@ -77,7 +82,11 @@ def apply_deficits(script: list[str], drawn: list[str], info_strings: list[str],
     if ends_early:
         out[writes[-1]] = None
         applied.append("end_early")
-    reads_before = [i for i in range(writes[0]) if parsed[i].is_tool_call and is_read(parsed[i].tool_calls[0].name)] if writes else []
+    reads_before = (
+        [i for i in range(writes[0]) if parsed[i].is_tool_call and is_read(parsed[i].tool_calls[0].name)]
+        if writes
+        else []
+    )
     if "skip_reads" in drawn and reads_before:
         for i in reads_before:
             out[i] = None
@@ -97,7 +106,13 @@ def apply_deficits(script: list[str], drawn: list[str], info_strings: list[str],
 def corrupt_one_id(arguments: dict[str, Any], rng: random.Random) -> dict[str, Any]:
     """Change one digit of one id-like argument (a string, or list of strings, with digits)."""
     candidates = [(k, None) for k, v in arguments.items() if isinstance(v, str) and re.search(r"\d", v)]
-    candidates += [(k, j) for k, v in arguments.items() if isinstance(v, list) for j, x in enumerate(v) if isinstance(x, str) and re.search(r"\d", x)]
+    candidates += [
+        (k, j)
+        for k, v in arguments.items()
+        if isinstance(v, list)
+        for j, x in enumerate(v)
+        if isinstance(x, str) and re.search(r"\d", x)
+    ]
     if not candidates:
         return arguments
     key, index = rng.choice(candidates)
@@ -113,4 +128,4 @@ def corrupt_one_id(arguments: dict[str, Any], rng: random.Random) -> dict[str, A
 def _bump_digit(text: str) -> str:
     positions = [i for i, ch in enumerate(text) if ch.isdigit()]
     i = positions[-1]
-    return text[:i] + str((int(text[i]) + 1) % 10) + text[i + 1:]
+    return text[:i] + str((int(text[i]) + 1) % 10) + text[i + 1 :]

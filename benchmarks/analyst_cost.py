@@ -38,7 +38,11 @@ def token_counter():
         from trace_gym.llm.embedded import ensure_embedded_model
     except ImportError:
         chars = lambda text: len(text) // 4  # noqa: E731
-        return (lambda messages: sum(chars(m["content"] or "") for m in messages)), chars, "ESTIMATE (characters / 4; no tokenizer)"
+        return (
+            (lambda messages: sum(chars(m["content"] or "") for m in messages)),
+            chars,
+            "ESTIMATE (characters / 4; no tokenizer)",
+        )
     tokenizer = AutoTokenizer.from_pretrained(str(ensure_embedded_model()), local_files_only=True)
     text = lambda value: len(tokenizer.encode(value, add_special_tokens=False))  # noqa: E731
     prompt = lambda messages: text(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))  # noqa: E731
@@ -59,7 +63,9 @@ def main(count: int = 100) -> None:
         prompt = body["messages"][0]["content"]
         episode = prompt.split("episode ", 1)[1].split(",", 1)[0]
         if prompt.startswith("Label every capability"):
-            labels = [{"capability": c, "label": gold[(episode, c)], "evidence": {"quote": "..."}} for c in GOLD_CAPABILITIES]
+            labels = [
+                {"capability": c, "label": gold[(episode, c)], "evidence": {"quote": "..."}} for c in GOLD_CAPABILITIES
+            ]
             reply = json.dumps({"labels": labels})
         else:
             name = prompt.split('Capability "', 1)[1].split('"', 1)[0]
@@ -72,13 +78,17 @@ def main(count: int = 100) -> None:
     for per_trajectory in (False, True):
         counted.update(prompt=0, completion=0)
         with OpenAIDouble(answer) as server:
-            analyst = make_analyst("openai:double", base_url=server.base_url, api_key="test-key", per_trajectory=per_trajectory)
+            analyst = make_analyst(
+                "openai:double", base_url=server.base_url, api_key="test-key", per_trajectory=per_trajectory
+            )
             analyst.label_all(trajectories, GOLD_CAPABILITIES)
         mode = "one call per trajectory" if per_trajectory else "one call per pair     "
         scale = 100 / len(trajectories)
         total = counted["prompt"] + counted["completion"]
-        print(f"{mode}: {analyst.calls * scale:6.0f} calls, {total * scale:9,.0f} tokens per 100 trajectories "
-              f"({counted['prompt'] * scale:,.0f} prompt + {counted['completion'] * scale:,.0f} completion)")
+        print(
+            f"{mode}: {analyst.calls * scale:6.0f} calls, {total * scale:9,.0f} tokens per 100 trajectories "
+            f"({counted['prompt'] * scale:,.0f} prompt + {counted['completion'] * scale:,.0f} completion)"
+        )
 
 
 if __name__ == "__main__":

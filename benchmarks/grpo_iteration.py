@@ -43,8 +43,12 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--micro-batch", type=int, default=None, help="episodes per forward/backward pass (default: K)")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                        help="model weights (auto: bfloat16 where the CPU has bf16 instructions)")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16"],
+        help="model weights (auto: bfloat16 where the CPU has bf16 instructions)",
+    )
     parser.add_argument("--whole-rows", action="store_true", help="TRL's own update passes (no shared prompt)")
     args = parser.parse_args()
 
@@ -53,12 +57,22 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="grpo-bench-") as folder:
         config = GRPOTrainingConfig(
-            env_ids=[args.env], out=os.path.join(folder, "run"), iterations=args.iterations, groups=args.groups,
-            rollouts_per_group=args.rollouts_per_group, max_new_tokens=args.max_new_tokens, max_steps=args.max_steps,
-            torch_threads=args.threads, device=args.device, shared_prefix_update=not args.whole_rows,
-            micro_batch=args.micro_batch, dtype=args.dtype,
+            env_ids=[args.env],
+            out=os.path.join(folder, "run"),
+            iterations=args.iterations,
+            groups=args.groups,
+            rollouts_per_group=args.rollouts_per_group,
+            max_new_tokens=args.max_new_tokens,
+            max_steps=args.max_steps,
+            torch_threads=args.threads,
+            device=args.device,
+            shared_prefix_update=not args.whole_rows,
+            micro_batch=args.micro_batch,
+            dtype=args.dtype,
             # the iteration's own work, as timed since the first version: no calibration, no redraws
-            calibrate=False, train_anyway=True, max_draws=1,
+            calibrate=False,
+            train_anyway=True,
+            max_draws=1,
         )
         t0 = time.perf_counter()
         try:
@@ -70,25 +84,33 @@ def main() -> int:
         rows = [json.loads(line) for line in result.log.read_text().splitlines()]
     import torch
 
-    print(f"GRPO iteration on {args.env}, embedded SmolLM2-135M, {args.device}, G{args.groups} x K{args.rollouts_per_group}, "
-          f"max_new_tokens {args.max_new_tokens}, torch threads {torch.get_num_threads()}, {os.cpu_count()} CPUs, "
-          f"update: {'every row whole (TRL)' if args.whole_rows else 'shared prompt once per micro-batch'}, "
-          f"micro-batch {args.micro_batch or args.rollouts_per_group}, weights {rows[0]['dtype'] if rows else '?'} (--dtype {args.dtype})")
+    print(
+        f"GRPO iteration on {args.env}, embedded SmolLM2-135M, {args.device}, G{args.groups} x K{args.rollouts_per_group}, "
+        f"max_new_tokens {args.max_new_tokens}, torch threads {torch.get_num_threads()}, {os.cpu_count()} CPUs, "
+        f"update: {'every row whole (TRL)' if args.whole_rows else 'shared prompt once per micro-batch'}, "
+        f"micro-batch {args.micro_batch or args.rollouts_per_group}, weights {rows[0]['dtype'] if rows else '?'} (--dtype {args.dtype})"
+    )
     print(f"{'iter':>4} {'wall s':>8} {'rollout s':>10} {'update s':>9} {'tokens':>7} {'reward':>7}")
     for r in rows:
         update = r["wall_s"] - r["rollout_s"]
         reward = "n/a" if r["mean_reward"] is None else f"{r['mean_reward']:.3f}"
-        print(f"{r['iteration']:>4} {r['wall_s']:>8.1f} {r['rollout_s']:>10.1f} {update:>9.1f} {r['tokens_sampled']:>7} {reward:>7}")
+        print(
+            f"{r['iteration']:>4} {r['wall_s']:>8.1f} {r['rollout_s']:>10.1f} {update:>9.1f} {r['tokens_sampled']:>7} {reward:>7}"
+        )
     steady = [r["wall_s"] for r in rows[1:]] or [r["wall_s"] for r in rows]
     per_iteration = statistics.fmean(steady)
-    print(f"wall time per GRPO iteration (G{args.groups}xK{args.rollouts_per_group}, "
-          f"{'after warm-up' if len(rows) > 1 else 'one iteration, warm-up included'}): {per_iteration:.1f} s "
-          f"(goal <= {GOAL_S:.0f} s: {'met' if per_iteration <= GOAL_S else 'NOT met'}); "
-          f"40 iterations at this rate: {per_iteration * 40 / 60:.0f} min (an estimate); whole run incl. model load {total:.0f} s")
+    print(
+        f"wall time per GRPO iteration (G{args.groups}xK{args.rollouts_per_group}, "
+        f"{'after warm-up' if len(rows) > 1 else 'one iteration, warm-up included'}): {per_iteration:.1f} s "
+        f"(goal <= {GOAL_S:.0f} s: {'met' if per_iteration <= GOAL_S else 'NOT met'}); "
+        f"40 iterations at this rate: {per_iteration * 40 / 60:.0f} min (an estimate); whole run incl. model load {total:.0f} s"
+    )
     import resource
 
     # (the trainer runs in this process; sandbox workers, where an env needs them, are other processes)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)  # (KiB on Linux)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (
+        1 if sys.platform == "darwin" else 1024
+    )  # (KiB on Linux)
     print(f"peak resident memory of this process (rollout and update): {peak / 2**30:.2f} GiB")
     return 0
 

@@ -40,16 +40,18 @@ def window_groups(rows: list[dict], first: bool) -> list[list[float]]:
     return [[r for r in group if r is not None] for row in chosen for group in row["first_draw_groups"] if group]
 
 
-def bootstrap_difference(before: list[list[float]], after: list[list[float]], draws: int = 10000, seed: int = 0
-                         ) -> tuple[float, float, float]:
+def bootstrap_difference(
+    before: list[list[float]], after: list[list[float]], draws: int = 10000, seed: int = 0
+) -> tuple[float, float, float]:
     """(difference of means, 2.5th and 97.5th percentiles) of after - before, groups resampled."""
     rng = random.Random(seed)
 
     def mean(groups: list[list[float]]) -> float:
         return statistics.fmean(r for g in groups for r in g)
 
-    samples = sorted(mean([rng.choice(after) for _ in after]) - mean([rng.choice(before) for _ in before])
-                     for _ in range(draws))
+    samples = sorted(
+        mean([rng.choice(after) for _ in after]) - mean([rng.choice(before) for _ in before]) for _ in range(draws)
+    )
     return mean(after) - mean(before), samples[int(0.025 * draws)], samples[int(0.975 * draws) - 1]
 
 
@@ -62,7 +64,9 @@ def main() -> int:
     parser.add_argument("--rollouts-per-group", type=int, default=4)
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--max-steps", type=int, default=None, help="agent actions per episode (default: the env's own)")
+    parser.add_argument(
+        "--max-steps", type=int, default=None, help="agent actions per episode (default: the env's own)"
+    )
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
@@ -76,10 +80,20 @@ def main() -> int:
     from trace_gym.training import GRPOTrainingConfig, train
 
     folder = args.out or tempfile.mkdtemp(prefix="learning-curve-")
-    config = GRPOTrainingConfig(env_ids=[args.env], out=os.path.join(folder, "run"), model=args.model,
-                                iterations=args.iterations, groups=args.groups, rollouts_per_group=args.rollouts_per_group,
-                                learning_rate=args.lr, max_new_tokens=args.max_new_tokens, max_steps=args.max_steps,
-                                temperature=args.temperature, torch_threads=args.threads, seed=args.seed)
+    config = GRPOTrainingConfig(
+        env_ids=[args.env],
+        out=os.path.join(folder, "run"),
+        model=args.model,
+        iterations=args.iterations,
+        groups=args.groups,
+        rollouts_per_group=args.rollouts_per_group,
+        learning_rate=args.lr,
+        max_new_tokens=args.max_new_tokens,
+        max_steps=args.max_steps,
+        temperature=args.temperature,
+        torch_threads=args.threads,
+        seed=args.seed,
+    )
     t0 = time.perf_counter()
     try:
         result = train(config, progress=False, resume=os.path.exists(os.path.join(config.out, "run.json")))
@@ -89,27 +103,37 @@ def main() -> int:
     wall = time.perf_counter() - t0
     rows = [json.loads(line) for line in result.log.read_text().splitlines()]
     calibration = json.loads((result.out / "calibration.json").read_text())["calibrations"][0]
-    print(f"learning curve: {args.model} on {args.env}, G{args.groups} x K{args.rollouts_per_group}, lr {args.lr}, "
-          f"temperature {args.temperature}, max_new_tokens {args.max_new_tokens}, max_steps {args.max_steps or 'env default'}, "
-          f"{args.iterations} iterations, dynamic sampling up to {config.max_draws} draws, run in {folder}")
+    print(
+        f"learning curve: {args.model} on {args.env}, G{args.groups} x K{args.rollouts_per_group}, lr {args.lr}, "
+        f"temperature {args.temperature}, max_new_tokens {args.max_new_tokens}, max_steps {args.max_steps or 'env default'}, "
+        f"{args.iterations} iterations, dynamic sampling up to {config.max_draws} draws, run in {folder}"
+    )
     for figures in calibration["figures"]:
-        print(f"calibration level {figures['level']}: mean reward {figures['mean_reward']}, "
-              f"informative groups {figures['informative_groups']:.0%}, {figures['episodes']} episodes")
+        print(
+            f"calibration level {figures['level']}: mean reward {figures['mean_reward']}, "
+            f"informative groups {figures['informative_groups']:.0%}, {figures['episodes']} episodes"
+        )
     print(f"trained at level {calibration['level']}: {calibration['reason']}")
     print(f"{'iter':>4} {'reward':>7} {'informative':>11} {'draws':>5} {'episodes':>8} {'loss':>8} {'wall s':>7}")
     for r in rows:
         reward = "n/a" if r["mean_reward"] is None else f"{r['mean_reward']:.3f}"
-        print(f"{r['iteration']:>4} {reward:>7} {r['informative_groups']:>4}/{args.groups:<6} {r['draws']:>5} "
-              f"{r['episodes_played']:>8} {r['loss']:>8.4f} {r['wall_s']:>7.1f}")
+        print(
+            f"{r['iteration']:>4} {reward:>7} {r['informative_groups']:>4}/{args.groups:<6} {r['draws']:>5} "
+            f"{r['episodes_played']:>8} {r['loss']:>8.4f} {r['wall_s']:>7.1f}"
+        )
     before, after = window_groups(rows, True), window_groups(rows, False)
     diff, low, high = bootstrap_difference(before, after)
     mean = lambda groups: statistics.fmean(x for g in groups for x in g)  # noqa: E731
     informative = sum(r["informative_groups"] for r in rows) / (len(rows) * args.groups)
     print(f"mean reward, first {WINDOW} iterations: {mean(before):.3f}; last {WINDOW}: {mean(after):.3f}")
-    print(f"difference {diff:+.3f}, 95% bootstrap interval [{low:+.3f}, {high:+.3f}] "
-          f"(goal: above 0: {'met' if low > 0 else 'NOT met'})")
-    print(f"informative groups in the update: {informative:.0%}; episodes: {rows[-1]['episodes_played']} trained + "
-          f"{rows[-1]['calibration_episodes']} calibration; wall time {wall / 60:.1f} min (model load included)")
+    print(
+        f"difference {diff:+.3f}, 95% bootstrap interval [{low:+.3f}, {high:+.3f}] "
+        f"(goal: above 0: {'met' if low > 0 else 'NOT met'})"
+    )
+    print(
+        f"informative groups in the update: {informative:.0%}; episodes: {rows[-1]['episodes_played']} trained + "
+        f"{rows[-1]['calibration_episodes']} calibration; wall time {wall / 60:.1f} min (model load included)"
+    )
     return 0
 
 

@@ -38,8 +38,12 @@ def play_timed(backend, env, task: str, turns: int, new_tokens: int) -> list[dic
     for _ in range(turns):
         t0 = time.perf_counter()
         [completion] = backend.complete([agent.request()])
-        stats = dict(backend.last_stats, turn_s=time.perf_counter() - t0, ids=completion.tokens.completion_ids,
-                     prompt=len(completion.tokens.prompt_ids))
+        stats = dict(
+            backend.last_stats,
+            turn_s=time.perf_counter() - t0,
+            ids=completion.tokens.completion_ids,
+            prompt=len(completion.tokens.prompt_ids),
+        )
         timings.append(stats)
         action = agent.receive(completion)
         observation, _, terminated, truncated, info = env.step(action)
@@ -54,8 +58,10 @@ def main(new_tokens: int = 32, turns: int = 4) -> None:
     backend = make_backend(EMBEDDED_DEFAULT)
     env = gym.make(ENV, split="test", max_steps=2 * turns + 2)  # tau2 counts every message, the greeting too
     task = env.unwrapped.task_ids[1]
-    print(f"device: {backend.device}, model: {EMBEDDED_DEFAULT}, {ENV} task {task}, up to {turns} turns, "
-          f"{new_tokens} new tokens at most per turn (greedy)")
+    print(
+        f"device: {backend.device}, model: {EMBEDDED_DEFAULT}, {ENV} task {task}, up to {turns} turns, "
+        f"{new_tokens} new tokens at most per turn (greedy)"
+    )
 
     backend.kv_cache = False
     off = play_timed(backend, env, task, turns, new_tokens)
@@ -63,17 +69,23 @@ def main(new_tokens: int = 32, turns: int = 4) -> None:
     backend.clear_cache()
     on = play_timed(backend, env, task, turns, new_tokens)
     same = [t["ids"] for t in off] == [t["ids"] for t in on]
-    print(f"\n{'turn':>4} {'prompt':>7} {'prefill off':>11} {'prefill on':>10} {'TTFT off s':>10} {'TTFT on s':>9} "
-          f"{'turn off s':>10} {'turn on s':>9}")
+    print(
+        f"\n{'turn':>4} {'prompt':>7} {'prefill off':>11} {'prefill on':>10} {'TTFT off s':>10} {'TTFT on s':>9} "
+        f"{'turn off s':>10} {'turn on s':>9}"
+    )
     for k, (a, b) in enumerate(zip(off, on), 1):
-        print(f"{k:>4} {b['prompt']:>7} {a['prefill_tokens']:>11} {b['prefill_tokens']:>10} {a['ttft_s']:>10.2f} "
-              f"{b['ttft_s']:>9.2f} {a['turn_s']:>10.2f} {b['turn_s']:>9.2f}")
+        print(
+            f"{k:>4} {b['prompt']:>7} {a['prefill_tokens']:>11} {b['prefill_tokens']:>10} {a['ttft_s']:>10.2f} "
+            f"{b['ttft_s']:>9.2f} {a['turn_s']:>10.2f} {b['turn_s']:>9.2f}"
+        )
     later = list(zip(off, on))[1:]
     if later:
         ttft = statistics.mean(a["ttft_s"] for a, _ in later) / statistics.mean(b["ttft_s"] for _, b in later)
         whole = statistics.mean(a["turn_s"] for a, _ in later) / statistics.mean(b["turn_s"] for _, b in later)
-        print(f"turns after the first, cache off / on: time to first token {ttft:.1f}x (target >= 10x), "
-              f"whole turn {whole:.1f}x (target >= 3x); same tokens: {same}")
+        print(
+            f"turns after the first, cache off / on: time to first token {ttft:.1f}x (target >= 10x), "
+            f"whole turn {whole:.1f}x (target >= 3x); same tokens: {same}"
+        )
     else:
         print("the episode ended after one turn: no later turn to compare")
     # Decode throughput on the real first prompt.
@@ -89,15 +101,26 @@ def main(new_tokens: int = 32, turns: int = 4) -> None:
             backend.shared_prefix = shared
             label = "shared-prefix attention " + ("on" if shared else "off")
             for size in (1, 8):
-                requests = [GenerationRequest(prompt.messages, prompt_ids=prompt.prompt_ids, prefix_len=prompt.prefix_len,
-                                              max_new_tokens=new_tokens, temperature=1.0, seed=s) for s in range(size)]
+                requests = [
+                    GenerationRequest(
+                        prompt.messages,
+                        prompt_ids=prompt.prompt_ids,
+                        prefix_len=prompt.prefix_len,
+                        max_new_tokens=new_tokens,
+                        temperature=1.0,
+                        seed=s,
+                    )
+                    for s in range(size)
+                ]
                 backend.complete(requests)
                 stats = backend.last_stats
                 decode_s = stats["total_s"] - stats["ttft_s"]
                 tokens = stats["decode_tokens"] - size  # the first token of each row comes with the prefill
                 rates[shared, size] = tokens / decode_s
-                print(f"decode at batch {size}, {label}: {tokens} tokens in {decode_s:.1f} s = "
-                      f"{rates[shared, size]:.1f} tokens/s (prompt {len(prompt.prompt_ids)} tokens)")
+                print(
+                    f"decode at batch {size}, {label}: {tokens} tokens in {decode_s:.1f} s = "
+                    f"{rates[shared, size]:.1f} tokens/s (prompt {len(prompt.prompt_ids)} tokens)"
+                )
             print(f"{label}: batch 8 / batch 1 decode throughput {rates[shared, 8] / rates[shared, 1]:.2f}x")
         if supported:
             print(f"batch 8 decode, shared-prefix attention on / off: {rates[True, 8] / rates[False, 8]:.2f}x")

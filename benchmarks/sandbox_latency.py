@@ -76,14 +76,25 @@ def main(steps: int = 2000, starts: int = 10) -> None:
             continue
         start_times, step_times = sandboxed(backend, source, starts, steps)
         start_p50, step_p50 = statistics.median(start_times), statistics.median(step_times)
-        print(f"{name:<12}{start_p50 * 1e3:>12.0f}ms{step_p50 * 1e3:>10.3f}ms{percentile(step_times, 0.99) * 1e3:>10.3f}ms")
-        verdicts.append(f"{backend.describe()}: start-up p50 {start_p50 * 1e3:.0f} ms "
-                        f"({'meets' if start_p50 < TARGETS[name][0] else 'MISSES'} < {TARGETS[name][0] * 1e3:.0f} ms), "
-                        f"step p50 {step_p50 * 1e3:.3f} ms ({'meets' if step_p50 < TARGETS[name][1] else 'MISSES'} < {TARGETS[name][1] * 1e3:.0f} ms)")
+        print(
+            f"{name:<12}{start_p50 * 1e3:>12.0f}ms{step_p50 * 1e3:>10.3f}ms{percentile(step_times, 0.99) * 1e3:>10.3f}ms"
+        )
+        verdicts.append(
+            f"{backend.describe()}: start-up p50 {start_p50 * 1e3:.0f} ms "
+            f"({'meets' if start_p50 < TARGETS[name][0] else 'MISSES'} < {TARGETS[name][0] * 1e3:.0f} ms), "
+            f"step p50 {step_p50 * 1e3:.3f} ms ({'meets' if step_p50 < TARGETS[name][1] else 'MISSES'} < {TARGETS[name][1] * 1e3:.0f} ms)"
+        )
     load = os.getloadavg()[0]
     for line in verdicts:
         print(line)
-    print(f"load average {load:.1f} on {os.cpu_count()} CPUs" + ("  (a loaded machine: figures are inflated; re-take on an idle one)" if load > 0.5 * (os.cpu_count() or 1) else ""))
+    print(
+        f"load average {load:.1f} on {os.cpu_count()} CPUs"
+        + (
+            "  (a loaded machine: figures are inflated; re-take on an idle one)"
+            if load > 0.5 * (os.cpu_count() or 1)
+            else ""
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -58,7 +58,10 @@ def main(n_tasks: int = 40, repeats: int = 3) -> None:
     print(f"overhead ratio:          {ours_us / native_us:8.2f}x  (+{ours_us - native_us:.1f} us/step)")
 
     code = "import time; t=time.perf_counter(); import trace_gym; print(time.perf_counter()-t)"
-    runs = [float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout) for _ in range(5)]
+    runs = [
+        float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+        for _ in range(5)
+    ]
     print(f"import trace_gym (fresh interpreter, median of 5): {statistics.median(runs) * 1000:.0f} ms")
 
 

@@ -20,14 +20,25 @@ ENV = "trace/tau2-retail-v0"
 def main(episodes: int = 10, batch: int = 10, max_new_tokens: int = 64) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        summary = rollout(ENV, "llm", Path(tmp) / "smol.jsonl", split="test", limit=episodes, batch=batch,
-                          agent_kwargs={"max_new_tokens": max_new_tokens})
+        summary = rollout(
+            ENV,
+            "llm",
+            Path(tmp) / "smol.jsonl",
+            split="test",
+            limit=episodes,
+            batch=batch,
+            agent_kwargs={"max_new_tokens": max_new_tokens},
+        )
         wall = time.perf_counter() - t0
-    print(f"{summary.episodes} full {ENV} episodes with the embedded model, batch {batch}, "
-          f"<= {max_new_tokens} new tokens per turn: {wall:.0f} s wall (target < 600 s), "
-          f"{wall / max(summary.episodes, 1):.1f} s per episode")
-    print(f"terminations: {summary.by_termination}; pass rate {summary.pass_at_1:.3f}; "
-          f"tokens: {summary.prompt_tokens} prompt (conditioned on, mostly cached), {summary.completion_tokens} sampled")
+    print(
+        f"{summary.episodes} full {ENV} episodes with the embedded model, batch {batch}, "
+        f"<= {max_new_tokens} new tokens per turn: {wall:.0f} s wall (target < 600 s), "
+        f"{wall / max(summary.episodes, 1):.1f} s per episode"
+    )
+    print(
+        f"terminations: {summary.by_termination}; pass rate {summary.pass_at_1:.3f}; "
+        f"tokens: {summary.prompt_tokens} prompt (conditioned on, mostly cached), {summary.completion_tokens} sampled"
+    )
 
 
 if __name__ == "__main__":

@@ -24,15 +24,21 @@ def main(env_id: str = "trace/structured-data-v0") -> None:
             continue
         report = validate(env_id, backend=backend, config=ValidationConfig(seeds=100), write=False)
         slowest = sorted(report.checks, key=lambda c: c.seconds, reverse=True)[:3]
-        print(f"{env_id} on {name}: {report.wall_s:.1f} s for 100 seeds, {'passed' if report.passed else 'FAILED'}; "
-              "slowest checks: " + ", ".join(f"{c.name} {c.seconds:.1f}s" for c in slowest))
+        print(
+            f"{env_id} on {name}: {report.wall_s:.1f} s for 100 seeds, {'passed' if report.passed else 'FAILED'}; "
+            "slowest checks: " + ", ".join(f"{c.name} {c.seconds:.1f}s" for c in slowest)
+        )
 
 
 HOSTILE = {
     "spinning reset": {"rng = random.Random(seed)": "rng = random.Random(seed)\n        while True:\n            pass"},
-    "spinning step": {'        if action["type"] == "tool_call":': '        while True:\n            pass\n        if action["type"] == "tool_call":'},
-    "absurd max_steps, never ends": {"max_steps = 6": "max_steps = 10**9",
-                                     'return {"observation": "Thanks!", "done": True}': 'return {"observation": "Thanks!", "done": False}'},
+    "spinning step": {
+        '        if action["type"] == "tool_call":': '        while True:\n            pass\n        if action["type"] == "tool_call":'
+    },
+    "absurd max_steps, never ends": {
+        "max_steps = 6": "max_steps = 10**9",
+        'return {"observation": "Thanks!", "done": True}': 'return {"observation": "Thanks!", "done": False}',
+    },
 }
 
 
@@ -51,8 +57,10 @@ def hostile() -> None:
                 source = source.replace(old, new)
             (folder / "env.py").write_text(source)
             report = validate(folder, backend="bwrap", write=False)
-            print(f"{name}: judged in {report.wall_s:.1f} s on bwrap (target < 120 s), "
-                  f"{'passed' if report.passed else 'FAILED ' + ', '.join(report.failed())}")
+            print(
+                f"{name}: judged in {report.wall_s:.1f} s on bwrap (target < 120 s), "
+                f"{'passed' if report.passed else 'FAILED ' + ', '.join(report.failed())}"
+            )
 
 
 if __name__ == "__main__":

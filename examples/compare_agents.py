@@ -20,7 +20,11 @@ ENV = "trace/tau2-retail-v0"
 OUT = Path("runs/compare_agents")
 MODEL_EPISODES = 4  # full episodes with the embedded model
 RUNS = [
-    ("llm", "smollm2-135m-instruct (embedded)", dict(limit=MODEL_EPISODES, batch=MODEL_EPISODES, agent_kwargs={"max_new_tokens": 48})),
+    (
+        "llm",
+        "smollm2-135m-instruct (embedded)",
+        dict(limit=MODEL_EPISODES, batch=MODEL_EPISODES, agent_kwargs={"max_new_tokens": 48}),
+    ),
     ("oracle", "oracle (gold actions)", {}),
     ("random", "random (schema-valid calls)", {}),
 ]
@@ -30,15 +34,19 @@ def main() -> None:
     rows = []
     for agent, label, options in RUNS:
         summary = rollout(ENV, agent, OUT / f"{agent}.jsonl", split="test", resume=True, **options)
-        tokens = f"{(summary.prompt_tokens or 0) + (summary.completion_tokens or 0):,}" if summary.prompt_tokens else "-"
-        rows.append({
-            "agent": label,
-            "episodes": str(summary.episodes),
-            "pass rate": f"{summary.successes / summary.episodes:.3f}",
-            "mean reward": f"{summary.mean_reward:.3f}",
-            "tokens": tokens,
-            "wall s": f"{summary.wall_s:.1f}",
-        })
+        tokens = (
+            f"{(summary.prompt_tokens or 0) + (summary.completion_tokens or 0):,}" if summary.prompt_tokens else "-"
+        )
+        rows.append(
+            {
+                "agent": label,
+                "episodes": str(summary.episodes),
+                "pass rate": f"{summary.successes / summary.episodes:.3f}",
+                "mean reward": f"{summary.mean_reward:.3f}",
+                "tokens": tokens,
+                "wall s": f"{summary.wall_s:.1f}",
+            }
+        )
     print(f"\n{ENV}, test split")
     print(format_table(rows, ["agent", "episodes", "pass rate", "mean reward", "tokens", "wall s"]))
     print(f"trajectories: {OUT}/  (trace-gym report {OUT}/*.jsonl)")

@@ -31,7 +31,21 @@ from .gate import check_source, enforce
 from .host import SandboxWorker
 
 __all__ = [
-    "Backend", "BwrapBackend", "DockerBackend", "Limits", "SubprocessBackend", "select_backend",
-    "SandboxCrashed", "SandboxEnvError", "SandboxError", "SandboxFlood", "SandboxProtocolError",
-    "SandboxTimeout", "SandboxUnavailable", "SandboxViolation", "check_source", "enforce", "SandboxWorker",
+    "Backend",
+    "BwrapBackend",
+    "DockerBackend",
+    "Limits",
+    "SubprocessBackend",
+    "select_backend",
+    "SandboxCrashed",
+    "SandboxEnvError",
+    "SandboxError",
+    "SandboxFlood",
+    "SandboxProtocolError",
+    "SandboxTimeout",
+    "SandboxUnavailable",
+    "SandboxViolation",
+    "check_source",
+    "enforce",
+    "SandboxWorker",
 ]

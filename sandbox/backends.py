@@ -97,15 +97,29 @@ class BwrapBackend(Backend):
     def argv(self, limits: Limits, python_args: tuple[str, ...] = WORKER_ARGS) -> list[str]:
         return [
             shutil.which("bwrap") or "bwrap",
-            "--ro-bind", str(self.rootfs), "/",
+            "--ro-bind",
+            str(self.rootfs),
+            "/",
             *bwrap_proc_and_dev(),
-            "--size", str(limits.tmpfs_mb * 1024 * 1024), "--tmpfs", "/tmp",
+            "--size",
+            str(limits.tmpfs_mb * 1024 * 1024),
+            "--tmpfs",
+            "/tmp",
             "--unshare-all",  # user, ipc, pid, net, uts, cgroup namespaces: no network at all
-            "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
-            "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv",
+            "--uid",
+            str(SANDBOX_UID),
+            "--gid",
+            str(SANDBOX_UID),
+            "--die-with-parent",
+            "--new-session",
+            "--cap-drop",
+            "ALL",
+            "--clearenv",
             *[arg for key, value in WORKER_ENV.items() for arg in ("--setenv", key, value)],
-            "--chdir", "/tmp",
-            str(interpreter()), *python_args,
+            "--chdir",
+            "/tmp",
+            str(interpreter()),
+            *python_args,
         ]
 
     def spawn(self, limits: Limits, python_args: tuple[str, ...] = WORKER_ARGS) -> Channel:
@@ -116,7 +130,17 @@ class BwrapBackend(Backend):
 # or /dev/null (files). bubblewrap already binds some read-only; this is checked by
 # the jail probe, not assumed.
 PROC_HIDDEN_DIRS = ("sys", "irq", "bus", "fs", "sysvipc", "tty", "driver", "acpi", "scsi")
-PROC_HIDDEN_FILES = ("sysrq-trigger", "kcore", "keys", "key-users", "kallsyms", "timer_list", "latency_stats", "sched_debug", "kmsg")
+PROC_HIDDEN_FILES = (
+    "sysrq-trigger",
+    "kcore",
+    "keys",
+    "key-users",
+    "kallsyms",
+    "timer_list",
+    "latency_stats",
+    "sched_debug",
+    "kmsg",
+)
 
 
 def bwrap_proc_and_dev() -> list[str]:
@@ -160,7 +184,9 @@ class DockerBackend(Backend):
         try:
             container = self._create(limits, python_args)
             check_container(container.attrs, limits)
-            sock = self.client.api.attach_socket(container.id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+            sock = self.client.api.attach_socket(
+                container.id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+            )
             raw = getattr(sock, "_sock", sock)
             container.start()
         except (DockerException, SandboxUnavailable) as exc:
@@ -171,8 +197,10 @@ class DockerBackend(Backend):
                     pass
             if isinstance(exc, SandboxUnavailable):
                 raise
-            hint = (f"; the engine's gVisor runtime failed: set {RUNTIME_ENV}=runc to use runc" if self.runtime else "")
-            raise SandboxUnavailable(f"the Docker engine could not start a sandbox container ({str(exc).splitlines()[0][:300]}){hint}") from None
+            hint = f"; the engine's gVisor runtime failed: set {RUNTIME_ENV}=runc to use runc" if self.runtime else ""
+            raise SandboxUnavailable(
+                f"the Docker engine could not start a sandbox container ({str(exc).splitlines()[0][:300]}){hint}"
+            ) from None
         return DockerChannel(container, raw, limits.max_message_bytes + 1024, holders=[sock])
 
     def _create(self, limits: Limits, python_args: tuple[str, ...]):
@@ -242,7 +270,9 @@ def gvisor_runtime(client) -> str | None:
     except Exception:  # an engine that cannot say: plain runc
         return None
     if chosen == "runsc" and "runsc" not in runtimes:
-        raise SandboxUnavailable(f"{RUNTIME_ENV}=runsc, but the Docker engine has no runsc runtime (dockerd --add-runtime runsc=/usr/bin/runsc)")
+        raise SandboxUnavailable(
+            f"{RUNTIME_ENV}=runsc, but the Docker engine has no runsc runtime (dockerd --add-runtime runsc=/usr/bin/runsc)"
+        )
     return "runsc" if "runsc" in runtimes else None
 
 
@@ -308,7 +338,9 @@ def bwrap_works() -> str | None:
     user = outer_user()
     probe = subprocess.run(
         [exe, "--ro-bind", "/", "/", "--unshare-all", "--uid", str(SANDBOX_UID), "--die-with-parent", "true"],
-        capture_output=True, text=True, env={},
+        capture_output=True,
+        text=True,
+        env={},
         **({"user": user, "group": user, "extra_groups": []} if user is not None else {}),
     )
     if probe.returncode != 0:
@@ -325,7 +357,9 @@ def select_backend(name: str = "auto") -> Backend:
     name = name or os.environ.get("TRACE_GYM_SANDBOX", "auto")
     if name.endswith(SECCOMP_OPTIONAL) and name != SECCOMP_OPTIONAL:
         backend = select_backend(name.removesuffix(SECCOMP_OPTIONAL))
-        warnings.warn(f"trace-gym sandbox backend '{name}' accepts workers without seccomp (a weaker sandbox)", stacklevel=2)
+        warnings.warn(
+            f"trace-gym sandbox backend '{name}' accepts workers without seccomp (a weaker sandbox)", stacklevel=2
+        )
         backend.require_seccomp = False
         backend.name = name
         return backend

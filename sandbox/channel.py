@@ -74,8 +74,15 @@ class PipeChannel(Channel):
         super().__init__(max_line)
         identity = {"user": user, "group": user, "extra_groups": []} if user is not None else {}
         self.proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=env if env is not None else {}, start_new_session=True, close_fds=True, cwd="/", **identity,
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env if env is not None else {},
+            start_new_session=True,
+            close_fds=True,
+            cwd="/",
+            **identity,
         )
         self._selector = selectors.DefaultSelector()
         for stream in (self.proc.stdout, self.proc.stderr):

@@ -42,16 +42,16 @@ MAX_COMPONENT_NAME = 64
 
 class SandboxedEnv(TextEnv):
     """Args:
-        path: the env folder (manifest.toml, env.py).
-        backend: sandbox backend (auto, docker, bwrap; subprocess only for trusted code).
-        hint: pass ``hint=True`` to the env's reset (expert guidance in the system prompt).
-        level: the difficulty level to reset at, for an env that declares ``LEVELS``
-            (0 easiest .. LEVELS - 1 hardest); None: the env's own default. Calibration
-            moves it until the policy being trained is in band.
-        limits: sandbox resource limits.
-        max_observation_chars: longest text the env may hand the agent at once; longer
-            is cut, with a note saying so (env text reaches a model's context and the
-            training logs, whatever the env sends).
+    path: the env folder (manifest.toml, env.py).
+    backend: sandbox backend (auto, docker, bwrap; subprocess only for trusted code).
+    hint: pass ``hint=True`` to the env's reset (expert guidance in the system prompt).
+    level: the difficulty level to reset at, for an env that declares ``LEVELS``
+        (0 easiest .. LEVELS - 1 hardest); None: the env's own default. Calibration
+        moves it until the policy being trained is in band.
+    limits: sandbox resource limits.
+    max_observation_chars: longest text the env may hand the agent at once; longer
+        is cut, with a note saying so (env text reaches a model's context and the
+        training logs, whatever the env sends).
     """
 
     def __init__(
@@ -76,7 +76,9 @@ class SandboxedEnv(TextEnv):
         try:
             names = self._declared_tools(self.worker.info.get("tools"))
             declared_steps = self.worker.info.get("max_steps")
-            steps = max_steps or (declared_steps if isinstance(declared_steps, int) and declared_steps > 0 else DEFAULT_MAX_STEPS)
+            steps = max_steps or (
+                declared_steps if isinstance(declared_steps, int) and declared_steps > 0 else DEFAULT_MAX_STEPS
+            )
         except EnvContractError:
             self.worker.close()
             raise
@@ -107,7 +109,9 @@ class SandboxedEnv(TextEnv):
         if level is None:
             return None
         if not self.levels:
-            raise EnvContractError(f"{self.path.name} has no difficulty levels (env.py declares no LEVELS); drop level={level!r}")
+            raise EnvContractError(
+                f"{self.path.name} has no difficulty levels (env.py declares no LEVELS); drop level={level!r}"
+            )
         if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level < self.levels:
             raise EnvContractError(f"{self.path.name}: level must be an integer in 0..{self.levels - 1}, got {level!r}")
         return level
@@ -122,8 +126,14 @@ class SandboxedEnv(TextEnv):
         if level is not None and level != self.level:
             level = self._check_level(level)
         result = self.worker.call("reset", seed=self._seed, hint=hint, **({} if level is None else {"level": level}))
-        if not (isinstance(result, dict) and isinstance(result.get("system_prompt"), str) and isinstance(result.get("user_message"), str)):
-            raise EnvContractError(f"reset() must return {{'system_prompt': str, 'user_message': str}}, got {_short(result)}")
+        if not (
+            isinstance(result, dict)
+            and isinstance(result.get("system_prompt"), str)
+            and isinstance(result.get("user_message"), str)
+        ):
+            raise EnvContractError(
+                f"reset() must return {{'system_prompt': str, 'user_message': str}}, got {_short(result)}"
+            )
         return Start(
             observation=self._bounded(result["user_message"], "user message"),
             system_prompt=self._bounded(result["system_prompt"], "system prompt"),
@@ -155,11 +165,19 @@ class SandboxedEnv(TextEnv):
         """An exception raised inside a tool, answered as the target answers one
         (``[call_errors] tool_exception`` of its manifest); the traceback is kept
         in ``tool_exceptions`` for validation's evidence, never shown to the agent."""
-        self.tool_exceptions.append({"tool": call.name, "arguments": call.arguments, "exception": exc.exception_type,
-                                     "message": exc.message, "traceback": exc.traceback})
+        self.tool_exceptions.append(
+            {
+                "tool": call.name,
+                "arguments": call.arguments,
+                "exception": exc.exception_type,
+                "message": exc.message,
+                "traceback": exc.traceback,
+            }
+        )
         del self.tool_exceptions[:-100]
-        return self.call_errors.tool_exception.format(message=exc.message, type=exc.exception_type, name=call.name,
-                                                      prefix=self.call_errors.prefix)
+        return self.call_errors.tool_exception.format(
+            message=exc.message, type=exc.exception_type, name=call.name, prefix=self.call_errors.prefix
+        )
 
     def _reply(self, content: str) -> Reply:
         step = self._step({"type": "message", "content": content})
@@ -183,7 +201,11 @@ class SandboxedEnv(TextEnv):
 
     def _step(self, action: dict[str, Any]) -> dict[str, Any]:
         result = self.worker.call("step", action=action)
-        if not (isinstance(result, dict) and isinstance(result.get("observation"), str) and isinstance(result.get("done"), bool)):
+        if not (
+            isinstance(result, dict)
+            and isinstance(result.get("observation"), str)
+            and isinstance(result.get("done"), bool)
+        ):
             raise EnvContractError(f"step() must return {{'observation': str, 'done': bool}}, got {_short(result)}")
         return {**result, "observation": self._bounded(result["observation"], "observation")}
 
@@ -198,26 +220,46 @@ class SandboxedEnv(TextEnv):
 def parse_reward(result: Any) -> Score:
     """A reward dict from env code, checked: a finite float in [0, 1] and float components."""
     if not isinstance(result, dict) or "reward" not in result:
-        raise EnvContractError(f"reward() must return {{'reward': float, 'components': {{...}}, 'reason': str}}, got {_short(result)}")
+        raise EnvContractError(
+            f"reward() must return {{'reward': float, 'components': {{...}}, 'reason': str}}, got {_short(result)}"
+        )
     reward = result["reward"]
-    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward) or not 0.0 <= reward <= 1.0:
+    if (
+        isinstance(reward, bool)
+        or not isinstance(reward, (int, float))
+        or not math.isfinite(reward)
+        or not 0.0 <= reward <= 1.0
+    ):
         raise EnvContractError(f"reward() returned reward={_short(reward)}; it must be a finite number in [0, 1]")
     components = result.get("components") or {}
-    if isinstance(components, dict) and (len(components) > MAX_REWARD_COMPONENTS
-                                         or any(isinstance(k, str) and len(k) > MAX_COMPONENT_NAME for k in components)):
-        raise EnvContractError(f"reward() returned {len(components)} components (names up to "
-                               f"{max((len(str(k)) for k in components), default=0)} characters); at most "
-                               f"{MAX_REWARD_COMPONENTS}, named in at most {MAX_COMPONENT_NAME} characters")
+    if isinstance(components, dict) and (
+        len(components) > MAX_REWARD_COMPONENTS
+        or any(isinstance(k, str) and len(k) > MAX_COMPONENT_NAME for k in components)
+    ):
+        raise EnvContractError(
+            f"reward() returned {len(components)} components (names up to "
+            f"{max((len(str(k)) for k in components), default=0)} characters); at most "
+            f"{MAX_REWARD_COMPONENTS}, named in at most {MAX_COMPONENT_NAME} characters"
+        )
     if not isinstance(components, dict) or not all(
-        isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for k, v in components.items()
+        isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        for k, v in components.items()
     ):
         raise EnvContractError(f"reward() components must map names to finite numbers, got {_short(components)}")
-    return Score(reward=float(reward), components={k: float(v) for k, v in components.items()}, reason=str(result.get("reason", ""))[:2000])
+    return Score(
+        reward=float(reward),
+        components={k: float(v) for k, v in components.items()},
+        reason=str(result.get("reason", ""))[:2000],
+    )
 
 
 def action_text(action: Any) -> str:
     """An action dict (the env contract's form) as the text an agent would write."""
-    if isinstance(action, dict) and action.get("type") == "tool_call" and isinstance(action.get("arguments") or {}, dict):
+    if (
+        isinstance(action, dict)
+        and action.get("type") == "tool_call"
+        and isinstance(action.get("arguments") or {}, dict)
+    ):
         return format_tool_call(str(action.get("name")), dict(action.get("arguments") or {}))
     if isinstance(action, dict) and action.get("type") == "message":
         return str(action.get("content", ""))

@@ -46,9 +46,28 @@ from .language import INTROSPECTION_NAMES, INTROSPECTION_PREFIXES, MODULES, PRIV
 
 ALLOWED_IMPORTS = frozenset(MODULES)  # the language layer's allowlist: one policy for both
 FORBIDDEN_NAMES = frozenset(
-    {"exec", "eval", "compile", "open", "getattr", "setattr", "delattr", "__import__", "globals", "locals",
-     "vars", "breakpoint", "input", "help", "memoryview", "exit", "quit", "__builtins__", "__loader__",
-     "__spec__"}
+    {
+        "exec",
+        "eval",
+        "compile",
+        "open",
+        "getattr",
+        "setattr",
+        "delattr",
+        "__import__",
+        "globals",
+        "locals",
+        "vars",
+        "breakpoint",
+        "input",
+        "help",
+        "memoryview",
+        "exit",
+        "quit",
+        "__builtins__",
+        "__loader__",
+        "__spec__",
+    }
 )
 MAX_SOURCE_BYTES = 256 * 1024
 _DUNDER = re.compile(r"__\w+__")
@@ -162,8 +181,13 @@ def check_source(source: str, filename: str = "env.py") -> list[Finding]:
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules:
             module = modules[node.value.id]
             if node.attr not in MODULES[module] and not node.attr.startswith("__"):
-                findings.append(Finding(node.lineno, f"'{module}.{node.attr}' is not on the sandbox's allowlist "
-                                                     f"(from {module}: {', '.join(sorted(MODULES[module]))})"))
+                findings.append(
+                    Finding(
+                        node.lineno,
+                        f"'{module}.{node.attr}' is not on the sandbox's allowlist "
+                        f"(from {module}: {', '.join(sorted(MODULES[module]))})",
+                    )
+                )
     findings.extend(_restricted_python_findings(source, filename))
     return sorted(set(findings), key=lambda f: (f.line, f.message))
 
@@ -193,21 +217,32 @@ def _check_node(node: ast.AST) -> list[Finding]:
     if isinstance(node, ast.Import):
         for alias in node.names:
             if alias.name not in ALLOWED_IMPORTS:
-                out.append(Finding(line, f"import of '{alias.name}' is not allowed (allowed: {', '.join(sorted(ALLOWED_IMPORTS))})"))
+                out.append(
+                    Finding(
+                        line, f"import of '{alias.name}' is not allowed (allowed: {', '.join(sorted(ALLOWED_IMPORTS))})"
+                    )
+                )
     elif isinstance(node, ast.ImportFrom):
         module = node.module or ""
         if node.level:
             out.append(Finding(line, "relative imports are not allowed"))
         elif module not in ALLOWED_IMPORTS:
-            out.append(Finding(line, f"import from '{module}' is not allowed (allowed: {', '.join(sorted(ALLOWED_IMPORTS))})"))
+            out.append(
+                Finding(line, f"import from '{module}' is not allowed (allowed: {', '.join(sorted(ALLOWED_IMPORTS))})")
+            )
         for alias in node.names:
             if alias.name == "*":
                 out.append(Finding(line, f"'from {module} import *' is not allowed"))
             elif alias.name.startswith("_"):
                 out.append(Finding(line, f"importing private name '{alias.name}' is not allowed"))
             elif module in MODULES and alias.name not in MODULES[module]:
-                out.append(Finding(line, f"'{module}.{alias.name}' is not on the sandbox's allowlist "
-                                         f"(from {module}: {', '.join(sorted(MODULES[module]))})"))
+                out.append(
+                    Finding(
+                        line,
+                        f"'{module}.{alias.name}' is not on the sandbox's allowlist "
+                        f"(from {module}: {', '.join(sorted(MODULES[module]))})",
+                    )
+                )
     elif isinstance(node, ast.Name):
         if node.id in FORBIDDEN_NAMES:
             out.append(Finding(line, f"'{node.id}' is not allowed"))

@@ -135,7 +135,9 @@ class SandboxWorker:
         token, _, body = line.partition(b" ")
         if not secrets.compare_digest(token, self._token.encode()):
             self._channel.kill()
-            raise SandboxProtocolError(f"the worker sent a line without the session token (forged or stray output: {line[:80]!r}); killed")
+            raise SandboxProtocolError(
+                f"the worker sent a line without the session token (forged or stray output: {line[:80]!r}); killed"
+            )
         try:
             return check_reply(body, kind)
         except SandboxProtocolError:
@@ -148,7 +150,9 @@ def check_reply(body: bytes, kind: str) -> dict[str, Any]:
     try:
         reply = json.loads(body)
     except (ValueError, RecursionError, UnicodeDecodeError) as exc:
-        raise SandboxProtocolError(f"the worker sent a reply that is not JSON within limits ({type(exc).__name__}); {CHECK}; killed") from None
+        raise SandboxProtocolError(
+            f"the worker sent a reply that is not JSON within limits ({type(exc).__name__}); {CHECK}; killed"
+        ) from None
     _check_data(reply)
     if _ESCAPED_SURROGATE.search(body):
         reply = _without_surrogates(reply)
@@ -156,23 +160,39 @@ def check_reply(body: bytes, kind: str) -> dict[str, Any]:
         raise SandboxProtocolError(f"the worker sent a reply of the wrong shape (no boolean 'ok'); {CHECK}; killed")
     expected: dict[str, tuple[type, ...]]
     if not reply["ok"]:
-        expected = {"error": (str,), "where": (str, type(None)), "printed": (str, type(None)),
-                    "exception": (dict, type(None)), "traceback": (str, type(None))}
+        expected = {
+            "error": (str,),
+            "where": (str, type(None)),
+            "printed": (str, type(None)),
+            "exception": (dict, type(None)),
+            "traceback": (str, type(None)),
+        }
     elif kind == "load":
-        expected = {"tools": (list, type(None)), "max_steps": (int, type(None)), "levels": (int, type(None)),
-                    "has_oracle": (bool,), "seccomp": (str,),
-                    "uid": (int, type(None)), "proc_sys_writable": (bool, type(None))}
+        expected = {
+            "tools": (list, type(None)),
+            "max_steps": (int, type(None)),
+            "levels": (int, type(None)),
+            "has_oracle": (bool,),
+            "seccomp": (str,),
+            "uid": (int, type(None)),
+            "proc_sys_writable": (bool, type(None)),
+        }
     else:
         expected = {}
     for field, types in expected.items():
         value = reply.get(field)
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-            raise SandboxProtocolError(f"the worker's reply has '{field}' of type {type(value).__name__}; {CHECK}; killed")
+            raise SandboxProtocolError(
+                f"the worker's reply has '{field}' of type {type(value).__name__}; {CHECK}; killed"
+            )
     if not reply["ok"]:
         reply["error"] = reply["error"][:MAX_TEXT]
         exception = reply.get("exception") or {}
-        reply["exception"] = {"type": str(exception.get("type", "Exception"))[:200], "message": str(exception.get("message", ""))[:MAX_TEXT]}
-        reply["traceback"] = (reply.get("traceback") or "")[-4 * MAX_TEXT:]
+        reply["exception"] = {
+            "type": str(exception.get("type", "Exception"))[:200],
+            "message": str(exception.get("message", ""))[:MAX_TEXT],
+        }
+        reply["traceback"] = (reply.get("traceback") or "")[-4 * MAX_TEXT :]
     elif kind == "load" and reply["tools"] is not None and not all(isinstance(t, str) for t in reply["tools"]):
         raise SandboxProtocolError(f"the worker's TOOLS are not all strings; {CHECK}; killed")
     return reply

@@ -64,33 +64,52 @@ RESERVED_NAMES = frozenset({"_print"})  # RestrictedPython's own helper name
 # dataclasses.make_dataclass, enum.global_enum, copy.dispatch_table, string.Formatter,
 # functools.singledispatch), the wall clock's only way in besides datetime (time),
 # and collections.abc (abstract classes built by a metaclass; no env needs them).
-MODULES: dict[str, frozenset[str]] = {name: frozenset(names.split()) for name, names in {
-    "json": "dumps loads JSONDecodeError",
-    "random": "Random random randint randrange choice choices sample shuffle uniform gauss seed getrandbits",
-    "math": "acos acosh asin asinh atan atan2 atanh ceil comb copysign cos cosh degrees dist e erf erfc exp expm1 "
-            "fabs factorial floor fmod frexp fsum gamma gcd hypot inf isclose isfinite isinf isnan isqrt lcm ldexp "
-            "lgamma log log10 log1p log2 modf nan perm pi pow prod radians remainder sin sinh sqrt tan tanh tau trunc",
-    "re": "compile match search fullmatch findall finditer sub subn split escape error Pattern Match "
-          "IGNORECASE I MULTILINE M DOTALL S VERBOSE X ASCII A",
-    "datetime": "date datetime time timedelta timezone MINYEAR MAXYEAR",
-    "collections": "Counter defaultdict OrderedDict deque namedtuple ChainMap",
-    "itertools": "count cycle repeat accumulate chain compress dropwhile filterfalse groupby islice pairwise starmap "
-                 "takewhile tee zip_longest product permutations combinations combinations_with_replacement",
-    "functools": "reduce partial lru_cache cache cmp_to_key",
-    "string": "ascii_letters ascii_lowercase ascii_uppercase digits hexdigits octdigits punctuation whitespace "
-              "printable capwords Template",
-    "typing": "Any Optional Union List Dict Tuple Set FrozenSet Callable Iterable Iterator Sequence Mapping "
-              "NamedTuple Literal",
-    "enum": "Enum IntEnum Flag IntFlag auto unique",
-    "copy": "copy deepcopy",
-    "dataclasses": "dataclass field fields asdict astuple replace is_dataclass",
-}.items()}
+MODULES: dict[str, frozenset[str]] = {
+    name: frozenset(names.split())
+    for name, names in {
+        "json": "dumps loads JSONDecodeError",
+        "random": "Random random randint randrange choice choices sample shuffle uniform gauss seed getrandbits",
+        "math": "acos acosh asin asinh atan atan2 atanh ceil comb copysign cos cosh degrees dist e erf erfc exp expm1 "
+        "fabs factorial floor fmod frexp fsum gamma gcd hypot inf isclose isfinite isinf isnan isqrt lcm ldexp "
+        "lgamma log log10 log1p log2 modf nan perm pi pow prod radians remainder sin sinh sqrt tan tanh tau trunc",
+        "re": "compile match search fullmatch findall finditer sub subn split escape error Pattern Match "
+        "IGNORECASE I MULTILINE M DOTALL S VERBOSE X ASCII A",
+        "datetime": "date datetime time timedelta timezone MINYEAR MAXYEAR",
+        "collections": "Counter defaultdict OrderedDict deque namedtuple ChainMap",
+        "itertools": "count cycle repeat accumulate chain compress dropwhile filterfalse groupby islice pairwise starmap "
+        "takewhile tee zip_longest product permutations combinations combinations_with_replacement",
+        "functools": "reduce partial lru_cache cache cmp_to_key",
+        "string": "ascii_letters ascii_lowercase ascii_uppercase digits hexdigits octdigits punctuation whitespace "
+        "printable capwords Template",
+        "typing": "Any Optional Union List Dict Tuple Set FrozenSet Callable Iterable Iterator Sequence Mapping "
+        "NamedTuple Literal",
+        "enum": "Enum IntEnum Flag IntFlag auto unique",
+        "copy": "copy deepcopy",
+        "dataclasses": "dataclass field fields asdict astuple replace is_dataclass",
+    }.items()
+}
 ALLOWED_MODULES = tuple(MODULES)
 # Dunders that a class namespace may hold: Python's own and the methods RestrictedPython lets env code define.
 CLASS_DUNDERS = frozenset(
-    {"__module__", "__qualname__", "__doc__", "__annotations__", "__classcell__", "__orig_bases__",
-     "__static_attributes__", "__firstlineno__", "__init__", "__contains__", "__lt__", "__le__", "__eq__",
-     "__ne__", "__gt__", "__ge__", "__hash__"}
+    {
+        "__module__",
+        "__qualname__",
+        "__doc__",
+        "__annotations__",
+        "__classcell__",
+        "__orig_bases__",
+        "__static_attributes__",
+        "__firstlineno__",
+        "__init__",
+        "__contains__",
+        "__lt__",
+        "__le__",
+        "__eq__",
+        "__ne__",
+        "__gt__",
+        "__ge__",
+        "__hash__",
+    }
 )
 SAFE_BUILTINS = (
     "abs all any ascii bin bool bytearray bytes callable chr classmethod complex dict divmod enumerate "
@@ -128,7 +147,7 @@ def _env_owns(obj, name: str) -> bool:
     if not any(c in ENV_CLASSES for c in mro):
         return False
     if after is not None:
-        mro = mro[mro.index(after) + 1:] if after in mro else ()
+        mro = mro[mro.index(after) + 1 :] if after in mro else ()
     elif not isinstance(obj, type):
         try:
             own = object.__getattribute__(obj, "__dict__")
@@ -193,8 +212,11 @@ def _is_str_format(value) -> bool:
     """str.format or format_map, bound or not, whatever object handed it out."""
     if isinstance(value, types.MethodDescriptorType):
         return value in _STR_FORMATTERS
-    return (isinstance(value, types.BuiltinMethodType) and isinstance(getattr(value, "__self__", None), str)
-            and value.__name__ in ("format", "format_map"))
+    return (
+        isinstance(value, types.BuiltinMethodType)
+        and isinstance(getattr(value, "__self__", None), str)
+        and value.__name__ in ("format", "format_map")
+    )
 
 
 def _str_format(template: str):
@@ -231,7 +253,10 @@ def guarded_write(obj):
     reads with ``getattr``), while their items stay writable (``counts[k] += 1``)."""
     if isinstance(obj, type) and obj not in ENV_CLASSES:
         raise Refused(f"changing class '{obj.__name__}', which env code did not define")
-    if isinstance(obj, (types.ModuleType, ModuleProxy, FunctionProxy, types.FunctionType, types.BuiltinFunctionType, types.MethodType)):
+    if isinstance(
+        obj,
+        (types.ModuleType, ModuleProxy, FunctionProxy, types.FunctionType, types.BuiltinFunctionType, types.MethodType),
+    ):
         raise Refused("changing a module or a function")
     if isinstance(obj, type) or type(obj) in (dict, list) or _env_instance(obj):
         return obj
@@ -277,7 +302,9 @@ class ItemsOnly(Uncopyable):
         del object.__getattribute__(self, "_target")[key]
 
     def __setattr__(self, name, value):
-        raise Refused(f"changing attribute '{name}' of a {type(object.__getattribute__(self, '_target')).__name__}, which env code did not define")
+        raise Refused(
+            f"changing attribute '{name}' of a {type(object.__getattribute__(self, '_target')).__name__}, which env code did not define"
+        )
 
     def __delattr__(self, name):
         self.__setattr__(name, None)
@@ -289,8 +316,9 @@ def guarded_hasattr(obj, name) -> bool:
     return hasattr(obj, name)
 
 
-PLAIN_TYPES = frozenset({int, float, complex, str, bytes, bool, type(None), list, dict, tuple, set, frozenset, range,
-                         slice})
+PLAIN_TYPES = frozenset(
+    {int, float, complex, str, bytes, bool, type(None), list, dict, tuple, set, frozenset, range, slice}
+)
 
 
 def guarded_build_class(func, name, *bases, **kwargs):
@@ -322,8 +350,10 @@ def guarded_type(*args):
         return kind
     if kind in _module_classes():
         return kind
-    raise Refused(f"type() of a {kind.__name__} (only plain data, env code's classes, builtin exceptions and the "
-                  "allowed modules' classes)")
+    raise Refused(
+        f"type() of a {kind.__name__} (only plain data, env code's classes, builtin exceptions and the "
+        "allowed modules' classes)"
+    )
 
 
 def _module_classes() -> set:
@@ -370,9 +400,19 @@ def apply(function, *args, **kwargs):
 
 
 _INPLACE = {
-    "+=": operator.iadd, "-=": operator.isub, "*=": operator.imul, "/=": operator.itruediv, "//=": operator.ifloordiv,
-    "%=": operator.imod, "**=": operator.ipow, "<<=": operator.ilshift, ">>=": operator.irshift, "|=": operator.ior,
-    "^=": operator.ixor, "&=": operator.iand, "@=": operator.imatmul,
+    "+=": operator.iadd,
+    "-=": operator.isub,
+    "*=": operator.imul,
+    "/=": operator.itruediv,
+    "//=": operator.ifloordiv,
+    "%=": operator.imod,
+    "**=": operator.ipow,
+    "<<=": operator.ilshift,
+    ">>=": operator.irshift,
+    "|=": operator.ior,
+    "^=": operator.ixor,
+    "&=": operator.iand,
+    "@=": operator.imatmul,
 }
 
 
@@ -404,16 +444,24 @@ class EnvMeta:
     def __call__(self, name, bases, namespace, **kwargs):
         if any(_is_metaclass(base) for base in bases):
             raise Refused(f"class {name} deriving from a metaclass (it would build classes from a dict)")
-        extra = [k for k in namespace if isinstance(k, str) and k.startswith("__") and k.endswith("__") and k not in CLASS_DUNDERS]
+        extra = [
+            k
+            for k in namespace
+            if isinstance(k, str) and k.startswith("__") and k.endswith("__") and k not in CLASS_DUNDERS
+        ]
         if extra:
             raise Refused(f"class {name} defining {', '.join(sorted(extra))}")
         for base in bases:  # stdlib code calls these methods on what it is given, with its own data as arguments
             builtin = next((t for t in BUILTIN_DATA if isinstance(base, type) and issubclass(base, t)), None)
-            hooks = sorted(k for k in namespace if builtin is not None and isinstance(k, str) and hasattr(builtin, k)
-                           and not k.startswith("__"))
+            hooks = sorted(
+                k
+                for k in namespace
+                if builtin is not None and isinstance(k, str) and hasattr(builtin, k) and not k.startswith("__")
+            )
             if hooks:
-                raise Refused(f"class {name} overriding {builtin.__name__}.{hooks[0]} (stdlib code calls it with its own "
-                              "data)")
+                raise Refused(
+                    f"class {name} overriding {builtin.__name__}.{hooks[0]} (stdlib code calls it with its own data)"
+                )
         cls = self._winner(bases)(name, bases, namespace, **kwargs)
         ENV_CLASSES.add(cls)
         return cls
@@ -450,7 +498,9 @@ class FunctionProxy(Uncopyable):
         object.__setattr__(self, "_name", name)
 
     def __call__(self, *args, **kwargs):
-        return wrap(object.__getattribute__(self, "_fn")(*args, **kwargs), object.__getattribute__(self, "_name") + "()")
+        return wrap(
+            object.__getattribute__(self, "_fn")(*args, **kwargs), object.__getattribute__(self, "_name") + "()"
+        )
 
     def __getattr__(self, attr):
         raise Refused(f"attribute '{attr}' of {object.__getattribute__(self, '_name')}")
@@ -491,8 +541,14 @@ class ModuleProxy(Uncopyable):
         return "<module %s>" % object.__getattribute__(self, "_name")
 
 
-_CALLABLES = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.MethodWrapperType,
-              types.WrapperDescriptorType, types.MethodDescriptorType)
+_CALLABLES = (
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.MethodType,
+    types.MethodWrapperType,
+    types.WrapperDescriptorType,
+    types.MethodDescriptorType,
+)
 
 
 def wrap(value, name: str):
@@ -505,7 +561,11 @@ def wrap(value, name: str):
         raise Refused(f"{name} is not an allowed module")
     if _is_metaclass(value):  # enum.EnumType, collections.abc.ABCMeta, typing.get_origin(typing.Type[int])
         raise Refused(f"{name} is a metaclass (it builds classes from a dict)")
-    if isinstance(value, _CALLABLES) and getattr(value, "__module__", None) != "env" and not hasattr(value, "__mro_entries__"):
+    if (
+        isinstance(value, _CALLABLES)
+        and getattr(value, "__module__", None) != "env"
+        and not hasattr(value, "__mro_entries__")
+    ):
         return FunctionProxy(value, name)  # (typing.NamedTuple and TypedDict are functions used as bases: kept)
     return value
 
@@ -523,8 +583,10 @@ DATACLASS_READERS = ("dataclass", "fields", "asdict", "astuple", "replace")
 def _check_field_names(names, where: str) -> None:
     for name in names:
         if not plain_identifier(name):
-            raise Refused(f"{where} of a field named {name!r} (a name stdlib code reads and writes as an attribute: "
-                          "plain identifiers only)")
+            raise Refused(
+                f"{where} of a field named {name!r} (a name stdlib code reads and writes as an attribute: "
+                "plain identifiers only)"
+            )
 
 
 def _dataclass_field_names(obj) -> list:
@@ -573,7 +635,9 @@ def _checked_namedtuple(real):
 
     def checked(typename, field_names, **kwargs):
         if set(kwargs) - {"defaults"}:
-            raise Refused(f"collections.namedtuple with {', '.join(sorted(set(kwargs) - {'defaults'}))}= (only defaults=)")
+            raise Refused(
+                f"collections.namedtuple with {', '.join(sorted(set(kwargs) - {'defaults'}))}= (only defaults=)"
+            )
         names = field_names.replace(",", " ").split() if isinstance(field_names, str) else list(field_names)
         _check_field_names([typename, *names], "collections.namedtuple")
         made = real(typename, names, **kwargs)
@@ -585,7 +649,6 @@ def _checked_namedtuple(real):
 
 CHECKED_CALLS = {("dataclasses", name): _checked_dataclasses for name in DATACLASS_READERS}
 CHECKED_CALLS["collections", "namedtuple"] = _checked_namedtuple
-
 
 
 # --- a fixed clock -------------------------------------------------------------------------
@@ -630,8 +693,10 @@ def fixed_clock(module) -> None:
             return FIXED_CLOCK["datetime", "date"](self.year, self.month, self.day)
 
     for fixed, real in ((date, real_date), (datetime, real_datetime)):
-        fixed.min, fixed.max = fixed.combine(real.min, module.time()) if fixed is datetime else fixed(1, 1, 1), \
-            fixed.combine(real.max, module.time.max) if fixed is datetime else fixed(9999, 12, 31)
+        fixed.min, fixed.max = (
+            fixed.combine(real.min, module.time()) if fixed is datetime else fixed(1, 1, 1),
+            fixed.combine(real.max, module.time.max) if fixed is datetime else fixed(9999, 12, 31),
+        )
         fixed.__module__ = "datetime"
         fixed.__name__ = f"datetime.{real.__name__}"  # what repr() prints, as for the real class
     FIXED_CLOCK.update({("datetime", "date"): date, ("datetime", "datetime"): datetime})
@@ -655,9 +720,29 @@ def plain_copy(value, deep: bool):
     import enum
     import random
 
-    atomic = (int, float, complex, str, bytes, bool, type(None), range, datetime.date, datetime.time,
-              datetime.timedelta, datetime.tzinfo, enum.Enum, type, FunctionProxy, ModuleProxy, types.FunctionType,
-              types.MethodType, types.BuiltinFunctionType, functools.partial, re.Pattern)
+    atomic = (
+        int,
+        float,
+        complex,
+        str,
+        bytes,
+        bool,
+        type(None),
+        range,
+        datetime.date,
+        datetime.time,
+        datetime.timedelta,
+        datetime.tzinfo,
+        enum.Enum,
+        type,
+        FunctionProxy,
+        ModuleProxy,
+        types.FunctionType,
+        types.MethodType,
+        types.BuiltinFunctionType,
+        functools.partial,
+        re.Pattern,
+    )
     memo: dict = {}
 
     def copy_of(x, depth: int):
@@ -756,9 +841,13 @@ def guard_stdlib(modules: dict) -> None:
     # asdict/astuple deep-copy every field value that is not a dataclass or container with the copy module:
     # the jail's dataclasses gets the plain-data copy instead, so no reduction runs there either
     modules["dataclasses"].copy = types.SimpleNamespace(deepcopy=lambda x, memo=None: plain_copy(x, deep=True))
-    REPLACED.update({("copy", "copy"): FunctionProxy(_copy, "copy.copy"),
-                     ("copy", "deepcopy"): FunctionProxy(_deepcopy, "copy.deepcopy"),
-                     ("typing", "NamedTuple"): _CheckedNamedTuple(modules["typing"].NamedTuple)})
+    REPLACED.update(
+        {
+            ("copy", "copy"): FunctionProxy(_copy, "copy.copy"),
+            ("copy", "deepcopy"): FunctionProxy(_deepcopy, "copy.deepcopy"),
+            ("typing", "NamedTuple"): _CheckedNamedTuple(modules["typing"].NamedTuple),
+        }
+    )
     _MODULES_SEEN.update(modules)
     _MODULE_CLASSES.clear()
     enum_type = modules["enum"].EnumType
@@ -785,8 +874,14 @@ def env_globals(modules: dict, print_sink) -> dict:
             return proxies[name.split(".")[0]]
         return proxies[name]
 
-    table.update({"__import__": safe_import, "hasattr": guarded_hasattr, "type": guarded_type,
-                  "__build_class__": guarded_build_class})
+    table.update(
+        {
+            "__import__": safe_import,
+            "hasattr": guarded_hasattr,
+            "type": guarded_type,
+            "__build_class__": guarded_build_class,
+        }
+    )
     PrintCollector.sink = print_sink
     return {
         "__builtins__": table,

@@ -44,9 +44,30 @@ DEVICES = ("null", "zero", "urandom", "random")
 ROOT_CACHE = Path("/var/cache/trace-gym")
 BUILDER_VERSION = "3"
 SKIP_STDLIB = {
-    "test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "distutils", "pydoc_data",
-    "site-packages", "venv", "unittest", "sqlite3", "dbm", "curses", "xmlrpc", "wsgiref", "http",
-    "urllib", "email", "xml", "multiprocessing", "asyncio", "concurrent", "tomllib",
+    "test",
+    "idlelib",
+    "tkinter",
+    "turtledemo",
+    "ensurepip",
+    "lib2to3",
+    "distutils",
+    "pydoc_data",
+    "site-packages",
+    "venv",
+    "unittest",
+    "sqlite3",
+    "dbm",
+    "curses",
+    "xmlrpc",
+    "wsgiref",
+    "http",
+    "urllib",
+    "email",
+    "xml",
+    "multiprocessing",
+    "asyncio",
+    "concurrent",
+    "tomllib",
 }
 SKIP_DYNLOAD = re.compile(r"^_?(tkinter|curses|curses_panel|readline|sqlite3|dbm|gdbm|nis|ssl|hashlib|uuid|lzma|bz2)\b")
 
@@ -73,7 +94,13 @@ def interpreter() -> Path:
 
 def rootfs_key() -> str:
     digest = hashlib.sha256()
-    for part in (BUILDER_VERSION, sys.version, str(interpreter()), WORKER_SOURCE.read_text(), LANGUAGE_SOURCE.read_text()):
+    for part in (
+        BUILDER_VERSION,
+        sys.version,
+        str(interpreter()),
+        WORKER_SOURCE.read_text(),
+        LANGUAGE_SOURCE.read_text(),
+    ):
         digest.update(part.encode() + b"\0")
     return digest.hexdigest()[:16]
 
@@ -126,7 +153,9 @@ def _build(root: Path) -> None:
         _copy_file(Path(lib), root, follow=True)
     etc = root / "etc"
     etc.mkdir(parents=True, exist_ok=True)
-    (etc / "passwd").write_text(f"root:x:0:0::/:/nonexistent\nsandbox:x:{SANDBOX_UID}:{SANDBOX_UID}::/tmp:/nonexistent\n")
+    (etc / "passwd").write_text(
+        f"root:x:0:0::/:/nonexistent\nsandbox:x:{SANDBOX_UID}:{SANDBOX_UID}::/tmp:/nonexistent\n"
+    )
     (etc / "group").write_text(f"root:x:0:\nsandbox:x:{SANDBOX_UID}:\n")
     for folder in ("tmp", "proc", "dev", "sys"):
         (root / folder).mkdir(exist_ok=True)
@@ -160,7 +189,9 @@ def _copy_file(src: Path, root: Path, dest: str | None = None, follow: bool = Tr
 def _copy_tree(src: Path, root: Path) -> None:
     def ignore(folder: str, names: list[str]) -> set[str]:
         keep_pyc = f".{sys.implementation.cache_tag}.pyc"
-        return {n for n in names if n in ("test", "tests", "idle_test") or (n.endswith(".pyc") and not n.endswith(keep_pyc))}
+        return {
+            n for n in names if n in ("test", "tests", "idle_test") or (n.endswith(".pyc") and not n.endswith(keep_pyc))
+        }
 
     shutil.copytree(src, root / str(src).lstrip("/"), ignore=ignore, dirs_exist_ok=True)
 

@@ -56,7 +56,9 @@ def main():
 
     try:
         if init.get("python") != list(sys.version_info[:2]):
-            raise RuntimeError("the host compiled env.py for Python %s; this jail runs %s" % (init.get("python"), sys.version_info[:2]))
+            raise RuntimeError(
+                "the host compiled env.py for Python %s; this jail runs %s" % (init.get("python"), sys.version_info[:2])
+            )
         code = marshal.loads(base64.b64decode(init.pop("code")))  # RestrictedPython's output, from the host
         namespace = language.env_globals(modules, printed)
         exec(code, namespace)
@@ -130,10 +132,14 @@ def failure(exc, where, printed):
     except BaseException:  # noqa: BLE001 - an exception whose text itself fails
         message = "(unprintable)"
     kind = type(exc).__name__
-    trace = "".join(traceback.format_list(frames[-20:]))[-4 * MAX_TEXT:]
+    trace = "".join(traceback.format_list(frames[-20:]))[-4 * MAX_TEXT :]
     return {
-        "ok": False, "error": "%s: %s%s" % (kind, message, line), "where": where, "printed": printed.tail(),
-        "exception": {"type": kind, "message": message}, "traceback": trace,
+        "ok": False,
+        "error": "%s: %s%s" % (kind, message, line),
+        "where": where,
+        "printed": printed.tail(),
+        "exception": {"type": kind, "message": message},
+        "traceback": trace,
     }
 
 
@@ -173,18 +179,78 @@ def set_limits(limits):
 # --- seccomp: an allowlist of what a running interpreter needs ------------------------
 AUDIT_ARCH_X86_64 = 0xC000003E
 ALLOW_X86_64 = {
-    0: "read", 1: "write", 2: "open", 3: "close", 4: "stat", 5: "fstat", 6: "lstat", 7: "poll", 8: "lseek",
-    9: "mmap", 10: "mprotect", 11: "munmap", 12: "brk", 13: "rt_sigaction", 14: "rt_sigprocmask",
-    15: "rt_sigreturn", 16: "ioctl", 17: "pread64", 19: "readv", 20: "writev", 21: "access", 23: "select",
-    24: "sched_yield", 25: "mremap", 28: "madvise", 32: "dup", 33: "dup2", 35: "nanosleep", 39: "getpid",
-    60: "exit", 63: "uname", 72: "fcntl", 78: "getdents", 79: "getcwd", 89: "readlink", 96: "gettimeofday",
-    97: "getrlimit", 98: "getrusage", 99: "sysinfo", 100: "times", 102: "getuid", 104: "getgid",
-    107: "geteuid", 108: "getegid", 110: "getppid", 111: "getpgrp", 115: "getgroups", 131: "sigaltstack",
-    158: "arch_prctl", 186: "gettid", 202: "futex", 204: "sched_getaffinity", 217: "getdents64",
-    218: "set_tid_address", 219: "restart_syscall", 228: "clock_gettime", 229: "clock_getres",
-    230: "clock_nanosleep", 231: "exit_group", 257: "openat", 262: "newfstatat", 267: "readlinkat",
-    269: "faccessat", 270: "pselect6", 271: "ppoll", 273: "set_robust_list", 292: "dup3", 302: "prlimit64",
-    318: "getrandom", 332: "statx", 334: "rseq", 439: "faccessat2",
+    0: "read",
+    1: "write",
+    2: "open",
+    3: "close",
+    4: "stat",
+    5: "fstat",
+    6: "lstat",
+    7: "poll",
+    8: "lseek",
+    9: "mmap",
+    10: "mprotect",
+    11: "munmap",
+    12: "brk",
+    13: "rt_sigaction",
+    14: "rt_sigprocmask",
+    15: "rt_sigreturn",
+    16: "ioctl",
+    17: "pread64",
+    19: "readv",
+    20: "writev",
+    21: "access",
+    23: "select",
+    24: "sched_yield",
+    25: "mremap",
+    28: "madvise",
+    32: "dup",
+    33: "dup2",
+    35: "nanosleep",
+    39: "getpid",
+    60: "exit",
+    63: "uname",
+    72: "fcntl",
+    78: "getdents",
+    79: "getcwd",
+    89: "readlink",
+    96: "gettimeofday",
+    97: "getrlimit",
+    98: "getrusage",
+    99: "sysinfo",
+    100: "times",
+    102: "getuid",
+    104: "getgid",
+    107: "geteuid",
+    108: "getegid",
+    110: "getppid",
+    111: "getpgrp",
+    115: "getgroups",
+    131: "sigaltstack",
+    158: "arch_prctl",
+    186: "gettid",
+    202: "futex",
+    204: "sched_getaffinity",
+    217: "getdents64",
+    218: "set_tid_address",
+    219: "restart_syscall",
+    228: "clock_gettime",
+    229: "clock_getres",
+    230: "clock_nanosleep",
+    231: "exit_group",
+    257: "openat",
+    262: "newfstatat",
+    267: "readlinkat",
+    269: "faccessat",
+    270: "pselect6",
+    271: "ppoll",
+    273: "set_robust_list",
+    292: "dup3",
+    302: "prlimit64",
+    318: "getrandom",
+    332: "statx",
+    334: "rseq",
+    439: "faccessat2",
 }
 SECCOMP_RET_ALLOW = 0x7FFF0000
 SECCOMP_RET_ERRNO = 0x00050000

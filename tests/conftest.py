@@ -16,12 +16,25 @@ def capability(name: str, description: str, *, selected: bool = True):
     """An identified capability as identification records it (figures of a plain selection)."""
     from trace_gym.identification.stats import SelectedCapability
 
-    return SelectedCapability(name, description, gap_mean=0.3, gap_std=0.0, coverage_mean=0.5, coverage_std=0.0,
-                              er_plus_mean=0.1, er_minus_mean=0.4, runs_passed=5 if selected else 0, runs=5,
-                              selected=selected, runs_required=4)
+    return SelectedCapability(
+        name,
+        description,
+        gap_mean=0.3,
+        gap_std=0.0,
+        coverage_mean=0.5,
+        coverage_std=0.0,
+        er_plus_mean=0.1,
+        er_minus_mean=0.4,
+        runs_passed=5 if selected else 0,
+        runs=5,
+        selected=selected,
+        runs_required=4,
+    )
 
 
-def run_cli(*args: str, timeout: float = 600, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, timeout: float = 600, env: dict | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
     """Run the installed console script as a user would."""
     exe = shutil.which("trace-gym", path=str(Path(PYTHON).parent)) or "trace-gym"
     return subprocess.run(
@@ -67,9 +80,17 @@ def sandbox_backend(request):
 
 # The longest files (minutes each, measured with --durations) start first, so that
 # `make test`'s two workers do not end with one of them running alone.
-LONGEST_FIRST = ("test_pipeline_run.py", "test_tau2_target.py", "test_identification.py", "test_token_episodes.py",
-                 "test_identification_honesty.py", "test_toolsandbox_registry.py")
+LONGEST_FIRST = (
+    "test_pipeline_run.py",
+    "test_tau2_target.py",
+    "test_identification.py",
+    "test_token_episodes.py",
+    "test_identification_honesty.py",
+    "test_toolsandbox_registry.py",
+)
 
 
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: LONGEST_FIRST.index(item.path.name) if item.path.name in LONGEST_FIRST else len(LONGEST_FIRST))
+    items.sort(
+        key=lambda item: LONGEST_FIRST.index(item.path.name) if item.path.name in LONGEST_FIRST else len(LONGEST_FIRST)
+    )

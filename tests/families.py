@@ -13,11 +13,25 @@ TEMPLATES = Path(trl.__file__).parent / "chat_templates"
 # template -> the control tokens its tokenizer has (added, so each encodes as one id)
 FAMILIES = {
     "embedded": None,
-    "llama3_1": ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>",
-                 "<|python_tag|>"],
+    "llama3_1": [
+        "<|begin_of_text|>",
+        "<|start_header_id|>",
+        "<|end_header_id|>",
+        "<|eot_id|>",
+        "<|eom_id|>",
+        "<|python_tag|>",
+    ],
     "qwen2_5": ["<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"],
-    "qwen3": ["<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
-              "<think>", "</think>"],
+    "qwen3": [
+        "<|im_start|>",
+        "<|im_end|>",
+        "<tool_call>",
+        "</tool_call>",
+        "<tool_response>",
+        "</tool_response>",
+        "<think>",
+        "</think>",
+    ],
 }
 
 
@@ -41,9 +55,16 @@ def tiny_model(tokenizer, arch: str = "llama", seed: int = 0):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.for_model(arch, vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
-                                  num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                                  max_position_embeddings=32768)
+    config = AutoConfig.for_model(
+        arch,
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=32768,
+    )
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config)
 

@@ -35,29 +35,68 @@ class OpenAIDouble:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
                 double.requests.append(body)
                 if self.headers.get("Authorization") != f"Bearer {double.key}":
-                    return self._send(401, {"error": {"message": "Incorrect API key provided.", "type": "invalid_request_error", "code": "invalid_api_key"}})
+                    return self._send(
+                        401,
+                        {
+                            "error": {
+                                "message": "Incorrect API key provided.",
+                                "type": "invalid_request_error",
+                                "code": "invalid_api_key",
+                            }
+                        },
+                    )
                 if body.get("model") not in double.models:
-                    return self._send(404, {"error": {"message": f"The model `{body.get('model')}` does not exist.", "type": "invalid_request_error", "code": "model_not_found"}})
+                    return self._send(
+                        404,
+                        {
+                            "error": {
+                                "message": f"The model `{body.get('model')}` does not exist.",
+                                "type": "invalid_request_error",
+                                "code": "model_not_found",
+                            }
+                        },
+                    )
                 reply = double.answer(body)
                 if "status" in reply:  # an error the server answers with, e.g. {"status": 400, "message": "..."}
-                    return self._send(reply["status"], {"error": {"message": reply.get("message", "error"), "type": "invalid_request_error"}})
+                    return self._send(
+                        reply["status"],
+                        {"error": {"message": reply.get("message", "error"), "type": "invalid_request_error"}},
+                    )
                 message: dict[str, Any] = {"role": "assistant", "content": reply.get("content")}
                 if reply.get("tool_calls"):
                     message["tool_calls"] = [
-                        {"id": f"call_{uuid.uuid4().hex[:8]}", "type": "function",
-                         "function": {"name": c["name"], "arguments": c["arguments"] if isinstance(c["arguments"], str) else json.dumps(c["arguments"])}}
+                        {
+                            "id": f"call_{uuid.uuid4().hex[:8]}",
+                            "type": "function",
+                            "function": {
+                                "name": c["name"],
+                                "arguments": c["arguments"]
+                                if isinstance(c["arguments"], str)
+                                else json.dumps(c["arguments"]),
+                            },
+                        }
                         for c in reply["tool_calls"]
                     ]
                 prompt = sum(len(str(m.get("content") or "")) // 4 for m in body.get("messages", []))
-                choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": "tool_calls" if reply.get("tool_calls") else "stop"}
+                choice: dict[str, Any] = {
+                    "index": 0,
+                    "message": message,
+                    "finish_reason": "tool_calls" if reply.get("tool_calls") else "stop",
+                }
                 if body.get("logprobs") and reply.get("top_logprobs"):  # the answer's first token and its alternatives
                     top = [{"token": t["token"], "logprob": t["logprob"], "bytes": None} for t in reply["top_logprobs"]]
                     choice["logprobs"] = {"content": [{**top[0], "top_logprobs": top[: body.get("top_logprobs") or 0]}]}
-                self._send(200, {
-                    "id": f"chatcmpl-{uuid.uuid4().hex[:8]}", "object": "chat.completion", "created": 0, "model": body["model"],
-                    "choices": [choice],
-                    "usage": {"prompt_tokens": prompt, "completion_tokens": 7, "total_tokens": prompt + 7},
-                })
+                self._send(
+                    200,
+                    {
+                        "id": f"chatcmpl-{uuid.uuid4().hex[:8]}",
+                        "object": "chat.completion",
+                        "created": 0,
+                        "model": body["model"],
+                        "choices": [choice],
+                        "usage": {"prompt_tokens": prompt, "completion_tokens": 7, "total_tokens": prompt + 7},
+                    },
+                )
 
             def _send(self, status: int, payload: dict[str, Any]) -> None:
                 data = json.dumps(payload).encode()

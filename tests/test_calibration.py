@@ -24,7 +24,13 @@ pytest.importorskip("trl")
 
 from trace_gym.training import GRPOTrainingConfig, TrainingError  # noqa: E402
 from trace_gym.training.calibration import (  # noqa: E402
-    Calibration, LevelFigures, calibrate_env, check_trainable, load_calibrations, save_calibrations)
+    Calibration,
+    LevelFigures,
+    calibrate_env,
+    check_trainable,
+    load_calibrations,
+    save_calibrations,
+)
 from trace_gym.training.rollouts import IterationRecord, informative, parse_key, redraw_key  # noqa: E402
 
 LEVELS = "trace/test-levels-v0"
@@ -33,8 +39,17 @@ UNVALIDATED = ("--train-unvalidated", LEVELS)  # the fixture has no validation r
 
 
 def config(**change):
-    settings = dict(env_ids=[LEVELS], out="x", groups=4, rollouts_per_group=2, hint_share=0.5, max_new_tokens=4,
-                    dtype="float32", torch_threads=1, train_unvalidated=[LEVELS])  # a fixture: no validation report
+    settings = dict(
+        env_ids=[LEVELS],
+        out="x",
+        groups=4,
+        rollouts_per_group=2,
+        hint_share=0.5,
+        max_new_tokens=4,
+        dtype="float32",
+        torch_threads=1,
+        train_unvalidated=[LEVELS],
+    )  # a fixture: no validation report
     return GRPOTrainingConfig(**{**settings, **change})
 
 
@@ -44,13 +59,19 @@ def level_one(seed: int, hinted: bool) -> float:  # the fixture's reward at leve
 
 def fixture_play(cfg):
     """What the fixture env pays, group by group (the agent does not matter): the calibration logic's input."""
+
     def play(level, keys):
         groups = []
         for key in keys:
             seed = parse_key(key)["seed"]
-            groups.append([{0: 1.0, 2: 0.0}.get(level, level_one(seed, s < cfg.hinted_per_group))
-                           for s in range(cfg.rollouts_per_group)])
+            groups.append(
+                [
+                    {0: 1.0, 2: 0.0}.get(level, level_one(seed, s < cfg.hinted_per_group))
+                    for s in range(cfg.rollouts_per_group)
+                ]
+            )
         return groups
+
     return play
 
 
@@ -59,7 +80,8 @@ def test_calibration_moves_the_level_towards_the_band_and_records_every_level():
     calibration = calibrate_env(cfg, LEVELS, None, 3, fixture_play(cfg), say=lambda m: None)
     assert [f.level for f in calibration.levels] == [0, 1]  # 1.0 is above the band: one level harder
     assert calibration.level == 1 and calibration.chosen.mean_reward == pytest.approx(
-        sum(map(sum, calibration.chosen.groups)) / 8)
+        sum(map(sum, calibration.chosen.groups)) / 8
+    )
     assert calibration.episodes == 16 and calibration.levels[0].all_success_share == 1.0
     cfg = config(level=2)
     calibration = calibrate_env(cfg, LEVELS, None, 3, fixture_play(cfg), say=lambda m: None)
@@ -80,8 +102,16 @@ def test_an_env_no_level_makes_informative_is_untrainable_and_refused():
 
 def test_calibration_file_round_trips_and_a_bad_one_is_one_line(tmp_path):
     figures = LevelFigures(level=1, groups=[[0.25, 0.75], [0.5, 0.5]], episodes=4)
-    calibration = Calibration(env_id=LEVELS, model="m", levels=[figures], level=1, trainable=True, reason="r",
-                              reward_band=[0.2, 0.6], min_informative=0.5)
+    calibration = Calibration(
+        env_id=LEVELS,
+        model="m",
+        levels=[figures],
+        level=1,
+        trainable=True,
+        reason="r",
+        reward_band=[0.2, 0.6],
+        min_informative=0.5,
+    )
     path = save_calibrations(tmp_path / "calibration.json", [calibration])
     loaded = load_calibrations(path)[LEVELS]
     assert loaded.levels[0].informative_share == 0.5 and loaded.level == 1
@@ -102,8 +132,14 @@ def test_redraws_are_fresh_deterministic_and_stay_in_the_training_tasks():
 
 
 def test_mean_reward_is_the_first_draw_and_redraws_are_counted():
-    record = IterationRecord(rewards=[0.25, 0.75], groups=[[0.25, 0.75]], first_rewards=[0.5, 0.5], draws=2,
-                             redrawn_groups=1, episodes_played=4)
+    record = IterationRecord(
+        rewards=[0.25, 0.75],
+        groups=[[0.25, 0.75]],
+        first_rewards=[0.5, 0.5],
+        draws=2,
+        redrawn_groups=1,
+        episodes_played=4,
+    )
     summary = record.summary()
     assert summary["mean_reward"] == 0.5 and summary["mean_reward_trained"] == 0.5
     assert summary["informative_groups"] == 1 and summary["draws"] == 2 and summary["redrawn_groups"] == 1
@@ -140,8 +176,25 @@ def test_dynamic_sampling_redraws_constant_groups_in_real_episodes():
 
 @pytest.mark.slow
 def test_train_refuses_an_untrainable_or_uncalibrated_env_in_one_line(tmp_path):
-    result = run_cli("train", "--env", LEVELS, "--out", str(tmp_path / "a"), "--hint-share", "0", "--groups", "2",
-                     "--rollouts-per-group", "2", "--max-new-tokens", "4", "--iterations", "1", *UNVALIDATED, env=ENV)
+    result = run_cli(
+        "train",
+        "--env",
+        LEVELS,
+        "--out",
+        str(tmp_path / "a"),
+        "--hint-share",
+        "0",
+        "--groups",
+        "2",
+        "--rollouts-per-group",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--iterations",
+        "1",
+        *UNVALIDATED,
+        env=ENV,
+    )
     assert result.returncode == 2 and "untrainable" in result.stderr and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("trace-gym: error:")
     saved = json.loads((tmp_path / "a" / "calibration.json").read_text())["calibrations"][0]

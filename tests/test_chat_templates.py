@@ -24,8 +24,10 @@ def call(name: str, i: int, **arguments) -> dict:
     return {"id": f"c{i}", "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-TOOLS = [{"type": "function", "function": {"name": n, "description": n, "parameters": {"type": "object", "properties": {}}}}
-         for n in ("find_user_id_by_email", "get_order_details", "cancel_pending_order")]
+TOOLS = [
+    {"type": "function", "function": {"name": n, "description": n, "parameters": {"type": "object", "properties": {}}}}
+    for n in ("find_user_id_by_email", "get_order_details", "cancel_pending_order")
+]
 EPISODE = [  # a τ²-retail episode as the loop sees it: calls, results, messages, a user reply
     {"role": "system", "content": "You are a retail agent. Authenticate the user first."},
     {"role": "user", "content": "Cancel order #W1, I am mia@example.com."},
@@ -35,7 +37,11 @@ EPISODE = [  # a τ²-retail episode as the loop sees it: calls, results, messag
     {"role": "tool", "tool_call_id": "c2", "name": "get_order_details", "content": '{"status": "pending"}'},
     {"role": "assistant", "content": "Shall I cancel #W1 (ordered by mistake)?"},
     {"role": "user", "content": "Yes."},
-    {"role": "assistant", "content": "", "tool_calls": [call("cancel_pending_order", 3, order_id="#W1", reason="ordered by mistake")]},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [call("cancel_pending_order", 3, order_id="#W1", reason="ordered by mistake")],
+    },
     {"role": "tool", "tool_call_id": "c3", "name": "cancel_pending_order", "content": '{"status": "cancelled"}'},
 ]
 
@@ -47,7 +53,7 @@ def played_ids(backend, messages: list[dict]) -> list[int]:
     ids, _ = backend.encode_conversation(messages[: turns[0]], TOOLS)
     for k, i in enumerate(turns):
         sampled = backend.encode_reply(messages[i])
-        following = messages[i + 1: turns[k + 1] if k + 1 < len(turns) else len(messages)]
+        following = messages[i + 1 : turns[k + 1] if k + 1 < len(turns) else len(messages)]
         ids = [*ids, *sampled, *backend.encode_continuation(messages[i], following, sampled)]
     return ids
 
@@ -67,8 +73,9 @@ def test_an_episode_appended_turn_by_turn_reads_as_the_whole_conversation_render
     assert backend.tokenizer.decode(ids) == whole
     if family == "llama3_1":  # the tool schemas sit in the system turn, the prefix episodes share
         _, prefix = backend.encode_conversation(EPISODE[:2], TOOLS)
-        assert prefix > 0 and "find_user_id_by_email" in backend.tokenizer.decode(backend.encode_conversation(
-            EPISODE[:2], TOOLS)[0][:prefix])
+        assert prefix > 0 and "find_user_id_by_email" in backend.tokenizer.decode(
+            backend.encode_conversation(EPISODE[:2], TOOLS)[0][:prefix]
+        )
 
 
 def test_qwen3s_stock_template_cannot_append_and_says_so():
@@ -92,14 +99,20 @@ def test_a_template_named_that_cannot_append_is_refused_in_one_line():
 
 def test_llamas_one_call_per_turn_template_still_appends_after_a_turn_with_two_calls():
     backend = backend_for("llama3_1")
-    two = {"role": "assistant", "content": "", "tool_calls": [call("get_order_details", 1, order_id="#W1"),
-                                                               call("get_order_details", 2, order_id="#W2")]}
+    two = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [call("get_order_details", 1, order_id="#W1"), call("get_order_details", 2, order_id="#W2")],
+    }
     with pytest.raises(Exception, match="only supports single tool-calls"):
         backend._render([*EPISODE[:2], two], TOOLS, False)  # the whole conversation cannot be rendered
-    results = [{"role": "tool", "tool_call_id": f"c{i}", "name": "get_order_details", "content": f"order {i}"}
-               for i in (1, 2)]
+    results = [
+        {"role": "tool", "tool_call_id": f"c{i}", "name": "get_order_details", "content": f"order {i}"} for i in (1, 2)
+    ]
     text = backend.tokenizer.decode(backend.encode_continuation(two, results, []))
-    assert "order 1" in text and "order 2" in text and text.endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")
+    assert (
+        "order 1" in text and "order 2" in text and text.endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")
+    )
 
 
 @pytest.mark.slow
@@ -109,11 +122,20 @@ def test_tau2_episodes_play_under_each_family_and_a_template_error_ends_only_its
 
     for template in ("auto", "stock") if family == "qwen3" else ("auto",):
         backend = backend_for(family, template=template)
-        played = play_episodes(backend, "trace/tau2-retail-v0", [Episode("0", 0, 1), Episode("1", 0, 2)], batch=2,
-                               temperature=1.0, max_new_tokens=8, env_kwargs={"max_steps": 8, "split": "train"})
+        played = play_episodes(
+            backend,
+            "trace/tau2-retail-v0",
+            [Episode("0", 0, 1), Episode("1", 0, 2)],
+            batch=2,
+            temperature=1.0,
+            max_new_tokens=8,
+            env_kwargs={"max_steps": 8, "split": "train"},
+        )
         assert len(played) == 2
         for p in played:
-            if template == "stock":  # Qwen3's own: the second turn cannot be appended; the episode ends, the run goes on
+            if (
+                template == "stock"
+            ):  # Qwen3's own: the second turn cannot be appended; the episode ends, the run goes on
                 assert p.trajectory.error and "re-renders earlier turns" in p.trajectory.error
                 assert len(p.tokens.turns) == 1
             else:
@@ -126,8 +148,20 @@ def oracle_demos(tmp_path_factory):
     from conftest import run_cli
 
     out = tmp_path_factory.mktemp("demos") / "oracle.jsonl"
-    result = run_cli("rollout", "--env", "trace/tau2-retail-v0", "--agent", "oracle", "--split", "train", "--tasks", "2",
-                     "--out", str(out), "--no-progress")
+    result = run_cli(
+        "rollout",
+        "--env",
+        "trace/tau2-retail-v0",
+        "--agent",
+        "oracle",
+        "--split",
+        "train",
+        "--tasks",
+        "2",
+        "--out",
+        str(out),
+        "--no-progress",
+    )
     assert result.returncode == 0, result.stderr
     return out
 
@@ -147,17 +181,43 @@ def test_one_grpo_iteration_and_an_sft_run_under_each_familys_stock_template(fam
     tiny_model(tokenizer, arch="qwen3" if family == "qwen3" else "llama").save_pretrained(folder)
     tokenizer.save_pretrained(folder)
 
-    config = GRPOTrainingConfig(env_ids=["trace/tau2-mock-v0"], model=f"hf:{folder}", out=str(tmp_path / "grpo"), groups=1,
-                                rollouts_per_group=2, iterations=1, max_new_tokens=8, max_steps=4, learning_rate=1e-3,
-                                torch_threads=1, dtype="float32", calibrate=False, train_anyway=True, max_draws=1,
-                                train_unvalidated=["trace/tau2-mock-v0"])
+    config = GRPOTrainingConfig(
+        env_ids=["trace/tau2-mock-v0"],
+        model=f"hf:{folder}",
+        out=str(tmp_path / "grpo"),
+        groups=1,
+        rollouts_per_group=2,
+        iterations=1,
+        max_new_tokens=8,
+        max_steps=4,
+        learning_rate=1e-3,
+        torch_threads=1,
+        dtype="float32",
+        calibrate=False,
+        train_anyway=True,
+        max_draws=1,
+        train_unvalidated=["trace/tau2-mock-v0"],
+    )
     result = train(config, progress=False)
     [row] = [json.loads(line) for line in result.log.read_text().splitlines()]
-    assert row["rollouts"] == 2 and row["failed_episodes"] == 0 and (result.adapter / "adapter_model.safetensors").exists()
+    assert (
+        row["rollouts"] == 2 and row["failed_episodes"] == 0 and (result.adapter / "adapter_model.safetensors").exists()
+    )
 
-    done = sft(SFTTrainingConfig(trajectories=[str(oracle_demos)], model=f"hf:{folder}", out=str(tmp_path / "sft"),
-                                 epochs=1, batch_size=2, micro_batch=2, learning_rate=1e-3,
-                                 torch_threads=1, dtype="float32"), progress=False)
+    done = sft(
+        SFTTrainingConfig(
+            trajectories=[str(oracle_demos)],
+            model=f"hf:{folder}",
+            out=str(tmp_path / "sft"),
+            epochs=1,
+            batch_size=2,
+            micro_batch=2,
+            learning_rate=1e-3,
+            torch_threads=1,
+            dtype="float32",
+        ),
+        progress=False,
+    )
     from trace_gym.llm import make_backend
 
     policy = make_backend(done.policy)
@@ -188,7 +248,9 @@ def test_a_template_named_with_the_model_is_the_one_every_stage_loads(qwen3_fold
     spec = PolicySettings(model=f"hf:{qwen3_folder}", chat_template="qwen3_training").spec
     assert spec == f"hf:{qwen3_folder}?template=qwen3_training"
     backend = make_backend(spec)
-    assert backend.template_note == "'qwen3_training'" and backend.tokenizer.chat_template == trl_template("qwen3_training")
+    assert backend.template_note == "'qwen3_training'" and backend.tokenizer.chat_template == trl_template(
+        "qwen3_training"
+    )
     _, tokenizer, _ = load_policy(spec, "float32")
     assert tokenizer.chat_template == trl_template("qwen3_training")
 
@@ -208,9 +270,24 @@ def test_rollout_plays_under_the_template_its_flag_names(qwen3_folder, tmp_path)
     from conftest import run_cli
 
     out = tmp_path / "r.jsonl"
-    result = run_cli("rollout", "--env", "trace/tau2-mock-v0", "--agent", "llm", "--model", f"hf:{qwen3_folder}",
-                     "--chat-template", "qwen3_training", "--tasks", "1", "--max-steps", "2",
-                     "--out", str(out), "--no-progress")
+    result = run_cli(
+        "rollout",
+        "--env",
+        "trace/tau2-mock-v0",
+        "--agent",
+        "llm",
+        "--model",
+        f"hf:{qwen3_folder}",
+        "--chat-template",
+        "qwen3_training",
+        "--tasks",
+        "1",
+        "--max-steps",
+        "2",
+        "--out",
+        str(out),
+        "--no-progress",
+    )
     assert result.returncode == 0, result.stderr
     assert "plays under 'qwen3_training'" in result.stderr
     header = json.loads(out.read_text().splitlines()[0])

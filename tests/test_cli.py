@@ -24,14 +24,30 @@ def test_envs_list_shows_targets():
     result = run_cli("envs", "list", "--json")
     rows = {row["id"]: row for row in json.loads(result.stdout)}
     assert rows["trace/tau2-retail-v0"] == {
-        "id": "trace/tau2-retail-v0", "kind": "target", "target": "tau2-bench:retail", "capability": "", "status": "trusted",
+        "id": "trace/tau2-retail-v0",
+        "kind": "target",
+        "target": "tau2-bench:retail",
+        "capability": "",
+        "status": "trusted",
     }
 
 
 def test_rollout_prints_a_summary_and_writes_trajectories(tmp_path):
     out = tmp_path / "oracle.jsonl"
-    result = run_cli("rollout", "--env", "trace/tau2-retail-v0", "--agent", "oracle", "--split", "test",
-                     "--tasks", "3", "--out", str(out), "--json")
+    result = run_cli(
+        "rollout",
+        "--env",
+        "trace/tau2-retail-v0",
+        "--agent",
+        "oracle",
+        "--split",
+        "test",
+        "--tasks",
+        "3",
+        "--out",
+        str(out),
+        "--json",
+    )
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     assert summary["episodes"] == 3 and summary["successes"] == 3 and summary["mean_reward"] == 1.0
@@ -47,8 +63,23 @@ def test_rollout_prints_a_summary_and_writes_trajectories(tmp_path):
         (["--env", "trace/tau2-retail-v0", "--agent", "genius"], "unknown agent 'genius'"),
         (["--env", "trace/tau2-retail-v0", "--agent", "random", "--task-ids", "nope"], "no task 'nope'"),
         (["--env", "trace/tau2-retail-v0", "--agent", "random", "--split", "dev"], "no split 'dev'"),
-        (["--env", "trace/tau2-retail-v0", "--agent", "random", "--tasks", "1", "--user", "llm", "--user-model", "m",
-          "--user-base-url", "http://127.0.0.1:9/v1"], "did not answer"),
+        (
+            [
+                "--env",
+                "trace/tau2-retail-v0",
+                "--agent",
+                "random",
+                "--tasks",
+                "1",
+                "--user",
+                "llm",
+                "--user-model",
+                "m",
+                "--user-base-url",
+                "http://127.0.0.1:9/v1",
+            ],
+            "did not answer",
+        ),
     ],
 )
 def test_bad_input_is_one_clear_line(tmp_path, args, fragment):
@@ -65,8 +96,22 @@ def test_unwritable_output_path_is_one_clear_line(tmp_path):
 @pytest.mark.slow
 def test_kill_9_mid_run_then_resume_gives_every_episode_exactly_once(tmp_path):
     out = tmp_path / "run.jsonl"
-    args = ["rollout", "--env", "trace/tau2-retail-v0", "--agent", "oracle", "--split", "test", "--tasks", "12",
-            "--samples", "2", "--out", str(out), "--no-progress"]
+    args = [
+        "rollout",
+        "--env",
+        "trace/tau2-retail-v0",
+        "--agent",
+        "oracle",
+        "--split",
+        "test",
+        "--tasks",
+        "12",
+        "--samples",
+        "2",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     exe = run_cli("--help").args[0]
     proc = subprocess.Popen([exe, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     deadline = time.time() + 240

@@ -40,16 +40,35 @@ def files(tmp_path_factory):
     synthesized = root / "synthesized.jsonl"
     with TrajectoryStore(synthesized) as store:
         for i, reward in enumerate((1.0, 0.0, 1.0, 0.0)):
-            store.append(Trajectory(
-                episode_id=episode_id("trace/structured-data-v0", None, 0, i), env_id="trace/structured-data-v0",
-                task_id=f"seed-{i}", seed=i, agent="oracle", messages=[Message(role="user", content="hi")], reward=reward,
-                terminated=True, truncated=False, steps=1, started_at="2026-01-01T00:00:00+00:00", wall_s=0.0))
+            store.append(
+                Trajectory(
+                    episode_id=episode_id("trace/structured-data-v0", None, 0, i),
+                    env_id="trace/structured-data-v0",
+                    task_id=f"seed-{i}",
+                    seed=i,
+                    agent="oracle",
+                    messages=[Message(role="user", content="hi")],
+                    reward=reward,
+                    terminated=True,
+                    truncated=False,
+                    steps=1,
+                    started_at="2026-01-01T00:00:00+00:00",
+                    wall_s=0.0,
+                )
+            )
     bad_json = root / "capabilities.json"
     bad_json.write_text("{not json")
     bad_toml = root / "run.toml"
     bad_toml.write_text("[run\ntarget = ")
-    return {"root": root, "malformed": str(malformed), "synthesized": str(synthesized), "missing": str(root / "missing.jsonl"),
-            "bad_json": str(bad_json), "bad_toml": str(bad_toml), "dir": str(root)}
+    return {
+        "root": root,
+        "malformed": str(malformed),
+        "synthesized": str(synthesized),
+        "missing": str(root / "missing.jsonl"),
+        "bad_json": str(bad_json),
+        "bad_toml": str(bad_toml),
+        "dir": str(root),
+    }
 
 
 CASES = [
@@ -57,7 +76,11 @@ CASES = [
     (("envs", "list"), ["--colour"], "unrecognized arguments: --colour"),
     (("envs", "new"), ["Bad Name!", "--target", "trace/tau2-retail-v0", "--dir", "{root}"], "name"),
     (("envs", "new"), ["fine-name", "--target", "trace/nope-v0", "--dir", "{root}"], "unknown env id 'trace/nope-v0'"),
-    (("envs", "new"), ["fine-name", "--target", "trace/structured-data-v0", "--dir", "{root}"], "trace/structured-data-v0"),
+    (
+        ("envs", "new"),
+        ["fine-name", "--target", "trace/structured-data-v0", "--dir", "{root}"],
+        "trace/structured-data-v0",
+    ),
     (("envs", "freeze-tools"), ["trace/nope-v0"], "unknown env id 'trace/nope-v0'"),
     (("envs", "freeze-tools"), ["trace/structured-data-v0"], "trace/structured-data-v0"),
     (("envs", "catalog"), ["--registry", "{missing}"], "missing.jsonl"),
@@ -65,18 +88,88 @@ CASES = [
     (("envs", "serve"), ["trace/structured-data-v0", "--max-sessions", "0"], "max_sessions must be at least 1"),
     (("envs", "serve"), ["trace/structured-data-v0", "--port", "70000"], "--port must be in 0..65535"),
     (("rollout",), ["--env", "trace/nope-v0", "--agent", "oracle", "--out", "{root}/r.jsonl"], "unknown env id"),
-    (("rollout",), ["--env", "trace/tau2-retail-v0", "--agent", "oracle", "--tasks", "many", "--out", "{root}/r.jsonl"], "argument --tasks: invalid"),
-    (("rollout",), ["--env", "trace/tau2-retail-v0", "--agent", "oracle", "--samples", "0", "--out", "{root}/r.jsonl"], "--samples"),
-    (("rollout",), ["--env", "trace/tau2-retail-v0", "--agent", "oracle", "--workers", "0", "--out", "{root}/r.jsonl"], "--workers"),
-    (("rollout",), ["--env", "trace/tau2-retail-v0", "--agent", "oracle", "--tasks", "-1", "--out", "{root}/r.jsonl"], "--tasks"),
-    (("rollout",), ["--env", "trace/tau2-retail-v0", "--agent", "oracle", "--temperature", "hot", "--out", "{root}/r.jsonl"], "argument --temperature: invalid"),
-    (("rollout",), ["--env", "trace/tau2-retail-v0", "--agent", "planted", "--deficits", "typo=0.3", "--out", "{root}/r.jsonl"], "unknown deficits ['typo']"),
-    (("rollout",), ["--env", "trace/tau2-retail-v0", "--agent", "oracle", "--seeds", "3", "--out", "{root}/r.jsonl"], "not --seeds"),
-    (("rollout",), ["--env", "trace/structured-data-v0", "--agent", "oracle", "--task-ids", "1", "--out", "{root}/r.jsonl"], "played by seed"),
-    (("rollout",), ["--env", "trace/tau2-retail-v0", "--agent", "oracle", "--resume", "--out", "{malformed}"], "is not a trajectory record"),
-    (("rollout",), ["--env", "trace/tau2-retail-v0", "--agent", "oracle", "--batch", "4", "--tasks", "1", "--out", "{root}/b.jsonl"], "--batch"),
-    (("rollout",), ["--env", "trace/tau2-retail-v0", "--agent", "oracle", "--chat-template", "stock", "--out", "{root}/r.jsonl"], "--chat-template only apply to --agent llm"),
-    (("rollout",), ["--env", "trace/tau2-retail-v0", "--agent", "llm", "--model", "openai:m", "--chat-template", "stock", "--out", "{root}/r.jsonl"], "renders conversations with its own chat template"),
+    (
+        ("rollout",),
+        ["--env", "trace/tau2-retail-v0", "--agent", "oracle", "--tasks", "many", "--out", "{root}/r.jsonl"],
+        "argument --tasks: invalid",
+    ),
+    (
+        ("rollout",),
+        ["--env", "trace/tau2-retail-v0", "--agent", "oracle", "--samples", "0", "--out", "{root}/r.jsonl"],
+        "--samples",
+    ),
+    (
+        ("rollout",),
+        ["--env", "trace/tau2-retail-v0", "--agent", "oracle", "--workers", "0", "--out", "{root}/r.jsonl"],
+        "--workers",
+    ),
+    (
+        ("rollout",),
+        ["--env", "trace/tau2-retail-v0", "--agent", "oracle", "--tasks", "-1", "--out", "{root}/r.jsonl"],
+        "--tasks",
+    ),
+    (
+        ("rollout",),
+        ["--env", "trace/tau2-retail-v0", "--agent", "oracle", "--temperature", "hot", "--out", "{root}/r.jsonl"],
+        "argument --temperature: invalid",
+    ),
+    (
+        ("rollout",),
+        ["--env", "trace/tau2-retail-v0", "--agent", "planted", "--deficits", "typo=0.3", "--out", "{root}/r.jsonl"],
+        "unknown deficits ['typo']",
+    ),
+    (
+        ("rollout",),
+        ["--env", "trace/tau2-retail-v0", "--agent", "oracle", "--seeds", "3", "--out", "{root}/r.jsonl"],
+        "not --seeds",
+    ),
+    (
+        ("rollout",),
+        ["--env", "trace/structured-data-v0", "--agent", "oracle", "--task-ids", "1", "--out", "{root}/r.jsonl"],
+        "played by seed",
+    ),
+    (
+        ("rollout",),
+        ["--env", "trace/tau2-retail-v0", "--agent", "oracle", "--resume", "--out", "{malformed}"],
+        "is not a trajectory record",
+    ),
+    (
+        ("rollout",),
+        [
+            "--env",
+            "trace/tau2-retail-v0",
+            "--agent",
+            "oracle",
+            "--batch",
+            "4",
+            "--tasks",
+            "1",
+            "--out",
+            "{root}/b.jsonl",
+        ],
+        "--batch",
+    ),
+    (
+        ("rollout",),
+        ["--env", "trace/tau2-retail-v0", "--agent", "oracle", "--chat-template", "stock", "--out", "{root}/r.jsonl"],
+        "--chat-template only apply to --agent llm",
+    ),
+    (
+        ("rollout",),
+        [
+            "--env",
+            "trace/tau2-retail-v0",
+            "--agent",
+            "llm",
+            "--model",
+            "openai:m",
+            "--chat-template",
+            "stock",
+            "--out",
+            "{root}/r.jsonl",
+        ],
+        "renders conversations with its own chat template",
+    ),
     (("validate",), ["{missing}"], "missing.jsonl"),
     (("validate",), ["trace/nope-v0"], "trace/nope-v0"),
     (("validate",), ["trace/tau2-retail-v0"], "trace/tau2-retail-v0"),
@@ -86,33 +179,89 @@ CASES = [
     (("identify",), ["--trajectories", "{dir}", "--out", "{root}/i"], "is a directory"),
     (("identify",), ["--trajectories", "{synthesized}", "--out", "{root}/i"], "gold actions"),
     (("identify",), ["--trajectories", "{synthesized}", "--runs", "0", "--out", "{root}/i"], "--runs"),
-    (("identify",), ["--trajectories", "{synthesized}", "--runs", "4", "--k", "5", "--out", "{root}/i"], "K (min_runs) = 5"),
-    (("identify",), ["--trajectories", "{synthesized}", "--delta", "big", "--out", "{root}/i"], "argument --delta: invalid"),
-    (("identify",), ["--trajectories", "{synthesized}", "--analyst", "magic", "--out", "{root}/i"], "unknown analyst 'magic'"),
+    (
+        ("identify",),
+        ["--trajectories", "{synthesized}", "--runs", "4", "--k", "5", "--out", "{root}/i"],
+        "K (min_runs) = 5",
+    ),
+    (
+        ("identify",),
+        ["--trajectories", "{synthesized}", "--delta", "big", "--out", "{root}/i"],
+        "argument --delta: invalid",
+    ),
+    (
+        ("identify",),
+        ["--trajectories", "{synthesized}", "--analyst", "magic", "--out", "{root}/i"],
+        "unknown analyst 'magic'",
+    ),
     (("synthesize",), ["--capabilities", "{missing}", "--target", "trace/tau2-retail-v0"], "missing.jsonl"),
     (("synthesize",), ["--capabilities", "{bad_json}", "--target", "trace/tau2-retail-v0"], "capabilities.json"),
     (("synthesize",), ["--capabilities", "{bad_json}", "--target", "trace/nope-v0"], "trace/nope-v0"),
     (("run",), ["{missing}"], "missing.jsonl"),
     (("run",), ["{bad_toml}"], "run.toml"),
     (("train",), ["--env", "trace/nope-v0", "--out", "{root}/t"], "trace/nope-v0"),
-    (("train",), ["--env", "trace/tau2-retail-v0", "--iterations", "many", "--out", "{root}/t"], "argument --iterations: invalid"),
+    (
+        ("train",),
+        ["--env", "trace/tau2-retail-v0", "--iterations", "many", "--out", "{root}/t"],
+        "argument --iterations: invalid",
+    ),
     (("train",), ["--env", "trace/tau2-retail-v0", "--lr", "fast", "--out", "{root}/t"], "argument --lr: invalid"),
-    (("train",), ["--env", "trace/tau2-retail-v0", "--micro-batch", "3", "--out", "{root}/t"], "micro_batch must divide G x K = 16"),
+    (
+        ("train",),
+        ["--env", "trace/tau2-retail-v0", "--micro-batch", "3", "--out", "{root}/t"],
+        "micro_batch must divide G x K = 16",
+    ),
     (("train",), ["--env", "trace/tau2-retail-v0", "--no-calibrate", "--out", "{root}/t"], "calibration is off"),
-    (("train",), ["--env", "trace/tau2-retail-v0", "--max-draws", "0", "--out", "{root}/t"], "max_draws must be at least 1"),
-    (("train",), ["--env", "trace/tau2-retail-v0", "--level", "1", "--out", "{root}/t"], "declares no difficulty levels"),
-    (("train",), ["--env", "trace/tau2-retail-v0", "--chat-template", "nosuch", "--out", "{root}/t"], "chat template 'nosuch': neither a file nor one of TRL's"),
-    (("train",), ["--env", "trace/tau2-retail-v0", "--chat-template", "{missing}.jinja", "--out", "{root}/t"], "no such file"),
+    (
+        ("train",),
+        ["--env", "trace/tau2-retail-v0", "--max-draws", "0", "--out", "{root}/t"],
+        "max_draws must be at least 1",
+    ),
+    (
+        ("train",),
+        ["--env", "trace/tau2-retail-v0", "--level", "1", "--out", "{root}/t"],
+        "declares no difficulty levels",
+    ),
+    (
+        ("train",),
+        ["--env", "trace/tau2-retail-v0", "--chat-template", "nosuch", "--out", "{root}/t"],
+        "chat template 'nosuch': neither a file nor one of TRL's",
+    ),
+    (
+        ("train",),
+        ["--env", "trace/tau2-retail-v0", "--chat-template", "{missing}.jinja", "--out", "{root}/t"],
+        "no such file",
+    ),
     (("sft",), ["--trajectories", "{missing}", "--out", "{root}/s"], "no trajectory file"),
     (("sft",), ["--trajectories", "{malformed}", "--out", "{root}/s"], "is not a trajectory record"),
     (("sft",), ["--trajectories", "{synthesized}", "--batch-size", "3", "--out", "{root}/s"], "must divide batch_size"),
-    (("sft",), ["--trajectories", "{synthesized}", "--min-reward", "2", "--out", "{root}/s"], "no demonstration to learn from"),
+    (
+        ("sft",),
+        ["--trajectories", "{synthesized}", "--min-reward", "2", "--out", "{root}/s"],
+        "no demonstration to learn from",
+    ),
     (("baseline", "gepa"), ["--env", "trace/nope-v0", "--budget", "20", "--out", "{root}/g"], "trace/nope-v0"),
-    (("baseline", "gepa"), ["--env", "trace/tool-precision-v0", "--budget", "20", "--out", "{root}/g"], "is a training env"),
+    (
+        ("baseline", "gepa"),
+        ["--env", "trace/tool-precision-v0", "--budget", "20", "--out", "{root}/g"],
+        "is a training env",
+    ),
     (("baseline", "gepa"), ["--env", "trace/tau2-retail-v0", "--budget", "5", "--out", "{root}/g"], "cannot pay for"),
-    (("baseline", "gepa"), ["--env", "trace/tau2-retail-v0", "--budget", "0", "--out", "{root}/g"], "argument --budget: must be at least 1"),
-    (("baseline", "gepa"), ["--env", "trace/tau2-retail-v0", "--budget", "20", "--seed-prompt", "@{missing}", "--out", "{root}/g"], "missing.jsonl"),
-    (("baseline", "gepa"), ["--env", "trace/tau2-retail-v0", "--budget", "20", "--model", "gpt", "--out", "{root}/g"], "unknown model 'gpt'"),
+    (
+        ("baseline", "gepa"),
+        ["--env", "trace/tau2-retail-v0", "--budget", "0", "--out", "{root}/g"],
+        "argument --budget: must be at least 1",
+    ),
+    (
+        ("baseline", "gepa"),
+        ["--env", "trace/tau2-retail-v0", "--budget", "20", "--seed-prompt", "@{missing}", "--out", "{root}/g"],
+        "missing.jsonl",
+    ),
+    (
+        ("baseline", "gepa"),
+        ["--env", "trace/tau2-retail-v0", "--budget", "20", "--model", "gpt", "--out", "{root}/g"],
+        "unknown model 'gpt'",
+    ),
     (("evaluate",), ["{dir}"], "holds no run of trace-gym run"),
     (("evaluate",), ["{dir}", "--tasks", "0"], "--tasks: must be at least 1"),
     (("route",), ["{dir}", "--message", "hi", "--tasks", "2"], "not both"),
@@ -150,8 +299,10 @@ def test_bad_input_is_one_line_and_exit_2(files, capsys, command, arguments, fra
 
 
 def test_a_real_process_prints_one_line_for_a_parse_error_and_a_bad_file(files):
-    for args, fragment in ((["identify", "--trajectories", files["malformed"], "--runs", "x", "--out", "o"], "--runs"),
-                           (["report", files["malformed"]], "is not a trajectory record")):
+    for args, fragment in (
+        (["identify", "--trajectories", files["malformed"], "--runs", "x", "--out", "o"], "--runs"),
+        (["report", files["malformed"]], "is not a trajectory record"),
+    ):
         result = run_cli(*args)
         lines = [line for line in result.stderr.splitlines() if line.strip()]
         assert result.returncode == 2 and len(lines) == 1 and fragment in lines[0], result.stderr

@@ -48,8 +48,10 @@ def test_every_local_link_leads_somewhere(path):
 def test_a_broken_link_or_anchor_is_found(tmp_path):
     (tmp_path / "other.md").write_text("# Other\n\n## Is there a rise?\n")
     page = tmp_path / "page.md"
-    page.write_text("[ok](other.md#is-there-a-rise) [gone](missing.md) [bad](other.md#no-such) "
-                    "[web](https://example.com) [self](#page)\n\n# Page\n")
+    page.write_text(
+        "[ok](other.md#is-there-a-rise) [gone](missing.md) [bad](other.md#no-such) "
+        "[web](https://example.com) [self](#page)\n\n# Page\n"
+    )
     assert broken_links(page) == ["missing.md", "other.md#no-such"]
 
 

@@ -58,8 +58,11 @@ def test_a_lone_surrogate_from_env_code_becomes_a_replacement_character(sandbox_
 def test_a_huge_observation_is_cut_and_says_so(sandbox_backend, tmp_path):
     from trace_gym.sandbox.env import SandboxedEnv
 
-    folder = lookup_variant(tmp_path, 'return {"observation": "Thanks!", "done": True}',
-                            'return {"observation": "x" * 1000000, "done": True}')
+    folder = lookup_variant(
+        tmp_path,
+        'return {"observation": "Thanks!", "done": True}',
+        'return {"observation": "x" * 1000000, "done": True}',
+    )
     env = SandboxedEnv(folder, backend=sandbox_backend, max_observation_chars=5000)
     try:
         env.reset(seed=1)
@@ -93,19 +96,30 @@ def test_a_prompt_past_the_models_context_ends_the_episode_truncated(sandbox_bac
     from trace_gym.sandbox.env import SandboxedEnv
 
     tokenizer = AutoTokenizer.from_pretrained(str(ensure_embedded_model()))
-    config = AutoConfig.for_model("llama", vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
-                                  num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                                  max_position_embeddings=96)
+    config = AutoConfig.for_model(
+        "llama",
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=96,
+    )
     torch.manual_seed(0)
     backend = LocalHF.from_model(AutoModelForCausalLM.from_config(config), tokenizer)
     assert backend.context_size == 96
     env = SandboxedEnv(ORDER_LOOKUP, backend=sandbox_backend)
     try:
-        trajectory = run_episode(env, LLMAgent(backend, max_new_tokens=8), "trace/test-order-lookup-v0",
-                                 Episode(None, 0, 1))
+        trajectory = run_episode(
+            env, LLMAgent(backend, max_new_tokens=8), "trace/test-order-lookup-v0", Episode(None, 0, 1)
+        )
         assert trajectory.truncated and "pass the model's context of 96 tokens" in trajectory.error
-        [played] = list(play_batched([env], [LLMAgent(backend, max_new_tokens=8)], "trace/test-order-lookup-v0",
-                                     [Episode(None, 0, 2)]))
+        [played] = list(
+            play_batched(
+                [env], [LLMAgent(backend, max_new_tokens=8)], "trace/test-order-lookup-v0", [Episode(None, 0, 2)]
+            )
+        )
         assert "the episode ends here, truncated" in played.trajectory.error
     finally:
         env.close()
@@ -119,8 +133,9 @@ def test_a_group_whose_resets_differ_is_voided_and_training_goes_on():
         turn = SimpleNamespace(prompt_ids=prompt)
         return SimpleNamespace(failed=False, failure=None, played=SimpleNamespace(tokens=SimpleNamespace(turns=[turn])))
 
-    rollout = EnvRolloutFunc(GRPOTrainingConfig(env_ids=["trace/x-v0"], out="x"), pool=None,
-                             tokenizer=SimpleNamespace(eos_token_id=2))
+    rollout = EnvRolloutFunc(
+        GRPOTrainingConfig(env_ids=["trace/x-v0"], out="x"), pool=None, tokenizer=SimpleNamespace(eos_token_id=2)
+    )
     record = IterationRecord()
     rows = rollout._group_rows([outcome([1, 2, 3]), outcome([1, 2, 4])], [False, False], record)
     assert [r["env_reward"] for r in rows] == [None, None] and all(r["env_mask"] == [0] for r in rows)
@@ -133,8 +148,15 @@ def test_training_bounds_have_settings_that_refuse_nonsense_and_reach_the_sandbo
 
     with pytest.raises(TrainingError, match="must be positive"):
         GRPOTrainingConfig(env_ids=["trace/tool-precision-v0"], out="x", env_call_timeout_s=0).check()
-    _, kwargs, _ = _env_plan(GRPOTrainingConfig(env_ids=["trace/tool-precision-v0"], out="x", env_call_timeout_s=1.5,
-                                                max_observation_chars=900, sandbox_backend="bwrap"))
+    _, kwargs, _ = _env_plan(
+        GRPOTrainingConfig(
+            env_ids=["trace/tool-precision-v0"],
+            out="x",
+            env_call_timeout_s=1.5,
+            max_observation_chars=900,
+            sandbox_backend="bwrap",
+        )
+    )
     plan = kwargs["trace/tool-precision-v0"]
     assert plan["limits"].call_timeout_s == 1.5 and plan["max_observation_chars"] == 900
 
@@ -153,15 +175,27 @@ def test_a_step_slower_than_training_allows_kills_the_worker(sandbox_backend):
             worker.call("step", action={"type": "message", "content": "hi"})
 
 
-@pytest.mark.parametrize("bomb, fragment", [
-    (None, None),
-    (('return {"reward": reward,', 'return {"reward": 1.0 if self.big and self.answer is not None and not self.used_tool '
-                                   'else reward,'), "a message-only agent scored 1.00"),
-    (('self.looked_up = True\n', 'self.looked_up = not self.big\n'), "the oracle scored 0.70"),
-    (('prompt += " Hint: look the order up before you answer."',
-      'prompt += " Hint: the order is " + self.status + "." if self.big else " Hint: look the order up first."'),
-     "the hint spells out"),
-])
+@pytest.mark.parametrize(
+    "bomb, fragment",
+    [
+        (None, None),
+        (
+            (
+                'return {"reward": reward,',
+                'return {"reward": 1.0 if self.big and self.answer is not None and not self.used_tool else reward,',
+            ),
+            "a message-only agent scored 1.00",
+        ),
+        (("self.looked_up = True\n", "self.looked_up = not self.big\n"), "the oracle scored 0.70"),
+        (
+            (
+                'prompt += " Hint: look the order up before you answer."',
+                'prompt += " Hint: the order is " + self.status + "." if self.big else " Hint: look the order up first."',
+            ),
+            "the hint spells out",
+        ),
+    ],
+)
 def test_training_spot_checks_its_own_seeds(sandbox_backend, tmp_path, bomb, fragment):
     """Finding 3: an env honest on small seeds and hostile on the 31-bit seeds training
     draws. Training plays the oracle and a message-only agent on one seed it trains on
@@ -172,13 +206,18 @@ def test_training_spot_checks_its_own_seeds(sandbox_backend, tmp_path, bomb, fra
 
     folder = ORDER_LOOKUP
     if bomb:
-        folder = lookup_variant(tmp_path, "rng = random.Random(seed)", "rng = random.Random(seed)\n        self.big = seed > 10**6")
+        folder = lookup_variant(
+            tmp_path, "rng = random.Random(seed)", "rng = random.Random(seed)\n        self.big = seed > 10**6"
+        )
         source = (folder / "env.py").read_text()
         assert bomb[0] in source
         (folder / "env.py").write_text(source.replace(bomb[0], bomb[1]))
     pool = SimpleNamespace(make_env=lambda env_id: SandboxedEnv(folder, backend=sandbox_backend))
-    rollout = EnvRolloutFunc(GRPOTrainingConfig(env_ids=["trace/test-order-lookup-v0"], out="x"), pool=pool,
-                             tokenizer=SimpleNamespace(eos_token_id=2))
+    rollout = EnvRolloutFunc(
+        GRPOTrainingConfig(env_ids=["trace/test-order-lookup-v0"], out="x"),
+        pool=pool,
+        tokenizer=SimpleNamespace(eos_token_id=2),
+    )
     small, big = 7, 1_234_567_890
     assert "oracle solved" in rollout.spot_check("trace/test-order-lookup-v0", small)  # what validation used to see
     if not bomb:
@@ -213,8 +252,9 @@ def test_an_episode_past_max_episode_s_ends_truncated(sandbox_backend):
 
     env = SandboxedEnv(ORDER_LOOKUP, backend=sandbox_backend, max_steps=50)
     try:
-        [played] = list(play_batched([env], [Stalling()], "trace/test-order-lookup-v0", [Episode(None, 0, 1)],
-                                     max_episode_s=0.5))
+        [played] = list(
+            play_batched([env], [Stalling()], "trace/test-order-lookup-v0", [Episode(None, 0, 1)], max_episode_s=0.5)
+        )
     finally:
         env.close()
     assert played.trajectory.truncated and "ran past max_episode_s (0.5 s)" in played.trajectory.error
@@ -238,15 +278,24 @@ def test_an_iteration_past_max_iteration_s_stops_redrawing(monkeypatch):
     def constant_rows(self, env_id, keys, group_ids, backend, rows, record):
         for g in group_ids:
             for s in range(self.config.rollouts_per_group):
-                rows[g * self.config.rollouts_per_group + s] = {"prompt_ids": [1], "completion_ids": [2], "logprobs": [0.0],
-                                                                 "env_mask": [1], "env_reward": 0.0, "hinted": False}
+                rows[g * self.config.rollouts_per_group + s] = {
+                    "prompt_ids": [1],
+                    "completion_ids": [2],
+                    "logprobs": [0.0],
+                    "env_mask": [1],
+                    "env_reward": 0.0,
+                    "hinted": False,
+                }
         record.episodes_played += len(keys) * self.config.rollouts_per_group
 
     monkeypatch.setattr(EnvRolloutFunc, "_play_env", constant_rows)
     keys = [episode_key("trace/x-v0", seed=5)] * 2
     for bound, draws in ((3600.0, 3), (1e-9, 1)):
-        rollout = EnvRolloutFunc(GRPOTrainingConfig(env_ids=["trace/x-v0"], out="x", max_iteration_s=bound,
-                                                    spot_check=False), pool=None, tokenizer=None)
+        rollout = EnvRolloutFunc(
+            GRPOTrainingConfig(env_ids=["trace/x-v0"], out="x", max_iteration_s=bound, spot_check=False),
+            pool=None,
+            tokenizer=None,
+        )
         rollout.play(keys, backend=None)
         record = rollout.records[-1]
         assert record.draws == 2 * draws and record.episodes_played == 2 * 4 * draws  # 2 groups of K = 4

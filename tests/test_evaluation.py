@@ -7,12 +7,33 @@ import shutil
 import pytest
 
 from conftest import capability, run_cli
-from trace_gym.artifacts import (AdapterRecord, AdapterSet, ArtifactError, EnvRecord, EnvSet, Identification,
-                                 UntrainableRecord)
+from trace_gym.artifacts import (
+    AdapterRecord,
+    AdapterSet,
+    ArtifactError,
+    EnvRecord,
+    EnvSet,
+    Identification,
+    UntrainableRecord,
+)
 from trace_gym.config import to_table
-from trace_gym.evaluation import (METHODS, EvalContext, Method, MethodResult, Unavailable, build_methods, get_method,
-                                  load_results, method_result, register_method, results_table, specificity, task_flips,
-                                  trace_budget, write_results)
+from trace_gym.evaluation import (
+    METHODS,
+    EvalContext,
+    Method,
+    MethodResult,
+    Unavailable,
+    build_methods,
+    get_method,
+    load_results,
+    method_result,
+    register_method,
+    results_table,
+    specificity,
+    task_flips,
+    trace_budget,
+    write_results,
+)
 from trace_gym.identification.stats import Label
 from trace_gym.trajectory import Message, Trajectory
 
@@ -20,19 +41,32 @@ TARGET = "trace/tau2-retail-v0"
 
 
 def _adapter(name, kind="capability", rollouts=16, **extra):
-    return AdapterRecord(name, kind, [f"trace/{name}-v0"], f"/runs/adapters/{name}/adapter",
-                         f"/runs/adapters/{name}/train_log.jsonl", iterations=4, rollouts=rollouts, **extra)
+    return AdapterRecord(
+        name,
+        kind,
+        [f"trace/{name}-v0"],
+        f"/runs/adapters/{name}/adapter",
+        f"/runs/adapters/{name}/train_log.jsonl",
+        iterations=4,
+        rollouts=rollouts,
+        **extra,
+    )
 
 
 def _identification():
-    return Identification([capability("precise_arguments", "Exact ids."), capability("complete_actions", "Every write."),
-                           capability("communicates_required_info", "Say amounts.", selected=False)],
-                          {"calls": 0, "tokens": 0},
-                          labels=[Label("e1", "precise_arguments", "LACKING", "wrong id"),
-                                  Label("e1", "complete_actions", "PRESENT")])
+    return Identification(
+        [
+            capability("precise_arguments", "Exact ids."),
+            capability("complete_actions", "Every write."),
+            capability("communicates_required_info", "Say amounts.", selected=False),
+        ],
+        {"calls": 0, "tokens": 0},
+        labels=[Label("e1", "precise_arguments", "LACKING", "wrong id"), Label("e1", "complete_actions", "PRESENT")],
+    )
 
 
 # --- typed artifacts ----------------------------------------------------------------------------
+
 
 def test_each_artifact_round_trips_through_its_file(tmp_path):
     identified = _identification()
@@ -40,23 +74,42 @@ def test_each_artifact_round_trips_through_its_file(tmp_path):
     again = Identification.load(tmp_path / "identify")
     assert again == identified and [c.name for c in again.selected] == ["precise_arguments", "complete_actions"]
     assert [x.episode_id for x in again.lacking()["precise_arguments"]] == ["e1"]
-    envs = EnvSet([EnvRecord("precise_arguments", "trace/tool-precision-v0", "/r/tp", "reused", "passed", 0),
-                   EnvRecord("complete_actions", None, None, "failed", "-", 3, "no env passed")])
+    envs = EnvSet(
+        [
+            EnvRecord("precise_arguments", "trace/tool-precision-v0", "/r/tp", "reused", "passed", 0),
+            EnvRecord("complete_actions", None, None, "failed", "-", 3, "no env passed"),
+        ]
+    )
     assert EnvSet.load(envs.save(tmp_path / "envs")) == envs
     assert envs.trainable() == {"precise_arguments": "trace/tool-precision-v0"}
-    adapters = AdapterSet([_adapter("precise_arguments"), _adapter("merged", "baseline", 32)],
-                          [UntrainableRecord("complete_actions", ["trace/complete-actions-v0"], "out of band")])
+    adapters = AdapterSet(
+        [_adapter("precise_arguments"), _adapter("merged", "baseline", 32)],
+        [UntrainableRecord("complete_actions", ["trace/complete-actions-v0"], "out of band")],
+    )
     assert AdapterSet.load(adapters.save(tmp_path / "adapters")) == adapters
-    results = [MethodResult("base", 2, 2, 0.5, (0.1, 0.9), {1: 0.5}, 0.5,
-                            lacking={"x": {"episodes": 2, "lacking": 1, "rate": 0.5, "ci": [0.1, 0.9]}})]
+    results = [
+        MethodResult(
+            "base",
+            2,
+            2,
+            0.5,
+            (0.1, 0.9),
+            {1: 0.5},
+            0.5,
+            lacking={"x": {"episodes": 2, "lacking": 1, "rate": 0.5, "ci": [0.1, 0.9]}},
+        )
+    ]
     write_results(results, tmp_path / "eval")
     assert load_results(tmp_path / "eval") == results
 
 
-@pytest.mark.parametrize("rename, field", [
-    (("rollouts", "rollout"), "rollout"),
-    (("train_log", "log"), "log"),
-])
+@pytest.mark.parametrize(
+    "rename, field",
+    [
+        (("rollouts", "rollout"), "rollout"),
+        (("train_log", "log"), "log"),
+    ],
+)
 def test_a_field_renamed_in_one_place_fails_every_reader_in_one_line(tmp_path, rename, field):
     AdapterSet([_adapter("precise_arguments")]).save(tmp_path)
     path = tmp_path / "adapters.json"
@@ -79,7 +132,9 @@ def test_another_schema_version_and_damaged_files_are_refused(tmp_path):
         EnvSet.load(tmp_path / "envs.json")
     with pytest.raises(ArtifactError, match="no file at .*capabilities.json .run trace-gym identify first"):
         Identification.load(tmp_path / "missing")
-    (tmp_path / "adapters.json").write_text(json.dumps([{**json.loads(json.dumps(_adapter("x").__dict__)), "kind": "lora"}]))
+    (tmp_path / "adapters.json").write_text(
+        json.dumps([{**json.loads(json.dumps(_adapter("x").__dict__)), "kind": "lora"}])
+    )
     with pytest.raises(ArtifactError, match="kind 'lora'"):
         AdapterSet.load(tmp_path)
 
@@ -92,12 +147,15 @@ def test_files_written_before_versioning_still_load(tmp_path):
 
 # --- methods and budget ---------------------------------------------------------------------------
 
+
 def test_budget_matching_gives_every_baseline_the_capability_adapters_rollouts():
     from trace_gym.pipeline import PipelineConfig, RunSettings, grpo_config, training_plan
 
     config = PipelineConfig(RunSettings(TARGET))
-    plan = training_plan(config, {"precise_arguments": "trace/tool-precision-v0",
-                                  "complete_actions": "trace/complete-actions-v0"})
+    plan = training_plan(
+        config, {"precise_arguments": "trace/tool-precision-v0", "complete_actions": "trace/complete-actions-v0"}
+    )
+
     def rollouts(job):
         run = grpo_config(config, job["envs"], "/tmp/x", iterations_scale=job["scale"])
         return run.iterations * run.groups * run.rollouts_per_group
@@ -153,17 +211,33 @@ def test_a_user_registers_a_method_of_their_own():
 
 
 def _episode(eid, task, success, route=None):
-    return Trajectory(episode_id=eid, env_id=TARGET, task_id=task, agent="x", messages=[Message(role="user", content="t")],
-                      reward=float(success), terminated=True, truncated=False, steps=1, started_at="2026-01-01T00:00:00",
-                      wall_s=1.0, agent_info={"route": route} if route else {})
+    return Trajectory(
+        episode_id=eid,
+        env_id=TARGET,
+        task_id=task,
+        agent="x",
+        messages=[Message(role="user", content="t")],
+        reward=float(success),
+        terminated=True,
+        truncated=False,
+        steps=1,
+        started_at="2026-01-01T00:00:00",
+        wall_s=1.0,
+        agent_info={"route": route} if route else {},
+    )
 
 
 def test_routing_accuracy_only_where_a_truth_exists_and_flips_and_specificity():
-    played = [_episode("a", "1", True, {"capability": "precise_arguments"}), _episode("b", "2", False, {"capability": None})]
+    played = [
+        _episode("a", "1", True, {"capability": "precise_arguments"}),
+        _episode("b", "2", False, {"capability": None}),
+    ]
     no_truth = method_result("trace", played, groups={}, routed_capabilities=["precise_arguments"])
     assert no_truth.routing["accuracy"] is None and no_truth.routing["routed"] == {"none": 1, "precise_arguments": 1}
     assert "| n/a |" in results_table([no_truth])
-    truth = method_result("trace", played, groups={"precise_arguments": {"1"}}, routed_capabilities=["precise_arguments"])
+    truth = method_result(
+        "trace", played, groups={"precise_arguments": {"1"}}, routed_capabilities=["precise_arguments"]
+    )
     assert truth.routing["accuracy"] == 1.0
     base = [_episode("c", "1", False), _episode("d", "2", True)]
     assert task_flips(base, played) == {"gained": ["1"], "lost": ["2"]}
@@ -172,21 +246,29 @@ def test_routing_accuracy_only_where_a_truth_exists_and_flips_and_specificity():
     figures = specificity(before, after, ["p"])
     assert figures["targeted"] == pytest.approx(-0.4) and figures["untargeted"] == pytest.approx(0.1)
     # a route to a capability base's episodes were never labelled for has no truth either
-    unmeasured = method_result("control", played, groups={"complete_actions": {"1"}}, routed_capabilities=["precise_arguments"])
+    unmeasured = method_result(
+        "control", played, groups={"complete_actions": {"1"}}, routed_capabilities=["precise_arguments"]
+    )
     assert unmeasured.routing["accuracy"] is None
 
 
 def test_lacking_rates_count_only_the_episodes_where_a_capability_applies():
     from trace_gym.evaluation import lacking_rates
 
-    labels = [Label("a", "p", "LACKING"), Label("b", "p", "PRESENT"), Label("c", "p", "NOT_APPLICABLE"),
-              Label("d", "p", "NOT_APPLICABLE"), Label("a", "q", "NOT_APPLICABLE")]
+    labels = [
+        Label("a", "p", "LACKING"),
+        Label("b", "p", "PRESENT"),
+        Label("c", "p", "NOT_APPLICABLE"),
+        Label("d", "p", "NOT_APPLICABLE"),
+        Label("a", "q", "NOT_APPLICABLE"),
+    ]
     rates = lacking_rates(labels, ["p", "q"])
     assert rates["p"]["rate"] == 0.5 and rates["p"]["episodes"] == 2 and rates["p"]["not_applicable"] == 2
     assert rates["q"]["rate"] is None and rates["q"]["ci"] is None
 
 
 # --- trace-gym evaluate and route over an earlier run ------------------------------------------------
+
 
 def _zero_lora(folder):
     """A real peft LoRA for the embedded model (B = 0: the policy unchanged, the code path the same)."""
@@ -207,23 +289,43 @@ def _earlier_run(tmp_path):
     _identification().save(run / "identify")
     _zero_lora(tmp_path / "lora")
     records = []
-    for name, kind, extra in (("precise_arguments", "capability", {}), ("complete_actions", "capability", {}),
-                              ("grpo-target", "baseline", {}), ("merged", "baseline", {}),
-                              ("control-communicates_required_info", "control", {"capability": "communicates_required_info"})):
+    for name, kind, extra in (
+        ("precise_arguments", "capability", {}),
+        ("complete_actions", "capability", {}),
+        ("grpo-target", "baseline", {}),
+        ("merged", "baseline", {}),
+        ("control-communicates_required_info", "control", {"capability": "communicates_required_info"}),
+    ):
         folder = run / "adapters" / name
         shutil.copytree(tmp_path / "lora", folder / "adapter")
         (folder / "train_log.jsonl").write_text(json.dumps({"iteration": 1, "mean_reward": 0.1, "rollouts": 8}) + "\n")
-        records.append(AdapterRecord(name, kind, [TARGET], str(folder / "adapter"), str(folder / "train_log.jsonl"), 1,
-                                     rollouts=16 if kind == "baseline" else 8, **extra))
+        records.append(
+            AdapterRecord(
+                name,
+                kind,
+                [TARGET],
+                str(folder / "adapter"),
+                str(folder / "train_log.jsonl"),
+                1,
+                rollouts=16 if kind == "baseline" else 8,
+                **extra,
+            )
+        )
     AdapterSet(records).save(run / "adapters")
-    config = PipelineConfig(RunSettings(TARGET, dir=str(run), stages=["identify", "train", "evaluate"]),
-                            train=TrainStage(control=["communicates_required_info"]),
-                            evaluate=EvaluateStage(tasks=1, samples=1, max_steps=4))
+    config = PipelineConfig(
+        RunSettings(TARGET, dir=str(run), stages=["identify", "train", "evaluate"]),
+        train=TrainStage(control=["communicates_required_info"]),
+        evaluate=EvaluateStage(tasks=1, samples=1, max_steps=4),
+    )
     config.policy.max_new_tokens = 24
     (run / "config.json").write_text(json.dumps(to_table(config), indent=2))
     state = RunState(run)
-    state.stages["identify"] = StageRecord("identify", "x", {"dir": str(run / "identify"), "selected": [], "analyst_calls": 3}, 1.0, "t")
-    state.stages["train"] = StageRecord("train", "x", {"adapters_json": str(run / "adapters" / "adapters.json")}, 1.0, "t")
+    state.stages["identify"] = StageRecord(
+        "identify", "x", {"dir": str(run / "identify"), "selected": [], "analyst_calls": 3}, 1.0, "t"
+    )
+    state.stages["train"] = StageRecord(
+        "train", "x", {"adapters_json": str(run / "adapters" / "adapters.json")}, 1.0, "t"
+    )
     state.save()
     return run
 
@@ -259,7 +361,11 @@ def test_evaluate_plays_every_method_row_from_an_earlier_runs_artifacts(tmp_path
     routed = run_cli("route", str(run), "--message", "I want to return the blue headphones from order W123.", "--json")
     assert routed.returncode == 0, routed.stderr
     decision = json.loads(routed.stdout.splitlines()[0])
-    assert decision["capability"] in {"precise_arguments", "complete_actions", None} and set(decision["scores"]) == {"A", "B", "none"}
+    assert decision["capability"] in {"precise_arguments", "complete_actions", None} and set(decision["scores"]) == {
+        "A",
+        "B",
+        "none",
+    }
     per_task = run_cli("route", str(run), "--tasks", "2")  # the openings of the evaluation split's first tasks
     assert per_task.returncode == 0 and len(per_task.stdout.splitlines()) == 2, per_task.stderr
     assert all("(adapter " in line and "scores A " in line for line in per_task.stdout.splitlines())

@@ -63,8 +63,16 @@ def api(monkeypatch):
 
 
 def test_gepa_finds_the_instruction_within_the_budget_and_counts_every_episode(api, tmp_path):
-    config = GEPAConfig(env="trace/tau2-retail-v0", model="openai:policy", reflection="openai:reflector", budget=20,
-                        out=str(tmp_path / "gepa"), tasks=8, val_tasks=4, minibatch=2)
+    config = GEPAConfig(
+        env="trace/tau2-retail-v0",
+        model="openai:policy",
+        reflection="openai:reflector",
+        budget=20,
+        out=str(tmp_path / "gepa"),
+        tasks=8,
+        val_tasks=4,
+        minibatch=2,
+    )
     outcome = run_gepa(config, say=lambda m: None)
 
     assert outcome.seed_val_score == 0.0 and outcome.best_val_score == 1.0
@@ -97,8 +105,17 @@ def test_gepa_finds_the_instruction_within_the_budget_and_counts_every_episode(a
 
 def test_the_budget_is_a_hard_stop(api, tmp_path):
     # 4 validation for the seed + an iteration (2 x 2 minibatch, 4 validation) = 12; 13 cannot pay for a second.
-    config = GEPAConfig(env="trace/tau2-retail-v0", model="openai:policy", reflection="openai:reflector", budget=13,
-                        out=str(tmp_path / "g"), tasks=8, val_tasks=4, minibatch=2, seed_prompt="Be brief.")
+    config = GEPAConfig(
+        env="trace/tau2-retail-v0",
+        model="openai:policy",
+        reflection="openai:reflector",
+        budget=13,
+        out=str(tmp_path / "g"),
+        tasks=8,
+        val_tasks=4,
+        minibatch=2,
+        seed_prompt="Be brief.",
+    )
     outcome = run_gepa(config, say=lambda m: None)
     assert outcome.rollouts <= 13
     with pytest.raises(GEPAError, match="cannot pay for the seed prompt's validation"):
@@ -110,8 +127,16 @@ def test_a_failing_reflection_model_stops_the_search_loudly_and_resume_continues
     with serve(reflector_down=down) as server:
         monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
         monkeypatch.setenv("OPENAI_API_KEY", "test-key")
-        config = GEPAConfig(env="trace/tau2-retail-v0", model="openai:policy", reflection="openai:reflector", budget=20,
-                            out=str(tmp_path / "g"), tasks=8, val_tasks=4, minibatch=2)
+        config = GEPAConfig(
+            env="trace/tau2-retail-v0",
+            model="openai:policy",
+            reflection="openai:reflector",
+            budget=20,
+            out=str(tmp_path / "g"),
+            tasks=8,
+            val_tasks=4,
+            minibatch=2,
+        )
         with pytest.raises(GEPAError, match="reflection model openai:reflector failed.*overloaded"):
             run_gepa(config, say=lambda m: None)
         before = sum(len(read_trajectories(f)) for f in (tmp_path / "g" / "episodes").glob("call-*.jsonl"))
@@ -120,33 +145,87 @@ def test_a_failing_reflection_model_stops_the_search_loudly_and_resume_continues
         outcome = run_gepa(config, resume=True, say=lambda m: None)
     assert KEY in outcome.best_prompt and outcome.best_val_score == 1.0
     # The episodes of the failed attempt were paid for: they count against the same budget.
-    assert outcome.rollouts == sum(len(read_trajectories(f)) for f in (tmp_path / "g" / "episodes").glob("call-*.jsonl"))
+    assert outcome.rollouts == sum(
+        len(read_trajectories(f)) for f in (tmp_path / "g" / "episodes").glob("call-*.jsonl")
+    )
     assert before < outcome.rollouts <= config.budget
 
 
 def test_cli_baseline_gepa_prints_the_search_and_the_held_out_row(api, tmp_path):
     out = tmp_path / "cli"
-    result = run_cli("baseline", "gepa", "--env", "trace/tau2-retail-v0", "--model", "openai:policy",
-                     "--reflection", "openai:reflector", "--budget", "12", "--tasks", "8", "--val-tasks", "4",
-                     "--minibatch", "2", "--eval-split", "train", "--eval-tasks", "3", "--out", str(out),
-                     env={"OPENAI_BASE_URL": api.base_url, "OPENAI_API_KEY": "test-key"})
+    result = run_cli(
+        "baseline",
+        "gepa",
+        "--env",
+        "trace/tau2-retail-v0",
+        "--model",
+        "openai:policy",
+        "--reflection",
+        "openai:reflector",
+        "--budget",
+        "12",
+        "--tasks",
+        "8",
+        "--val-tasks",
+        "4",
+        "--minibatch",
+        "2",
+        "--eval-split",
+        "train",
+        "--eval-tasks",
+        "3",
+        "--out",
+        str(out),
+        env={"OPENAI_BASE_URL": api.base_url, "OPENAI_API_KEY": "test-key"},
+    )
     assert result.returncode == 0, result.stderr
     assert "candidate 1 of 2" in result.stdout and "| gepa |" in result.stdout
     row = json.loads((out / "eval" / "results.json").read_text())["results"][0]
     assert row["method"] == "gepa" and row["pass_1"] == 1.0 and row["cost"]["train_rollouts"] == 12
-    again = run_cli("baseline", "gepa", "--env", "trace/tau2-retail-v0", "--model", "openai:policy", "--budget", "12",
-                    "--val-tasks", "4", "--minibatch", "2", "--out", str(out), env={"OPENAI_BASE_URL": api.base_url, "OPENAI_API_KEY": "test-key"})
+    again = run_cli(
+        "baseline",
+        "gepa",
+        "--env",
+        "trace/tau2-retail-v0",
+        "--model",
+        "openai:policy",
+        "--budget",
+        "12",
+        "--val-tasks",
+        "4",
+        "--minibatch",
+        "2",
+        "--out",
+        str(out),
+        env={"OPENAI_BASE_URL": api.base_url, "OPENAI_API_KEY": "test-key"},
+    )
     assert again.returncode == 2 and "already holds a GEPA search" in again.stderr and "Traceback" not in again.stderr
 
 
 def test_feedback_names_what_the_env_found_missing():
     from trace_gym.trajectory import Message, Trajectory
 
-    t = Trajectory(episode_id="e", env_id="x", agent="llm", messages=[Message(role="user", content="hi")], reward=0.0,
-                   reward_info={"components": {"DB": 0.0}, "reason": "failed: DB",
-                                "details": {"actions": [{"name": "cancel_pending_order", "arguments": {}, "met": False}],
-                                            "communicate": [{"info": "refund 10", "met": False}]}},
-                   terminated=True, truncated=False, termination_reason="user_stop", steps=3, started_at="", wall_s=0)
+    t = Trajectory(
+        episode_id="e",
+        env_id="x",
+        agent="llm",
+        messages=[Message(role="user", content="hi")],
+        reward=0.0,
+        reward_info={
+            "components": {"DB": 0.0},
+            "reason": "failed: DB",
+            "details": {
+                "actions": [{"name": "cancel_pending_order", "arguments": {}, "met": False}],
+                "communicate": [{"info": "refund 10", "met": False}],
+            },
+        },
+        terminated=True,
+        truncated=False,
+        termination_reason="user_stop",
+        steps=3,
+        started_at="",
+        wall_s=0,
+    )
     text = feedback(t)
     assert "not solved" in text and "DB=0" in text and "cancel_pending_order" in text and "refund 10" in text
 
@@ -156,7 +235,7 @@ def test_the_pipeline_shows_the_gepa_row_beside_the_others_when_the_config_asks(
     config.write_text(f"""
 [run]
 target = "trace/tau2-retail-v0"
-dir = "{tmp_path / 'run'}"
+dir = "{tmp_path / "run"}"
 stages = ["gepa", "evaluate"]
 
 [policy]
@@ -193,8 +272,17 @@ methods = ["base", "gepa"]
 @pytest.mark.slow
 def test_offline_the_embedded_model_reflects_and_the_run_says_it_is_no_fair_baseline(api, tmp_path):
     said = []
-    config = GEPAConfig(env="trace/tau2-retail-v0", model="openai:policy", reflection=None, budget=6,
-                        out=str(tmp_path / "offline"), tasks=4, val_tasks=2, minibatch=1, reflection_max_tokens=128)
+    config = GEPAConfig(
+        env="trace/tau2-retail-v0",
+        model="openai:policy",
+        reflection=None,
+        budget=6,
+        out=str(tmp_path / "offline"),
+        tasks=4,
+        val_tasks=2,
+        minibatch=1,
+        reflection_max_tokens=128,
+    )
     outcome = run_gepa(config, say=said.append)
     assert outcome.reflection == "smollm2-135m-instruct" and outcome.reflection_calls == 1
     assert "not a fair GEPA baseline" in outcome.warning and any("not a fair GEPA baseline" in m for m in said)

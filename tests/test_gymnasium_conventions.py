@@ -11,7 +11,12 @@ import trace_gym  # noqa: F401  (registers the envs)
 from trace_gym.env import AnyText
 from gymnasium.vector.utils import shared_memory
 
-TEXTS = ["", "plain", '{"name": "get_order_details", "arguments": {"order_id": "#W1"}}', "héllo — 你好 wörld 🙂\n\ttabs"]
+TEXTS = [
+    "",
+    "plain",
+    '{"name": "get_order_details", "arguments": {"order_id": "#W1"}}',
+    "héllo — 你好 wörld 🙂\n\ttabs",
+]
 
 
 def test_any_text_travels_through_shared_memory_as_written():
@@ -35,7 +40,11 @@ def test_an_async_vector_env_works_with_default_settings():
         assert len(observations) == 2 and all(isinstance(o, str) and o for o in observations)
         first = tuple(observations)
         observations, rewards, terminated, truncated, infos = envs.step(
-            ['{"name": "find_user_id_by_email", "arguments": {"email": "nobody@example.com"}}', "Héllo, how can I help — 你好?"])
+            [
+                '{"name": "find_user_id_by_email", "arguments": {"email": "nobody@example.com"}}',
+                "Héllo, how can I help — 你好?",
+            ]
+        )
         assert observations[0].startswith("Error") and observations[1] and tuple(observations) != first
     finally:
         envs.close()

@@ -28,9 +28,28 @@ def test_statistics_match_hand_computed_values():
     #   gap = 3/4 - 1/3 = 5/12 = 0.41667; coverage = E- / |D-| = 3/5 = 0.6
     # capability "greet": LACKING in s1, s2, f1, f2; PRESENT elsewhere, applicable everywhere
     #   ER+ = 2/4 = 0.5, ER- = 2/5 = 0.4, gap = -0.1, coverage = 2/5 = 0.4
-    success = {"s1": True, "s2": True, "s3": True, "s4": True, "f1": False, "f2": False, "f3": False, "f4": False, "f5": False}
-    verify = {"s1": "LACKING", "s2": "PRESENT", "s3": "PRESENT", "s4": "NOT_APPLICABLE",
-              "f1": "LACKING", "f2": "LACKING", "f3": "LACKING", "f4": "PRESENT", "f5": "NOT_APPLICABLE"}
+    success = {
+        "s1": True,
+        "s2": True,
+        "s3": True,
+        "s4": True,
+        "f1": False,
+        "f2": False,
+        "f3": False,
+        "f4": False,
+        "f5": False,
+    }
+    verify = {
+        "s1": "LACKING",
+        "s2": "PRESENT",
+        "s3": "PRESENT",
+        "s4": "NOT_APPLICABLE",
+        "f1": "LACKING",
+        "f2": "LACKING",
+        "f3": "LACKING",
+        "f4": "PRESENT",
+        "f5": "NOT_APPLICABLE",
+    }
     greet = {e: ("LACKING" if e in ("s1", "s2", "f1", "f2") else "PRESENT") for e in success}
     labels = [Label(e, "verify", v) for e, v in verify.items()] + [Label(e, "greet", v) for e, v in greet.items()]
     stats = {s.capability: s for s in contrast(labels, list(success), success, ["verify", "greet"], SelectionConfig())}
@@ -74,8 +93,15 @@ def planted_runs(tmp_path_factory):
     planted = {"corrupt_ids": 0.3, "end_early": 0.3, "omit_info": 0.5, "skip_reads": 0.3}
     runs = {}
     for name, deficits in (("all", planted), ("no_end_early", {**planted, "end_early": 0.0})):
-        rollout("trace/tau2-retail-v0", "planted", folder / f"{name}.jsonl", split="base", seed=1, progress=False,
-                agent_kwargs={"deficits": deficits})
+        rollout(
+            "trace/tau2-retail-v0",
+            "planted",
+            folder / f"{name}.jsonl",
+            split="base",
+            seed=1,
+            progress=False,
+            agent_kwargs={"deficits": deficits},
+        )
         runs[name] = read_trajectories(folder / f"{name}.jsonl")
     return runs
 
@@ -87,7 +113,15 @@ def test_gold_analyst_selects_exactly_the_planted_deficits(planted_runs, tmp_pat
     control = next(c for c in result.capabilities if c.name == "read_before_write")
     # Harmless: lacking about as often in successes as in failures, so it never passes K = 8 of 10 runs.
     assert not control.selected and abs(control.gap_mean) < 0.15 and control.runs_passed < 8
-    for name in ("capabilities.json", "labels.jsonl", "runs.json", "report.md", "error_rates.png", "coverage.png", "stability.png"):
+    for name in (
+        "capabilities.json",
+        "labels.jsonl",
+        "runs.json",
+        "report.md",
+        "error_rates.png",
+        "coverage.png",
+        "stability.png",
+    ):
         assert (tmp_path / "all" / name).exists()
     written = json.loads((tmp_path / "all" / "capabilities.json").read_text())
     assert [c["name"] for c in written["selected"]] == result.selected
@@ -104,15 +138,23 @@ def recorded_analyst(gold_labels: dict[tuple[str, str], str]):
     """Answers recorded from an analysis: discovery (first answer malformed),
     a merge, and labels that replay the gold analyst's."""
     state = {"discovery_calls": 0}
-    discovery = {"capabilities": [
-        {"name": "precise_arguments", "description": "Use exact ids in state-changing calls."},
-        {"name": "Exact arguments", "description": "Copy ids exactly from tool output."},
-        {"name": "complete_actions", "description": "Make every state-changing call the user asked for."},
-    ]}
-    merge = {"groups": [
-        {"name": "precise_arguments", "description": "Use exact ids in state-changing calls.", "members": [0, 1]},
-        {"name": "complete_actions", "description": "Make every state-changing call the user asked for.", "members": [2]},
-    ]}
+    discovery = {
+        "capabilities": [
+            {"name": "precise_arguments", "description": "Use exact ids in state-changing calls."},
+            {"name": "Exact arguments", "description": "Copy ids exactly from tool output."},
+            {"name": "complete_actions", "description": "Make every state-changing call the user asked for."},
+        ]
+    }
+    merge = {
+        "groups": [
+            {"name": "precise_arguments", "description": "Use exact ids in state-changing calls.", "members": [0, 1]},
+            {
+                "name": "complete_actions",
+                "description": "Make every state-changing call the user asked for.",
+                "members": [2],
+            },
+        ]
+    }
 
     def answer(body):
         prompt = body["messages"][0]["content"]
@@ -129,9 +171,26 @@ def recorded_analyst(gold_labels: dict[tuple[str, str], str]):
         episode = prompt.split("episode ", 1)[1].split(",", 1)[0]
         if prompt.startswith("Label every capability"):
             names = [line.split('"')[1] for line in prompt.splitlines() if line.startswith('- "')]
-            return {"content": json.dumps({"labels": [{"capability": n, "label": gold_labels[(episode, n)], "evidence": {"message_index": 1, "quote": "x"}} for n in names]})}
+            return {
+                "content": json.dumps(
+                    {
+                        "labels": [
+                            {
+                                "capability": n,
+                                "label": gold_labels[(episode, n)],
+                                "evidence": {"message_index": 1, "quote": "x"},
+                            }
+                            for n in names
+                        ]
+                    }
+                )
+            }
         name = prompt.split('Capability "', 1)[1].split('"', 1)[0]
-        return {"content": json.dumps({"label": gold_labels[(episode, name)], "evidence": {"message_index": 2, "quote": "y"}})}
+        return {
+            "content": json.dumps(
+                {"label": gold_labels[(episode, name)], "evidence": {"message_index": 2, "quote": "y"}}
+            )
+        }
 
     return answer, state
 
@@ -143,17 +202,35 @@ def test_llm_analyst_end_to_end_retries_and_caches(tmp_path, per_trajectory):
     answer, state = recorded_analyst(gold)
     config = SelectionConfig(runs=3, min_runs=2)
     with OpenAIDouble(answer) as server:
-        first = make_analyst("openai:double", base_url=server.base_url, api_key="test-key", cache_dir=tmp_path / "cache", per_trajectory=per_trajectory)
+        first = make_analyst(
+            "openai:double",
+            base_url=server.base_url,
+            api_key="test-key",
+            cache_dir=tmp_path / "cache",
+            per_trajectory=per_trajectory,
+        )
         result = identify(trajectories, first, tmp_path / "out", config=config)
         assert state["discovery_calls"] == 4  # 3 runs, the first answer malformed and asked again
-        assert len(state["retry"]) == 3 and state["retry"][1].startswith("Sure!") and "no JSON object" in state["retry"][2]
+        assert (
+            len(state["retry"]) == 3 and state["retry"][1].startswith("Sure!") and "no JSON object" in state["retry"][2]
+        )
         pairs = len(trajectories) * (1 if per_trajectory else 2)
         assert first.calls == 4 + 1 + pairs and first.tokens > 0
-        assert set(result.selected) <= {"precise_arguments", "complete_actions"} and "precise_arguments" in result.selected
+        assert (
+            set(result.selected) <= {"precise_arguments", "complete_actions"} and "precise_arguments" in result.selected
+        )
         prompts = [body["messages"][0]["content"] for body in server.requests]
-        assert all("a retail store's customer-service agent" in p for p in prompts if not p.startswith("These capability"))
+        assert all(
+            "a retail store's customer-service agent" in p for p in prompts if not p.startswith("These capability")
+        )
         before = len(server.requests)
-        second = make_analyst("openai:double", base_url=server.base_url, api_key="test-key", cache_dir=tmp_path / "cache", per_trajectory=per_trajectory)
+        second = make_analyst(
+            "openai:double",
+            base_url=server.base_url,
+            api_key="test-key",
+            cache_dir=tmp_path / "cache",
+            per_trajectory=per_trajectory,
+        )
         again = identify(trajectories, second, config=config)
         assert len(server.requests) == before and second.calls == 0 and second.cache_hits > 0
         assert again.selected == result.selected
@@ -161,8 +238,16 @@ def test_llm_analyst_end_to_end_retries_and_caches(tmp_path, per_trajectory):
 
 def make_small_planted(tmp_path):
     out = tmp_path / "small.jsonl"
-    rollout("trace/tau2-retail-v0", "planted", out, split="test", limit=24, seed=2, progress=False,
-            agent_kwargs={"deficits": {"corrupt_ids": 0.4, "end_early": 0.2}})
+    rollout(
+        "trace/tau2-retail-v0",
+        "planted",
+        out,
+        split="test",
+        limit=24,
+        seed=2,
+        progress=False,
+        agent_kwargs={"deficits": {"corrupt_ids": 0.4, "end_early": 0.2}},
+    )
     return out
 
 
@@ -172,7 +257,9 @@ def test_agreement_with_gold_is_reported(tmp_path):
     answer, _ = recorded_analyst(gold)
     with OpenAIDouble(answer) as server:
         analyst = make_analyst("openai:double", base_url=server.base_url, api_key="test-key", per_trajectory=True)
-        result = identify(trajectories, analyst, tmp_path / "out", config=SelectionConfig(runs=2, min_runs=1), compare_gold=True)
+        result = identify(
+            trajectories, analyst, tmp_path / "out", config=SelectionConfig(runs=2, min_runs=1), compare_gold=True
+        )
     assert result.agreement["precise_arguments"] == pytest.approx(1.0)  # the recording replays gold labels
     assert "Cohen's κ" in (tmp_path / "out" / "report.md").read_text()
 
@@ -181,22 +268,41 @@ def test_identify_cli_errors_are_one_line(tmp_path):
     oracle = tmp_path / "oracle.jsonl"
     rollout("trace/tau2-retail-v0", "oracle", oracle, split="test", limit=3, progress=False)
     result = run_cli("identify", "--trajectories", str(oracle), "--out", str(tmp_path / "o"))
-    assert result.returncode == 2 and result.stderr.strip().splitlines()[-1] == "trace-gym: error: all 3 trajectories succeeded: there are no failures to explain"
+    assert (
+        result.returncode == 2
+        and result.stderr.strip().splitlines()[-1]
+        == "trace-gym: error: all 3 trajectories succeeded: there are no failures to explain"
+    )
     result = run_cli("identify", "--trajectories", str(oracle), "--analyst", "magic", "--out", str(tmp_path / "o"))
     assert "unknown analyst 'magic'" in result.stderr and result.returncode == 2
 
 
 def test_compare_gold_does_not_change_the_selection(tmp_path):
     out = tmp_path / "planted.jsonl"
-    rollout("trace/tau2-retail-v0", "planted", out, split="test", limit=24, seed=2, progress=False,
-            agent_kwargs={"deficits": {"corrupt_ids": 0.4, "end_early": 0.2, "omit_info": 0.5}})
+    rollout(
+        "trace/tau2-retail-v0",
+        "planted",
+        out,
+        split="test",
+        limit=24,
+        seed=2,
+        progress=False,
+        agent_kwargs={"deficits": {"corrupt_ids": 0.4, "end_early": 0.2, "omit_info": 0.5}},
+    )
     trajectories = read_trajectories(out)
     gold = {(x.episode_id, x.capability): x.label for t in trajectories for x in GoldActionAnalyst().label(t)}
     answer, _ = recorded_analyst(gold)
     config = SelectionConfig(runs=3, min_runs=2)
     with OpenAIDouble(answer) as server:
-        results = [identify(trajectories, make_analyst("openai:double", base_url=server.base_url, api_key="test-key", per_trajectory=True),
-                            config=config, compare_gold=compare) for compare in (False, True)]
+        results = [
+            identify(
+                trajectories,
+                make_analyst("openai:double", base_url=server.base_url, api_key="test-key", per_trajectory=True),
+                config=config,
+                compare_gold=compare,
+            )
+            for compare in (False, True)
+        ]
     plain, compared = results
     # The analyst's own labels of the gold capabilities (omit_info makes communicates_required_info
     # a strong contrast) serve kappa only: they are not candidates.

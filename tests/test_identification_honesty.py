@@ -25,9 +25,18 @@ from trace_gym.trajectory import Message, Trajectory, episode_id
 
 def traj(task: str, sample: int, success: bool) -> Trajectory:
     return Trajectory(
-        episode_id=episode_id("trace/x-v0", task, sample), env_id="trace/x-v0", task_id=task, sample=sample, agent="t",
-        messages=[Message(role="user", content=task)], reward=1.0 if success else 0.0, terminated=True, truncated=False,
-        steps=1, started_at="2026-01-01T00:00:00+00:00", wall_s=0.0,
+        episode_id=episode_id("trace/x-v0", task, sample),
+        env_id="trace/x-v0",
+        task_id=task,
+        sample=sample,
+        agent="t",
+        messages=[Message(role="user", content=task)],
+        reward=1.0 if success else 0.0,
+        terminated=True,
+        truncated=False,
+        steps=1,
+        started_at="2026-01-01T00:00:00+00:00",
+        wall_s=0.0,
     )
 
 
@@ -48,16 +57,25 @@ class TableAnalyst:
 
 # --- (3) the LLM analyst ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("text, expected", [
-    ('{"a": "say \\"}\\" now"}', {"a": 'say "}" now'}),
-    ('Here you go:\n```json\n{"a": "x{y", "b": [1, {"c": "\\\\"}]}\n```\nDone.', {"a": "x{y", "b": [1, {"c": "\\"}]}),
-    ('Labels use {braces} in prose first, then {"label": "PRESENT"}', {"label": "PRESENT"}),
-])
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ('{"a": "say \\"}\\" now"}', {"a": 'say "}" now'}),
+        (
+            'Here you go:\n```json\n{"a": "x{y", "b": [1, {"c": "\\\\"}]}\n```\nDone.',
+            {"a": "x{y", "b": [1, {"c": "\\"}]},
+        ),
+        ('Labels use {braces} in prose first, then {"label": "PRESENT"}', {"label": "PRESENT"}),
+    ],
+)
 def test_extract_json_reads_what_json_reads(text, expected):
     assert json.loads(extract_json(text)) == expected
 
 
-@pytest.mark.parametrize("text, fragment", [("no object here", "no JSON object"), ('{"a": "cut sho', "no complete JSON object")])
+@pytest.mark.parametrize(
+    "text, fragment", [("no object here", "no JSON object"), ('{"a": "cut sho', "no complete JSON object")]
+)
 def test_extract_json_says_what_is_wrong(text, fragment):
     with pytest.raises(ValueError, match=fragment):
         extract_json(text)
@@ -84,6 +102,7 @@ def test_a_malformed_answer_is_re_asked_with_its_error_in_the_conversation():
 
 # --- (4) the gold analyst --------------------------------------------------------------------
 
+
 def test_gold_argument_comparison_handles_lists_of_dicts():
     a = {"passengers": [{"first_name": "A", "dob": "1990-01-01"}, {"first_name": "B", "dob": "1991-01-01"}], "n": 2}
     b = {"passengers": [{"first_name": "B", "dob": "1991-01-01"}, {"first_name": "A", "dob": "1990-01-01"}], "n": 2}
@@ -99,8 +118,15 @@ def test_gold_analyst_labels_every_planted_trajectory(tmp_path, env_id):
     from trace_gym.store import read_trajectories
 
     out = tmp_path / "planted.jsonl"
-    rollout(env_id, "planted", out, split="base", seed=4, progress=False,
-            agent_kwargs={"deficits": {"corrupt_ids": 0.4, "end_early": 0.2, "omit_info": 0.4, "skip_reads": 0.3}})
+    rollout(
+        env_id,
+        "planted",
+        out,
+        split="base",
+        seed=4,
+        progress=False,
+        agent_kwargs={"deficits": {"corrupt_ids": 0.4, "end_early": 0.2, "omit_info": 0.4, "skip_reads": 0.3}},
+    )
     trajectories = read_trajectories(out)
     analyst = GoldActionAnalyst()
     labels = [label for t in trajectories for label in analyst.label(t)]
@@ -113,12 +139,18 @@ def test_gold_analyst_labels_every_planted_trajectory(tmp_path, env_id):
 
 # --- (5) statistics that say what they did --------------------------------------------------
 
+
 def test_er_plus_with_no_applicable_success_is_unknown_and_never_selects(tmp_path):
     # "rare" never applies in a success (N+ = 0) and is LACKING in every failure: ER- = 1 but ER+
     # is unknown, so the gap is too. Reading ER+ as 0 would select it on a gap of 1.0.
     trajectories = [traj(str(i), 0, i < 6) for i in range(10)]
-    table = {t.episode_id: {"rare": "NOT_APPLICABLE" if t.success else "LACKING",
-                            "real": "LACKING" if not t.success or t.task_id == "0" else "PRESENT"} for t in trajectories}
+    table = {
+        t.episode_id: {
+            "rare": "NOT_APPLICABLE" if t.success else "LACKING",
+            "real": "LACKING" if not t.success or t.task_id == "0" else "PRESENT",
+        }
+        for t in trajectories
+    }
     result = identify(trajectories, TableAnalyst(table), tmp_path / "out", config=SelectionConfig(runs=1, min_runs=1))
     by = {c.name: c for c in result.capabilities}
     assert by["rare"].er_plus_mean is None and by["rare"].gap_mean is None and by["rare"].runs_gap_unknown == 1
@@ -148,7 +180,9 @@ def test_skipped_bootstrap_runs_are_counted_and_stated(tmp_path):
     # One failure in 12 tasks: about a third of the bootstrap samples draw no failure and cannot vote.
     trajectories = [traj(str(i), 0, i != 0) for i in range(12)]
     table = {t.episode_id: {"x": "PRESENT" if t.success else "LACKING"} for t in trajectories}
-    result = identify(trajectories, TableAnalyst(table), tmp_path / "out", config=SelectionConfig(runs=10, min_runs=8), seed=3)
+    result = identify(
+        trajectories, TableAnalyst(table), tmp_path / "out", config=SelectionConfig(runs=10, min_runs=8), seed=3
+    )
     made = len(result.runs)
     assert 0 < made < 10
     assert result.analyst["runs_made"] == made and result.analyst["runs_requested"] == 10
@@ -170,6 +204,7 @@ def test_samples_of_a_task_are_resampled_together():
 
 # --- (5) planted deficits record what took effect -------------------------------------------
 
+
 def test_a_corrupted_write_that_end_early_drops_is_not_a_fired_deficit():
     read = format_tool_call("get_order_details", {"order_id": "#W2000001"})
     write = format_tool_call("cancel_pending_order", {"order_id": "#W2000001", "reason": "no longer needed"})
@@ -179,8 +214,12 @@ def test_a_corrupted_write_that_end_early_drops_is_not_a_fired_deficit():
         assert fired == ["end_early"] and out == [read, "Your order #W2000001 is cancelled."]
     second = format_tool_call("modify_pending_order_address", {"order_id": "#W2000002", "address1": "1 Main St"})
     for seed in range(20):
-        out, fired = apply_deficits([read, write, second, "Done."], ["corrupt_ids", "end_early"], [], random.Random(seed))
-        assert fired == ["corrupt_ids", "end_early"] and second not in out and write not in out  # the made write is corrupted
+        out, fired = apply_deficits(
+            [read, write, second, "Done."], ["corrupt_ids", "end_early"], [], random.Random(seed)
+        )
+        assert (
+            fired == ["corrupt_ids", "end_early"] and second not in out and write not in out
+        )  # the made write is corrupted
 
 
 @pytest.mark.slow
@@ -188,8 +227,22 @@ def test_planted_airline_mix_through_the_cli_selects_the_harmful_deficits_only(t
     from conftest import run_cli
 
     out = tmp_path / "airline.jsonl"
-    rolled = run_cli("rollout", "--env", "trace/tau2-airline-v0", "--agent", "planted", "--split", "base", "--seed", "13",
-                     "--deficits", "end_early=0.5,skip_reads=0.6,corrupt_ids=0.2", "--out", str(out), "--no-progress")
+    rolled = run_cli(
+        "rollout",
+        "--env",
+        "trace/tau2-airline-v0",
+        "--agent",
+        "planted",
+        "--split",
+        "base",
+        "--seed",
+        "13",
+        "--deficits",
+        "end_early=0.5,skip_reads=0.6,corrupt_ids=0.2",
+        "--out",
+        str(out),
+        "--no-progress",
+    )
     assert rolled.returncode == 0, rolled.stderr
     found = run_cli("identify", "--trajectories", str(out), "--analyst", "gold", "--out", str(tmp_path / "id"))
     assert found.returncode == 0, found.stderr

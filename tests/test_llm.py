@@ -43,9 +43,25 @@ def test_llm_agent_through_an_openai_compatible_server_completes_tasks():
 def test_cli_llm_rollout_with_threads_against_the_server(tmp_path):
     with OpenAIDouble(gold_answer(oracle_scripts(TASKS))) as server:
         out = tmp_path / "llm.jsonl"
-        result = run_cli("rollout", "--env", "trace/tau2-retail-v0", "--agent", "llm", "--model", "openai:double",
-                         "--split", "base", "--task-ids", ",".join(TASKS), "--workers", "2", "--out", str(out), "--json",
-                         env={"OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "test-key"})
+        result = run_cli(
+            "rollout",
+            "--env",
+            "trace/tau2-retail-v0",
+            "--agent",
+            "llm",
+            "--model",
+            "openai:double",
+            "--split",
+            "base",
+            "--task-ids",
+            ",".join(TASKS),
+            "--workers",
+            "2",
+            "--out",
+            str(out),
+            "--json",
+            env={"OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "test-key"},
+        )
         assert result.returncode == 0, result.stderr
         summary = json.loads(result.stdout)
         assert summary["episodes"] == 3 and summary["successes"] == 3 and summary["prompt_tokens"] > 0
@@ -54,7 +70,10 @@ def test_cli_llm_rollout_with_threads_against_the_server(tmp_path):
 @pytest.mark.parametrize(
     "setup, fragment",
     [
-        ({"OPENAI_BASE_URL": "http://127.0.0.1:9/v1", "OPENAI_API_KEY": "test-key"}, "no answer from http://127.0.0.1:9/v1"),
+        (
+            {"OPENAI_BASE_URL": "http://127.0.0.1:9/v1", "OPENAI_API_KEY": "test-key"},
+            "no answer from http://127.0.0.1:9/v1",
+        ),
         ({"OPENAI_API_KEY": "wrong-key"}, "the API key was refused"),
         ({"OPENAI_API_KEY": "test-key", "model": "openai:nope"}, "unknown model 'nope'"),
     ],
@@ -62,8 +81,20 @@ def test_cli_llm_rollout_with_threads_against_the_server(tmp_path):
 def test_bad_model_settings_are_one_clear_line(tmp_path, setup, fragment):
     with OpenAIDouble(lambda body: {"content": "hi"}) as server:
         env = {"OPENAI_BASE_URL": server.base_url, **{k: v for k, v in setup.items() if k != "model"}}
-        result = run_cli("rollout", "--env", "trace/tau2-retail-v0", "--agent", "llm", "--model", setup.get("model", "openai:double"),
-                         "--tasks", "1", "--out", str(tmp_path / "t.jsonl"), env=env)
+        result = run_cli(
+            "rollout",
+            "--env",
+            "trace/tau2-retail-v0",
+            "--agent",
+            "llm",
+            "--model",
+            setup.get("model", "openai:double"),
+            "--tasks",
+            "1",
+            "--out",
+            str(tmp_path / "t.jsonl"),
+            env=env,
+        )
     lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
     assert result.returncode == 2 and len(lines) == 1 and fragment in lines[0], result.stderr
     assert "Traceback" not in result.stderr
@@ -72,10 +103,25 @@ def test_bad_model_settings_are_one_clear_line(tmp_path, setup, fragment):
 def test_a_model_that_never_produces_a_valid_action_gives_up_the_episode(tmp_path):
     with OpenAIDouble(lambda body: {"content": '{"name": "get_order_details", "arguments": '}) as server:
         out = tmp_path / "t.jsonl"
-        result = run_cli("rollout", "--env", "trace/tau2-retail-v0", "--agent", "llm", "--model", "openai:double",
-                         "--tasks", "2", "--out", str(out), env={"OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "test-key"})
+        result = run_cli(
+            "rollout",
+            "--env",
+            "trace/tau2-retail-v0",
+            "--agent",
+            "llm",
+            "--model",
+            "openai:double",
+            "--tasks",
+            "2",
+            "--out",
+            str(out),
+            env={"OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "test-key"},
+        )
     assert result.returncode == 0, result.stderr
-    assert "2 episodes were given up by the agent" in result.stderr and "did not parse as an action 5 times" in result.stderr
+    assert (
+        "2 episodes were given up by the agent" in result.stderr
+        and "did not parse as an action 5 times" in result.stderr
+    )
     trajectories = read_trajectories(out)
     assert all(t.error and t.reward == 0.0 and t.termination_reason == "agent_error" for t in trajectories)
 
@@ -97,11 +143,22 @@ def test_transient_errors_are_retried_with_backoff():
 
 @pytest.mark.slow
 def test_ray_and_local_executors_give_the_same_trajectories(tmp_path):
-    kwargs = dict(split="test", limit=4, samples=2, seed=5, agent_kwargs={"deficits": {"corrupt_ids": 0.5, "end_early": 0.3}})
+    kwargs = dict(
+        split="test", limit=4, samples=2, seed=5, agent_kwargs={"deficits": {"corrupt_ids": 0.5, "end_early": 0.3}}
+    )
     local = rollout("trace/tau2-retail-v0", "planted", tmp_path / "local.jsonl", progress=False, **kwargs)
-    ray_run = rollout("trace/tau2-retail-v0", "planted", tmp_path / "ray.jsonl", executor="ray", workers=2, progress=False, **kwargs)
+    ray_run = rollout(
+        "trace/tau2-retail-v0", "planted", tmp_path / "ray.jsonl", executor="ray", workers=2, progress=False, **kwargs
+    )
     assert local.episodes == ray_run.episodes == 8
-    strip = lambda t: (t.reward, t.agent_info, [m.model_dump(exclude={"content"} if m.role == "tool" else set()) for m in t.messages])  # noqa: E731
+
+    def strip(t):
+        return (
+            t.reward,
+            t.agent_info,
+            [m.model_dump(exclude={"content"} if m.role == "tool" else set()) for m in t.messages],
+        )
+
     mine = {t.episode_id: strip(t) for t in read_trajectories(tmp_path / "local.jsonl")}
     theirs = {t.episode_id: strip(t) for t in read_trajectories(tmp_path / "ray.jsonl")}
     assert mine == theirs
@@ -121,8 +178,14 @@ def test_planted_deficits_are_seeded_recorded_and_hurt():
     assert all(t.reward == 1.0 for t in broken if not t.agent_info["deficits"])  # nothing to corrupt: nothing recorded
     harmless = [run_episode(env, PlantedDeficitAgent(deficits={"skip_reads": 1.0}), "x", Episode(t, 0, 1)) for t in ids]
     assert all(t.reward == 1.0 for t in harmless)
-    again = [run_episode(env, PlantedDeficitAgent(seed=3, deficits={"end_early": 0.5}), "x", Episode(t, 0, 1)).agent_info for t in ids]
-    assert again == [run_episode(env, PlantedDeficitAgent(seed=3, deficits={"end_early": 0.5}), "x", Episode(t, 0, 1)).agent_info for t in ids]
+    again = [
+        run_episode(env, PlantedDeficitAgent(seed=3, deficits={"end_early": 0.5}), "x", Episode(t, 0, 1)).agent_info
+        for t in ids
+    ]
+    assert again == [
+        run_episode(env, PlantedDeficitAgent(seed=3, deficits={"end_early": 0.5}), "x", Episode(t, 0, 1)).agent_info
+        for t in ids
+    ]
     env.close()
 
 
@@ -131,8 +194,17 @@ def test_embedded_model_from_a_clean_cache_runs_tau2_offline(tmp_path, monkeypat
     monkeypatch.setenv("TRACE_GYM_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     out = tmp_path / "smol.jsonl"
-    summary = rollout("trace/tau2-retail-v0", "llm", out, split="test", limit=2, batch=2, progress=False,
-                      env_kwargs={"max_steps": 2}, agent_kwargs={"max_new_tokens": 24})
+    summary = rollout(
+        "trace/tau2-retail-v0",
+        "llm",
+        out,
+        split="test",
+        limit=2,
+        batch=2,
+        progress=False,
+        env_kwargs={"max_steps": 2},
+        agent_kwargs={"max_new_tokens": 24},
+    )
     assert (tmp_path / "cache" / "models" / "smollm2-135m-instruct" / "model.safetensors").exists()
     assert summary.episodes == 2
     for traj in read_trajectories(out):

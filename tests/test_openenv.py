@@ -26,10 +26,16 @@ BANK = "trace/bank-support-v0"
 def remote_target(folder, name, base_url, splits, **kwargs):
     """A target manifest for an OpenEnv server, as a user writes one (docs/targets.md)."""
     (folder / name).mkdir(parents=True)
-    lines = [f'id = "trace/{name}-v0"', 'kind = "target"', 'entry_point = "trace_gym.targets.openenv:OpenEnvTarget"',
-             f'description = "{name}, played on an OpenEnv server."', "[kwargs]", f'base_url = "{base_url}"',
-             "splits = { " + ", ".join(f"{split} = {json.dumps(ids)}" for split, ids in splits.items()) + " }",
-             *(f"{k} = {json.dumps(v)}" for k, v in kwargs.items())]
+    lines = [
+        f'id = "trace/{name}-v0"',
+        'kind = "target"',
+        'entry_point = "trace_gym.targets.openenv:OpenEnvTarget"',
+        f'description = "{name}, played on an OpenEnv server."',
+        "[kwargs]",
+        f'base_url = "{base_url}"',
+        "splits = { " + ", ".join(f"{split} = {json.dumps(ids)}" for split, ids in splits.items()) + " }",
+        *(f"{k} = {json.dumps(v)}" for k, v in kwargs.items()),
+    ]
     (folder / name / "manifest.toml").write_text("\n".join(lines) + "\n")
     return f"trace/{name}-v0"
 
@@ -53,9 +59,15 @@ def test_a_served_env_plays_an_episode_over_openenvs_own_client(registry):
         assert [t["function"]["name"] for t in observation["tools"]] == ["get_account", "get_card", "freeze_card"]
         account = re.search(r"ACC-\d{5}", observation["text"]).group(0)
         looked = client.step({"text": json.dumps({"name": "get_account", "arguments": {"account_id": account}})})
-        assert looked.done is False and looked.reward == 0.0 and json.loads(looked.observation["text"])["account_id"] == account
+        assert (
+            looked.done is False
+            and looked.reward == 0.0
+            and json.loads(looked.observation["text"])["account_id"] == account
+        )
         ended = client.step({"text": "Goodbye."})
-        assert ended.done is True and ended.reward == pytest.approx(0.3)  # nothing frozen: only "froze nothing wrong" paid
+        assert ended.done is True and ended.reward == pytest.approx(
+            0.3
+        )  # nothing frozen: only "froze nothing wrong" paid
         assert ended.observation["termination_reason"] == "done"
         with pytest.raises(RuntimeError, match="reset takes seed, episode_id, task_id and split; not \\['bogus'\\]"):
             client.reset(bogus=1)
@@ -73,11 +85,19 @@ def answer_order_lookup(body):
 def test_an_openenv_server_is_a_target_that_rollout_plays_sandbox_included(registry, tmp_path, sandbox_backend):
     with BackgroundServer("trace/test-order-lookup-v0", env_kwargs={"backend": sandbox_backend}) as server:
         # one id per backend: gymnasium keeps an id's first registration for the process
-        target = remote_target(registry, f"remote-lookup-{sandbox_backend.name}", server.base_url, {"train": [0, 3], "test": [3, 5]})
+        target = remote_target(
+            registry, f"remote-lookup-{sandbox_backend.name}", server.base_url, {"train": [0, 3], "test": [3, 5]}
+        )
         out = tmp_path / "remote.jsonl"
         with OpenAIDouble(answer_order_lookup) as model:
-            summary = rollout(target, "llm", out, split="test", progress=False,
-                              agent_kwargs={"model": "openai:double", "base_url": model.base_url, "api_key": "test-key"})
+            summary = rollout(
+                target,
+                "llm",
+                out,
+                split="test",
+                progress=False,
+                agent_kwargs={"model": "openai:double", "base_url": model.base_url, "api_key": "test-key"},
+            )
         assert summary.episodes == 2 and summary.successes == 2
         episodes = read_trajectories(out)
         assert {t.task_id for t in episodes} == {"3", "4"}  # seeds of the test split only
@@ -91,11 +111,26 @@ def test_grpo_trains_one_iteration_through_a_served_env(registry, tmp_path):
     from trace_gym.training import GRPOTrainingConfig, train
 
     with BackgroundServer(BANK) as server:
-        target = remote_target(registry, "remote-bank", server.base_url, {"train": [str(i) for i in range(14)],
-                                                                          "test": ["14", "15"]}, split_kwarg="split")
-        config = GRPOTrainingConfig(env_ids=[target], out=str(tmp_path / "grpo"), iterations=1, groups=2,
-                                    rollouts_per_group=2, max_new_tokens=24, max_steps=3, calibrate=False,
-                                    train_anyway=True, max_draws=1, learning_rate=1e-4)
+        target = remote_target(
+            registry,
+            "remote-bank",
+            server.base_url,
+            {"train": [str(i) for i in range(14)], "test": ["14", "15"]},
+            split_kwarg="split",
+        )
+        config = GRPOTrainingConfig(
+            env_ids=[target],
+            out=str(tmp_path / "grpo"),
+            iterations=1,
+            groups=2,
+            rollouts_per_group=2,
+            max_new_tokens=24,
+            max_steps=3,
+            calibrate=False,
+            train_anyway=True,
+            max_draws=1,
+            learning_rate=1e-4,
+        )
         result = train(config, progress=False)
     [row] = [json.loads(line) for line in result.log.read_text().splitlines()]
     assert row["rollouts"] == 4 and row["episodes_played"] == 4 and row["failed_episodes"] == 0

@@ -18,16 +18,26 @@ ON_PATH = {**os.environ, "TRACE_GYM_REGISTRY_PATH": str(REPO / "examples")}
 
 def test_an_env_without_messages_is_read_plainly_and_one_with_them_as_given():
     info = {"system_prompt": "Be brief.", "tools": []}
-    assert opening_messages("hello", info) == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello"}]
+    assert opening_messages("hello", info) == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hello"},
+    ]
     assert opening_messages("hello", {}) == [{"role": "user", "content": "hello"}]
     assert turn_messages("Done, goodbye.", "Thanks.", {}) == [
-        {"role": "assistant", "content": "Done, goodbye."}, {"role": "user", "content": "Thanks."}]
+        {"role": "assistant", "content": "Done, goodbye."},
+        {"role": "user", "content": "Thanks."},
+    ]
     call, result = turn_messages('{"name": "f", "arguments": {"x": 1}}', "ok", {})
     assert call["tool_calls"][0]["function"] == {"name": "f", "arguments": '{"x": 1}'}
     assert result == {"role": "tool", "tool_call_id": call["tool_calls"][0]["id"], "content": "ok"}
-    given = [{"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+    given = [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+    ]
     assert turn_messages("ignored", "ok", {"messages": given}) == given
     call, result = (Message.from_openai(m) for m in given)
     assert call.tool_calls[0].name == "f" and call.tool_calls[0].arguments == {"x": 1} and result.tool_call_id == "c1"
@@ -37,14 +47,30 @@ def test_an_env_without_messages_is_read_plainly_and_one_with_them_as_given():
 
 def test_the_example_target_is_found_on_the_registry_path_and_its_oracle_solves_it(tmp_path):
     out = tmp_path / "oracle.jsonl"
-    result = run_cli("rollout", "--env", ENV_ID, "--agent", "oracle", "--split", "train", "--out", str(out), "--no-progress",
-                     env=ON_PATH, cwd=tmp_path)
+    result = run_cli(
+        "rollout",
+        "--env",
+        ENV_ID,
+        "--agent",
+        "oracle",
+        "--split",
+        "train",
+        "--out",
+        str(out),
+        "--no-progress",
+        env=ON_PATH,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     episodes = read_trajectories(out)
     assert len(episodes) == 14 and all(t.success for t in episodes)
     assert {t.task_id for t in episodes} == {str(i) for i in range(14)}  # the train split only
     first = episodes[0]
-    assert [m.role for m in first.messages[:3]] == ["system", "user", "assistant"] and first.termination_reason == "done"
+    assert [m.role for m in first.messages[:3]] == [
+        "system",
+        "user",
+        "assistant",
+    ] and first.termination_reason == "done"
     assert first.steps == len(first.messages[2:]) // 2
     without = run_cli("rollout", "--env", ENV_ID, "--agent", "oracle", "--out", str(tmp_path / "x.jsonl"), cwd=tmp_path)
     assert without.returncode == 2 and "unknown env id 'trace/bank-support-v0'" in without.stderr
@@ -53,15 +79,48 @@ def test_the_example_target_is_found_on_the_registry_path_and_its_oracle_solves_
 @pytest.mark.slow
 def test_a_plain_gymnasium_env_is_played_by_a_model_and_trained_by_grpo(tmp_path):
     out = tmp_path / "base.jsonl"
-    result = run_cli("rollout", "--env", ENV_ID, "--agent", "llm", "--split", "test", "--tasks", "2", "--out", str(out),
-                     "--no-progress", env=ON_PATH, cwd=tmp_path)
+    result = run_cli(
+        "rollout",
+        "--env",
+        ENV_ID,
+        "--agent",
+        "llm",
+        "--split",
+        "test",
+        "--tasks",
+        "2",
+        "--out",
+        str(out),
+        "--no-progress",
+        env=ON_PATH,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     episodes = read_trajectories(out)
     assert len(episodes) == 2 and {t.task_id for t in episodes} <= {str(i) for i in range(14, 20)}
     assert all(t.messages[0].role == "system" and t.messages[2].role == "assistant" for t in episodes)
-    trained = run_cli("train", "--env", ENV_ID, "--out", str(tmp_path / "grpo"), "--iterations", "1", "--groups", "2",
-                      "--rollouts-per-group", "2", "--max-new-tokens", "24", "--no-calibrate", "--train-anyway",
-                      "--max-draws", "1", env=ON_PATH, cwd=tmp_path, timeout=900)
+    trained = run_cli(
+        "train",
+        "--env",
+        ENV_ID,
+        "--out",
+        str(tmp_path / "grpo"),
+        "--iterations",
+        "1",
+        "--groups",
+        "2",
+        "--rollouts-per-group",
+        "2",
+        "--max-new-tokens",
+        "24",
+        "--no-calibrate",
+        "--train-anyway",
+        "--max-draws",
+        "1",
+        env=ON_PATH,
+        cwd=tmp_path,
+        timeout=900,
+    )
     assert trained.returncode == 0, trained.stderr
     [row] = [json.loads(line) for line in (tmp_path / "grpo" / "train_log.jsonl").read_text().splitlines()]
     assert row["rollouts"] == 4 and row["failed_episodes"] == 0
@@ -69,8 +128,21 @@ def test_a_plain_gymnasium_env_is_played_by_a_model_and_trained_by_grpo(tmp_path
 
 
 def _rollout(tmp_path, agent, tasks, out, *extra):
-    result = run_cli("rollout", "--env", ENV_ID, "--agent", agent, "--task-ids", ",".join(map(str, tasks)), "--out", str(out),
-                     "--no-progress", *extra, env=ON_PATH, cwd=tmp_path)
+    result = run_cli(
+        "rollout",
+        "--env",
+        ENV_ID,
+        "--agent",
+        agent,
+        "--task-ids",
+        ",".join(map(str, tasks)),
+        "--out",
+        str(out),
+        "--no-progress",
+        *extra,
+        env=ON_PATH,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     return out
 
@@ -81,9 +153,20 @@ def test_the_reference_analyst_identifies_what_an_agent_lacks_on_a_users_target_
     mixed = tmp_path / "mixed.jsonl"
     mixed.write_text(solved.read_text() + "".join(failed.read_text().splitlines(keepends=True)[1:]))
     call = read_trajectories(solved)[0].messages[2]
-    assert call.role == "assistant" and call.tool_calls and call.tool_calls[0].name == "get_account"  # parsed, not raw text
-    result = run_cli("identify", "--trajectories", str(mixed), "--analyst", "reference", "--out", str(tmp_path / "id"),
-                     env=ON_PATH, cwd=tmp_path)
+    assert (
+        call.role == "assistant" and call.tool_calls and call.tool_calls[0].name == "get_account"
+    )  # parsed, not raw text
+    result = run_cli(
+        "identify",
+        "--trajectories",
+        str(mixed),
+        "--analyst",
+        "reference",
+        "--out",
+        str(tmp_path / "id"),
+        env=ON_PATH,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     from trace_gym.artifacts import Identification
 
@@ -91,16 +174,30 @@ def test_the_reference_analyst_identifies_what_an_agent_lacks_on_a_users_target_
     assert {c.name for c in identified.selected} == {"precise_arguments", "complete_actions"}
     evidence = [x.evidence for x in identified.lacking()["complete_actions"]]
     assert evidence and all("freeze_card" in e for e in evidence)  # the solution's write, never made
-    unknown = run_cli("rollout", "--env", ENV_ID, "--agent", "oracle", "--task-ids", "15", "--out", str(tmp_path / "u.jsonl"),
-                      env=ON_PATH, cwd=tmp_path)
+    unknown = run_cli(
+        "rollout",
+        "--env",
+        ENV_ID,
+        "--agent",
+        "oracle",
+        "--task-ids",
+        "15",
+        "--out",
+        str(tmp_path / "u.jsonl"),
+        env=ON_PATH,
+        cwd=tmp_path,
+    )
     assert unknown.returncode == 2 and "no task '15' in this split" in unknown.stderr
 
 
-@pytest.mark.parametrize("analyst, refusal", [
-    ("gold", "gold reads τ²-bench's gold actions"),
-    ("milestone", "milestone reads ToolSandbox's milestones"),
-    ("reference", None),
-])
+@pytest.mark.parametrize(
+    "analyst, refusal",
+    [
+        ("gold", "gold reads τ²-bench's gold actions"),
+        ("milestone", "milestone reads ToolSandbox's milestones"),
+        ("reference", None),
+    ],
+)
 def test_run_check_refuses_an_offline_analyst_that_cannot_label_the_target(tmp_path, analyst, refusal):
     config = tmp_path / "run.toml"
     config.write_text(f'[run]\ntarget = "{ENV_ID}"\ndir = "{tmp_path / "run"}"\n\n[identify]\nanalyst = "{analyst}"\n')
@@ -126,19 +223,25 @@ def test_a_users_target_freezes_whole_and_an_env_scaffolded_for_it_validates(tmp
     assert not (registry / "bank-support" / ".freeze").exists()
     made = run_cli("envs", "new", "card-lookup", "--target", ENV_ID, "--dir", str(registry), env=here, cwd=tmp_path)
     assert made.returncode == 0, made.stderr
-    validated = run_cli("validate", str(registry / "card-lookup"), "--seeds", "20", "--seed", "0", "--no-write",
-                        env=here, cwd=tmp_path)
+    validated = run_cli(
+        "validate", str(registry / "card-lookup"), "--seeds", "20", "--seed", "0", "--no-write", env=here, cwd=tmp_path
+    )
     assert validated.returncode == 0, validated.stdout + validated.stderr
 
     # A target with no result_shapes() and no oracle_actions(): refused in one line, nothing half written.
     source = (registry / "bank-support" / "bank_support.py").read_text()
-    (registry / "bank-support" / "bank_support.py").write_text(source.replace("def oracle_actions(self):", "def _hidden(self):"))
+    (registry / "bank-support" / "bank_support.py").write_text(
+        source.replace("def oracle_actions(self):", "def _hidden(self):")
+    )
     for name in ("tools.json", "results.json"):
         (registry / "bank-support" / name).unlink()
     refused = run_cli("envs", "freeze-tools", ENV_ID, env=here, cwd=tmp_path)
     assert refused.returncode == 2 and "cannot describe what its tools return" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1
-    assert not (registry / "bank-support" / "tools.json").exists() and not (registry / "bank-support" / "results.json").exists()
+    assert (
+        not (registry / "bank-support" / "tools.json").exists()
+        and not (registry / "bank-support" / "results.json").exists()
+    )
 
 
 def test_an_observed_shape_requires_only_the_fields_seen_in_every_answer():
@@ -163,8 +266,13 @@ def test_a_plain_envs_unparsable_turn_is_recorded_as_one():
     from trace_gym.rollout import transcript_messages
 
     broken = '{"name": "get_account", "arguments": '
-    record = transcript_messages([{"role": "user", "content": "hi"}, *turn_messages(broken, "Thanks, bye.", {}),
-                                  *turn_messages("All done.", "ok", {})])
+    record = transcript_messages(
+        [
+            {"role": "user", "content": "hi"},
+            *turn_messages(broken, "Thanks, bye.", {}),
+            *turn_messages("All done.", "ok", {}),
+        ]
+    )
     assert [m.error for m in record if m.role == "assistant"] == [True, False]
 
 
@@ -174,11 +282,16 @@ def test_a_program_adds_a_registry_folder_without_editing_the_environment(tmp_pa
     monkeypatch.delenv("TRACE_GYM_REGISTRY_PATH", raising=False)
     folder = tmp_path / "mine"
     (folder / "desk").mkdir(parents=True)
-    (folder / "desk" / "manifest.toml").write_text((REPO / "examples" / "bank-support" / "manifest.toml").read_text()
-                                                   .replace("trace/bank-support-v0", "trace/added-desk-v0"))
+    (folder / "desk" / "manifest.toml").write_text(
+        (REPO / "examples" / "bank-support" / "manifest.toml")
+        .read_text()
+        .replace("trace/bank-support-v0", "trace/added-desk-v0")
+    )
     shutil.copy(REPO / "examples" / "bank-support" / "bank_support.py", folder / "desk")
     assert add_registry_dir(folder) is True and add_registry_dir(folder) is False  # once
     assert get_entry("trace/added-desk-v0").path == (folder / "desk").resolve() and folder.resolve() in registry_dirs()
     assert "TRACE_GYM_REGISTRY_PATH" not in os.environ
-    library = [p for p in (REPO / "trace_gym").rglob("*.py") if 'os.environ["TRACE_GYM_REGISTRY_PATH"] =' in p.read_text()]
+    library = [
+        p for p in (REPO / "trace_gym").rglob("*.py") if 'os.environ["TRACE_GYM_REGISTRY_PATH"] =' in p.read_text()
+    ]
     assert library == []  # no library code edits the user's setting

@@ -43,30 +43,59 @@ def test_fresh_venv_pip_install(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.base_prefix + "/bin/python3", "-m", "venv", str(venv)], check=True)
     py = venv / "bin" / "python"
-    site = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    site = subprocess.run(
+        [py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     Path(site, "deps-from-dev-venv.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     # Build the wheel with this venv's setuptools (a new venv's stock one has no bdist_wheel offline).
     wheels = tmp_path / "wheels"
-    build = subprocess.run([PYTHON, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(REPO)],
-                           capture_output=True, text=True, env={**os.environ, "PIP_NO_INDEX": "1"})
+    build = subprocess.run(
+        [PYTHON, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(REPO)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PIP_NO_INDEX": "1"},
+    )
     assert build.returncode == 0, build.stderr[-2000:]
     (wheel,) = wheels.glob("trace_gym-*.whl")
-    install = subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", str(wheel)],
-                             capture_output=True, text=True, env={**os.environ, "PIP_NO_INDEX": "1"})
+    install = subprocess.run(
+        [py, "-m", "pip", "install", "-q", "--no-deps", str(wheel)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PIP_NO_INDEX": "1"},
+    )
     assert install.returncode == 0, install.stderr[-2000:]
-    snippet = ('import gymnasium as gym; e=gym.make("trace_gym:trace/tau2-retail-v0"); '
-               'print(e.reset(seed=0)[1]["tools"][0]["function"]["name"])')
+    snippet = (
+        'import gymnasium as gym; e=gym.make("trace_gym:trace/tau2-retail-v0"); '
+        'print(e.reset(seed=0)[1]["tools"][0]["function"]["name"])'
+    )
     first = subprocess.run([py, "-c", snippet], capture_output=True, text=True, cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-2000:]
     assert first.stdout.strip() == "calculate"
     second = subprocess.run(
-        [py, "-c", "import gymnasium as gym, trace_gym, trace_gym.agents, trace_gym.sandbox, trace_gym.llm, trace_gym.identification, trace_gym.targets.tau2; "
-                   "e = gym.make('trace/tau2-retail-v0'); e.reset(seed=1); print(trace_gym.__file__)"],
-        capture_output=True, text=True, cwd=tmp_path)
+        [
+            py,
+            "-c",
+            "import gymnasium as gym, trace_gym, trace_gym.agents, trace_gym.sandbox, trace_gym.llm, trace_gym.identification, trace_gym.targets.tau2; "
+            "e = gym.make('trace/tau2-retail-v0'); e.reset(seed=1); print(trace_gym.__file__)",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert second.returncode == 0, second.stderr[-2000:]
     assert second.stdout.strip().startswith(str(venv)), "the installed copy, not the checkout"
     assert (venv / "bin" / "trace-gym").exists()
-    prompts = subprocess.run([py, "-c", "from trace_gym.identification.llm_analyst import render; print(render('merge', candidates='x')[:20])"],
-                             capture_output=True, text=True, cwd=tmp_path)
+    prompts = subprocess.run(
+        [
+            py,
+            "-c",
+            "from trace_gym.identification.llm_analyst import render; print(render('merge', candidates='x')[:20])",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert prompts.returncode == 0 and prompts.stdout.startswith("These capability"), prompts.stderr[-500:]

@@ -20,7 +20,9 @@ NOT_DECLARED_ON_PURPOSE = {"torch", "tool_sandbox"}
 def declared() -> dict[str, str]:
     """Distribution name (normalized) -> its requirement text, over dependencies and every extra."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    requirements = list(project["dependencies"]) + [r for extra in project["optional-dependencies"].values() for r in extra]
+    requirements = list(project["dependencies"]) + [
+        r for extra in project["optional-dependencies"].values() for r in extra
+    ]
     return {_normal(re.split(r"[<>=!~\[ ;]", r, maxsplit=1)[0]): r for r in requirements}
 
 
@@ -35,8 +37,13 @@ def imported_top_level_modules() -> dict[str, str]:
     for folder in PACKAGE_DIRS:
         for path in sorted((REPO / folder).rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-                names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                    [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else []
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module]
+                    if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                    else []
+                )
                 for name in names:
                     top = name.split(".")[0]
                     if top not in sys.stdlib_module_names and top not in local:
@@ -61,8 +68,11 @@ def test_matplotlib_and_the_transformers_dtype_keyword_are_declared():
     names = declared()
     assert "matplotlib" in names
     # from_pretrained(..., dtype=...) replaced torch_dtype= in transformers 4.56.
-    uses_dtype = any("from_pretrained(" in line and "dtype=" in line and "torch_dtype" not in line
-                     for p in (REPO / "trace_gym" / "llm").glob("*.py") for line in p.read_text().splitlines())
+    uses_dtype = any(
+        "from_pretrained(" in line and "dtype=" in line and "torch_dtype" not in line
+        for p in (REPO / "trace_gym" / "llm").glob("*.py")
+        for line in p.read_text().splitlines()
+    )
     assert uses_dtype
     floor = re.search(r">=\s*([\d.]+)", names["transformers"]).group(1)
     assert tuple(int(x) for x in floor.split(".")[:2]) >= (4, 56), names["transformers"]

@@ -31,44 +31,103 @@ def test_a_good_config_maps_onto_the_stage_dataclasses(tmp_path):
     assert config.rollout.tasks == 4 and config.identify.selection.delta == 0.25
     assert config.identify.selection.rho == 0.10  # the paper's defaults
     grpo = grpo_config(config, ["trace/tool-precision-v0"], str(tmp_path / "a"))
-    assert (grpo.lora_rank, grpo.groups, grpo.rollouts_per_group, grpo.iterations, grpo.learning_rate) == (32, 4, 4, 40, 1e-5)
+    assert (grpo.lora_rank, grpo.groups, grpo.rollouts_per_group, grpo.iterations, grpo.learning_rate) == (
+        32,
+        4,
+        4,
+        40,
+        1e-5,
+    )
     result = run_cli("run", str(write(tmp_path, GOOD)), "--check")
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr
 
 
 BAD = [
-    ('stages = ["rollout", "identify"]', 'stages = ["rollout", "fine-tune"]', "[run] stages: unknown stage 'fine-tune'"),
-    ('target = "trace/tau2-retail-v0"', 'target = "trace/no-such-env-v0"', "[run] target: unknown env id 'trace/no-such-env-v0'"),
-    ('target = "trace/tau2-retail-v0"', 'target = "trace/structured-data-v0"', "[run] target: trace/structured-data-v0 is a training env"),
-    ("[rollout]\ntasks = 4", "[rollout]\ntasks = \"four\"", "[rollout] tasks: must be a whole number"),
+    (
+        'stages = ["rollout", "identify"]',
+        'stages = ["rollout", "fine-tune"]',
+        "[run] stages: unknown stage 'fine-tune'",
+    ),
+    (
+        'target = "trace/tau2-retail-v0"',
+        'target = "trace/no-such-env-v0"',
+        "[run] target: unknown env id 'trace/no-such-env-v0'",
+    ),
+    (
+        'target = "trace/tau2-retail-v0"',
+        'target = "trace/structured-data-v0"',
+        "[run] target: trace/structured-data-v0 is a training env",
+    ),
+    ("[rollout]\ntasks = 4", '[rollout]\ntasks = "four"', "[rollout] tasks: must be a whole number"),
     ("[rollout]\ntasks = 4", "[rollout]\ntask = 4", "[rollout] task: unknown setting"),
     ("delta = 0.25", "delta = 0.25\nspeed = 1", "[identify.selection] speed: unknown setting"),
-    ("[rollout]", "[identify]\nanalyst = \"openai:gpt-x\"\n[rollout]", "[identify] analyst: openai:gpt-x needs an analyst endpoint"),
-    ("[rollout]", "[synthesize]\nanalyst = \"claude\"\n[rollout]", "[synthesize] analyst: unknown analyst 'claude'"),
-    ("[rollout]", "[policy]\nmodel = \"hf:/no/such/model\"\n[rollout]", "[policy] model: no model folder at /no/such/model"),
-    ("[rollout]", "[policy]\nchat_template = \"nosuch\"\n[rollout]", "[policy] chat_template: chat template 'nosuch': neither"),
-    ("[rollout]", "[policy]\nmodel = \"openai:m\"\nchat_template = \"stock\"\n[rollout]",
-     "[policy] chat_template: openai:m: an OpenAI-compatible server renders conversations with its own"),
-    ("[rollout]", "[evaluate]\nmethods = [\"base\", \"magic\"]\n[rollout]", "[evaluate] methods: unknown method 'magic'"),
+    (
+        "[rollout]",
+        '[identify]\nanalyst = "openai:gpt-x"\n[rollout]',
+        "[identify] analyst: openai:gpt-x needs an analyst endpoint",
+    ),
+    ("[rollout]", '[synthesize]\nanalyst = "claude"\n[rollout]', "[synthesize] analyst: unknown analyst 'claude'"),
+    (
+        "[rollout]",
+        '[policy]\nmodel = "hf:/no/such/model"\n[rollout]',
+        "[policy] model: no model folder at /no/such/model",
+    ),
+    (
+        "[rollout]",
+        '[policy]\nchat_template = "nosuch"\n[rollout]',
+        "[policy] chat_template: chat template 'nosuch': neither",
+    ),
+    (
+        "[rollout]",
+        '[policy]\nmodel = "openai:m"\nchat_template = "stock"\n[rollout]',
+        "[policy] chat_template: openai:m: an OpenAI-compatible server renders conversations with its own",
+    ),
+    ("[rollout]", '[evaluate]\nmethods = ["base", "magic"]\n[rollout]', "[evaluate] methods: unknown method 'magic'"),
     ("[rollout]", "[training]\niterations = 2\n[rollout]", "[training]: unknown section"),
     ('stages = ["rollout", "identify"]', 'stages = ["identify", "rollout"]', "[run] stages: must keep pipeline order"),
     ("[rollout]", "[train.grpo]\nlearning_rat = 1e-5\n[rollout]", "[train.grpo] learning_rat: unknown setting"),
-    ("[rollout]", "[train.grpo]\nenv_ids = [\"x\"]\n[rollout]", "[train.grpo] env_ids: set by the pipeline"),
-    ("[rollout]", "[train.grpo]\nrollouts_per_group = 1\n[rollout]", "[train.grpo] rollouts_per_group (K) must be at least 2"),
-    ("[rollout]", "[train]\ncontrol = [\"telepathy\"]\n[rollout]", "[train] control: no registry env serves 'telepathy'"),
-    ("[rollout]\ntasks = 4", "[rollout]\nagent = \"genius\"", "[rollout] agent: unknown agent 'genius'"),
-    ("[rollout]\ntasks = 4", "[rollout]\ndeficits = { corrupt_ids = 0.3 }", "[rollout] deficits: only apply with agent"),
-    ("[rollout]\ntasks = 4", "[rollout]\nfallback = \"genius\"", "[rollout] fallback: unknown agent 'genius'"),
-    ("[rollout]\ntasks = 4", "[rollout]\nagent = \"oracle\"\nfallback = \"planted\"", "[rollout] fallback: only applies when"),
+    ("[rollout]", '[train.grpo]\nenv_ids = ["x"]\n[rollout]', "[train.grpo] env_ids: set by the pipeline"),
+    (
+        "[rollout]",
+        "[train.grpo]\nrollouts_per_group = 1\n[rollout]",
+        "[train.grpo] rollouts_per_group (K) must be at least 2",
+    ),
+    ("[rollout]", '[train]\ncontrol = ["telepathy"]\n[rollout]', "[train] control: no registry env serves 'telepathy'"),
+    ("[rollout]\ntasks = 4", '[rollout]\nagent = "genius"', "[rollout] agent: unknown agent 'genius'"),
+    (
+        "[rollout]\ntasks = 4",
+        "[rollout]\ndeficits = { corrupt_ids = 0.3 }",
+        "[rollout] deficits: only apply with agent",
+    ),
+    ("[rollout]\ntasks = 4", '[rollout]\nfallback = "genius"', "[rollout] fallback: unknown agent 'genius'"),
+    (
+        "[rollout]\ntasks = 4",
+        '[rollout]\nagent = "oracle"\nfallback = "planted"',
+        "[rollout] fallback: only applies when",
+    ),
     ("[rollout]\ntasks = 4", "[rollout]\nmin_contrast = -1", "[rollout] min_contrast: must be at least 0"),
     ("[rollout]", "[train.grpo]\nreward_band = [0.7, 0.2]\n[rollout]", "reward_band must be [low, high]"),
     ("delta = 0.25", "delta = 0.25\nruns = 5\nmin_runs = 8", "[identify.selection]: selection needs 1 <= K <= N runs"),
-    ("[rollout]\ntasks = 4", "[rollout]\ntrajectories = \"/no/such/logs.jsonl\"", "[rollout] trajectories: no file at /no/such/logs.jsonl"),
-    ('stages = ["rollout", "identify"]', 'stages = ["rollout", "identify", "gepa"]', "[gepa] budget: required when the train stage"),
-    ('stages = ["rollout", "identify"]', 'stages = ["gepa"]\n[gepa]\nbudget = 20\nreflection = "openai:gpt-x"',
-     "[gepa] reflection: openai:gpt-x needs an endpoint"),
-    ('stages = ["rollout", "identify"]', 'stages = ["gepa"]\n[gepa]\nbudget = 5\nval_tasks = 4',
-     "[gepa] a budget of 5 episodes cannot pay for the seed prompt's validation"),
+    (
+        "[rollout]\ntasks = 4",
+        '[rollout]\ntrajectories = "/no/such/logs.jsonl"',
+        "[rollout] trajectories: no file at /no/such/logs.jsonl",
+    ),
+    (
+        'stages = ["rollout", "identify"]',
+        'stages = ["rollout", "identify", "gepa"]',
+        "[gepa] budget: required when the train stage",
+    ),
+    (
+        'stages = ["rollout", "identify"]',
+        'stages = ["gepa"]\n[gepa]\nbudget = 20\nreflection = "openai:gpt-x"',
+        "[gepa] reflection: openai:gpt-x needs an endpoint",
+    ),
+    (
+        'stages = ["rollout", "identify"]',
+        'stages = ["gepa"]\n[gepa]\nbudget = 5\nval_tasks = 4',
+        "[gepa] a budget of 5 episodes cannot pay for the seed prompt's validation",
+    ),
 ]
 
 
@@ -95,7 +154,7 @@ def test_missing_and_malformed_config_files_are_one_line(tmp_path):
     result = run_cli("run", str(bad))
     assert result.returncode == 2 and "not valid TOML" in result.stderr
     no_run = tmp_path / "norun.toml"
-    no_run.write_text("[policy]\nmodel = \"smollm2-135m-instruct\"\n")
+    no_run.write_text('[policy]\nmodel = "smollm2-135m-instruct"\n')
     result = run_cli("run", str(no_run))
     assert result.returncode == 2 and "[run] target: required" in result.stderr
 
@@ -105,7 +164,13 @@ def test_the_example_configs_are_valid(tmp_path, monkeypatch):
 
     examples = Path(__file__).parent.parent / "examples"
     monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
-    assert load_config(examples / "quickstart.toml").run.stages == ["rollout", "identify", "synthesize", "train", "evaluate"]
+    assert load_config(examples / "quickstart.toml").run.stages == [
+        "rollout",
+        "identify",
+        "synthesize",
+        "train",
+        "evaluate",
+    ]
     model = tmp_path / "model"
     model.mkdir()
     gpu = tmp_path / "gpu.toml"
@@ -128,6 +193,8 @@ def test_merged_is_a_baseline_only_over_two_or_more_capability_envs(tmp_path):
     config.train.grpo_target = True
     one = training_plan(config, {"precise_arguments": "trace/tool-precision-v0"})
     assert [job["name"] for job in one] == ["precise_arguments", "grpo-target"]
-    two = training_plan(config, {"precise_arguments": "trace/tool-precision-v0", "complete_actions": "trace/complete-actions-v0"})
+    two = training_plan(
+        config, {"precise_arguments": "trace/tool-precision-v0", "complete_actions": "trace/complete-actions-v0"}
+    )
     merged = next(job for job in two if job["name"] == "merged")
     assert merged["envs"] == ["trace/complete-actions-v0", "trace/tool-precision-v0"] and merged["scale"] == 2

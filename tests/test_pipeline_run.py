@@ -46,8 +46,22 @@ max_draws = 1
 @pytest.mark.slow
 def test_a_run_killed_in_training_resumes_there_and_keeps_unchanged_stages(tmp_path):
     trajectories = tmp_path / "planted.jsonl"
-    made = run_cli("rollout", "--env", "trace/tau2-retail-v0", "--agent", "planted", "--split", "base", "--tasks", "40",
-                   "--deficits", "corrupt_ids=0.5", "--out", str(trajectories), "--no-progress")
+    made = run_cli(
+        "rollout",
+        "--env",
+        "trace/tau2-retail-v0",
+        "--agent",
+        "planted",
+        "--split",
+        "base",
+        "--tasks",
+        "40",
+        "--deficits",
+        "corrupt_ids=0.5",
+        "--out",
+        str(trajectories),
+        "--no-progress",
+    )
     assert made.returncode == 0, made.stderr
     run_dir = tmp_path / "run"
     config = tmp_path / "run.toml"
@@ -55,8 +69,9 @@ def test_a_run_killed_in_training_resumes_there_and_keeps_unchanged_stages(tmp_p
     log = run_dir / "adapters" / "precise_arguments" / "train_log.jsonl"
 
     exe = str(Path(PYTHON).parent / "trace-gym")
-    first = subprocess.Popen([exe, "run", str(config)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             start_new_session=True)
+    first = subprocess.Popen(
+        [exe, "run", str(config)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     deadline = time.monotonic() + 1500
     while time.monotonic() < deadline and first.poll() is None:
         if log.exists() and log.read_text().count("\n") >= 1:
@@ -123,8 +138,10 @@ def test_a_step_limit_no_agent_could_pass_within_is_refused_before_any_model_tim
     config.write_text(CEILING.format(run=tmp_path / "short", steps=10))  # τ² counts every message: 10 is too few
     result = run_cli("run", str(config))
     assert result.returncode == 2, result.stderr
-    assert ("[rollout] max_steps 10: the target's own solutions pass none of the first 4 train tasks within it, "
-            "so no agent can; raise it") in result.stderr
+    assert (
+        "[rollout] max_steps 10: the target's own solutions pass none of the first 4 train tasks within it, "
+        "so no agent can; raise it"
+    ) in result.stderr
     assert "Traceback" not in result.stderr and not list((tmp_path / "short" / "rollouts").glob("trajectories-*"))
 
     config.write_text(CEILING.format(run=tmp_path / "long", steps=16))
@@ -132,17 +149,25 @@ def test_a_step_limit_no_agent_could_pass_within_is_refused_before_any_model_tim
     assert result.returncode == 0, result.stderr
     ceilings = json.loads((tmp_path / "long" / "state.json").read_text())["stages"]["rollout"]["outputs"]["ceilings"]
     assert ceilings["rollout"]["episodes"] == 4 and 0 < ceilings["rollout"]["successes"] <= 4
-    assert "*Ceiling*: the target's own solutions pass within rollout's max_steps 16" in \
-        (tmp_path / "long" / "report.md").read_text()
+    assert (
+        "*Ceiling*: the target's own solutions pass within rollout's max_steps 16"
+        in (tmp_path / "long" / "report.md").read_text()
+    )
 
 
 def test_evaluations_step_limit_is_checked_on_the_train_split(tmp_path):
     from trace_gym.pipeline import PipelineError, _check_ceilings, config_from_data
 
-    config = config_from_data({"run": {"target": "trace/tau2-retail-v0", "dir": str(tmp_path / "run")},
-                               "rollout": {"tasks": 4, "max_steps": 16}, "evaluate": {"tasks": 4, "max_steps": 8}})
+    config = config_from_data(
+        {
+            "run": {"target": "trace/tau2-retail-v0", "dir": str(tmp_path / "run")},
+            "rollout": {"tasks": 4, "max_steps": 16},
+            "evaluate": {"tasks": 4, "max_steps": 8},
+        }
+    )
     with pytest.raises(PipelineError, match=r"\[evaluate\] max_steps 8: .* none of the first 4 train tasks"):
         _check_ceilings(config, tmp_path, lambda _: None)
-    played = {json.loads(line).get("task_id") for f in tmp_path.glob("oracle-*.jsonl")
-              for line in f.read_text().splitlines()} - {None}
+    played = {
+        json.loads(line).get("task_id") for f in tmp_path.glob("oracle-*.jsonl") for line in f.read_text().splitlines()
+    } - {None}
     assert played == {"0", "1", "2", "3"}  # the train split's first tasks; evaluation's held-out ones untouched

@@ -18,8 +18,13 @@ CI_SCRIPT = REPO / ".ci" / "validate-envs"
 
 
 def git(repo: Path, *args: str) -> str:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
-           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid"}
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.invalid",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.invalid",
+    }
     return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env=env).stdout
 
 
@@ -31,8 +36,19 @@ def env_repo(tmp_path):
     registry.mkdir(parents=True)
     shutil.copytree(REPO / "env_registry" / "tau2-retail", registry / "tau2-retail")
     for name in ("alpha-lookup", "beta-lookup"):
-        result = run_cli("envs", "new", name, "--target", "trace/tau2-retail-v0", "--dir", str(registry),
-                         "--capability", f"{name} skill", "--description", "Look records up with exact ids.")
+        result = run_cli(
+            "envs",
+            "new",
+            name,
+            "--target",
+            "trace/tau2-retail-v0",
+            "--dir",
+            str(registry),
+            "--capability",
+            f"{name} skill",
+            "--description",
+            "Look records up with exact ids.",
+        )
         assert result.returncode == 0, result.stderr
     (repo / ".ci").mkdir()
     shutil.copy2(CI_SCRIPT, repo / ".ci" / "validate-envs")
@@ -66,7 +82,10 @@ def test_a_target_schema_change_selects_every_env_of_that_target(env_repo):
 
 def test_a_new_env_folder_is_selected_and_a_removed_one_reported(env_repo):
     registry = env_repo / "env_registry"
-    assert run_cli("envs", "new", "gamma-lookup", "--target", "trace/tau2-retail-v0", "--dir", str(registry)).returncode == 0
+    assert (
+        run_cli("envs", "new", "gamma-lookup", "--target", "trace/tau2-retail-v0", "--dir", str(registry)).returncode
+        == 0
+    )
     shutil.rmtree(registry / "alpha-lookup")
     selection = changed_envs("HEAD", repo=env_repo)
     assert sorted(selection.envs) == ["trace/gamma-lookup-v0"]
@@ -79,12 +98,15 @@ def test_no_change_validates_nothing_and_says_so(env_repo):
     assert "nothing to validate" in result.stdout
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--changed-since", "no-such-ref"], "unknown git ref 'no-such-ref'"),
-    ([], "exactly one of them"),
-    (["--all", "--changed-since", "HEAD"], "exactly one of them"),
-    (["--changed-since", "HEAD", "--jobs", "0"], "--jobs: must be at least 1, got 0"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--changed-since", "no-such-ref"], "unknown git ref 'no-such-ref'"),
+        ([], "exactly one of them"),
+        (["--all", "--changed-since", "HEAD"], "exactly one of them"),
+        (["--changed-since", "HEAD", "--jobs", "0"], "--jobs: must be at least 1, got 0"),
+    ],
+)
 def test_bad_ci_input_is_one_line(env_repo, args, message):
     (env_repo / "env_registry" / "beta-lookup" / "README.md").write_text("changed\n")
     result = run_cli("validate", *args, cwd=env_repo)
@@ -105,8 +127,17 @@ def test_the_ci_script_validates_exactly_the_changed_env_and_fails_a_broken_one(
     env_py = registry / "beta-lookup" / "env.py"
     env_py.write_text(env_py.read_text().replace("max_steps = 8", "max_steps = 9"))
     script = env_repo / ".ci" / "validate-envs"
-    run = lambda: subprocess.run([str(script), "HEAD"], capture_output=True, text=True, timeout=900,  # noqa: E731
-                                 env={**os.environ, "PYTHON": PYTHON}, cwd=env_repo)
+
+    def run():
+        return subprocess.run(
+            [str(script), "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env={**os.environ, "PYTHON": PYTHON},
+            cwd=env_repo,
+        )
+
     result = run()
     assert result.returncode == 0, result.stdout + result.stderr
     summary = json.loads((env_repo / "validation-reports" / "summary.json").read_text())
@@ -124,9 +155,19 @@ def test_the_ci_script_validates_exactly_the_changed_env_and_fails_a_broken_one(
 @pytest.mark.slow
 def test_every_registry_env_passes_validation_through_the_ci_script(tmp_path):
     """Env validation CI on every change: .ci/run (make test) runs the workflow's script over the whole registry."""
-    result = subprocess.run([str(CI_SCRIPT), "--all"], capture_output=True, text=True, timeout=1800,
-                            env={**os.environ, "PYTHON": PYTHON, "TRACE_GYM_REPORTS": str(tmp_path),
-                                 "TRACE_GYM_VALIDATE_FLAGS": "--no-write"}, cwd=REPO)  # the committed reports stay
+    result = subprocess.run(
+        [str(CI_SCRIPT), "--all"],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env={
+            **os.environ,
+            "PYTHON": PYTHON,
+            "TRACE_GYM_REPORTS": str(tmp_path),
+            "TRACE_GYM_VALIDATE_FLAGS": "--no-write",
+        },
+        cwd=REPO,
+    )  # the committed reports stay
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert result.returncode == 0, result.stdout + result.stderr
     from trace_gym.registry import discover
@@ -140,8 +181,13 @@ def test_workflow_is_valid_yaml_and_calls_only_what_exists():
     triggers = workflow.get("on", workflow.get(True))  # YAML 1.1 reads a bare `on` key as true
     assert "env_registry/**" in triggers["pull_request"]["paths"]
     steps = workflow["jobs"]["validate"]["steps"]
-    commands = [line.strip() for s in steps if "run" in s for line in s["run"].splitlines()
-                if line.strip() and not line.strip().startswith("#")]
+    commands = [
+        line.strip()
+        for s in steps
+        if "run" in s
+        for line in s["run"].splitlines()
+        if line.strip() and not line.strip().startswith("#")
+    ]
     repo_commands = [c for c in commands if c.startswith(".ci/")]
     assert repo_commands == ['.ci/validate-envs "origin/${{ github.base_ref }}"']
     for command in repo_commands:
@@ -201,7 +247,9 @@ def test_contributing_explains_every_check():
     from trace_gym.validation import CHECKS
 
     guide = (REPO / "CONTRIBUTING.md").read_text()
-    missing = [c.__name__.removeprefix("check_") for c in CHECKS if f"| {c.__name__.removeprefix('check_')} |" not in guide]
+    missing = [
+        c.__name__.removeprefix("check_") for c in CHECKS if f"| {c.__name__.removeprefix('check_')} |" not in guide
+    ]
     assert not missing, f"CONTRIBUTING.md has no row for the checks {missing}"
 
 
@@ -213,11 +261,19 @@ def test_catalog_shows_a_synthesized_envs_provenance_and_calibration(tmp_path):
 
     registry = tmp_path / "registry"
     shutil.copytree(REPO / "env_registry" / "structured-data", registry / "sums")
-    provenance = {"analyst": "openai:analyst-x", "template_version": "v1", "template_sha256": "ab" * 32,
-                  "attempts": [{"number": 1, "kind": "generate", "passed": False}, {"number": 2, "kind": "repair", "passed": True}],
-                  "calibration": {"mean_reward": 0.41, "success_rate": 0.35}}
-    (registry / "sums" / "manifest.toml").write_text(manifest_text(
-        "trace/sums-v0", "trace/tau2-retail-v0", Capability("sums", "Add exactly.", [], []), provenance))
+    provenance = {
+        "analyst": "openai:analyst-x",
+        "template_version": "v1",
+        "template_sha256": "ab" * 32,
+        "attempts": [
+            {"number": 1, "kind": "generate", "passed": False},
+            {"number": 2, "kind": "repair", "passed": True},
+        ],
+        "calibration": {"mean_reward": 0.41, "success_rate": 0.35},
+    }
+    (registry / "sums" / "manifest.toml").write_text(
+        manifest_text("trace/sums-v0", "trace/tau2-retail-v0", Capability("sums", "Add exactly.", [], []), provenance)
+    )
     write_catalog(registry)
     text = (registry / CATALOG_MD).read_text()
     assert "synthesized by openai:analyst-x, 2 attempts" in text
@@ -225,8 +281,16 @@ def test_catalog_shows_a_synthesized_envs_provenance_and_calibration(tmp_path):
 
 
 def test_several_envs_are_validated_together_and_a_bad_id_is_one_line():
-    result = run_cli("validate", "trace/tool-precision-v0", "trace/structured-data-v0", "--seeds", "10",
-                     "--no-write", "--backend", "bwrap")
+    result = run_cli(
+        "validate",
+        "trace/tool-precision-v0",
+        "trace/structured-data-v0",
+        "--seeds",
+        "10",
+        "--no-write",
+        "--backend",
+        "bwrap",
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "2 of 2 envs passed" in result.stdout
     result = run_cli("validate", "trace/tool-precision-v0", "trace/nope-v0", "--no-write")

@@ -33,12 +33,18 @@ def test_settings_are_recorded_and_a_same_settings_resume_goes_on(tmp_path):
     assert read_run_settings(out) == [settings]  # one header: still one run
 
 
-@pytest.mark.parametrize("change, fragment", [
-    ({"seed": 2}, "agent_options.seed 1 in the file, 2 now"),
-    ({"agent_kwargs": {"deficits": {"corrupt_ids": 0.9}}}, "agent_options.deficits.corrupt_ids 0.5 in the file, 0.9 now"),
-    ({"env_kwargs": {"user": "llm", "user_model": "m"}}, 'env_options.user null in the file, "llm" now'),
-    ({"env_kwargs": {"max_steps": 7}}, "env_options.max_steps null in the file, 7 now"),
-])
+@pytest.mark.parametrize(
+    "change, fragment",
+    [
+        ({"seed": 2}, "agent_options.seed 1 in the file, 2 now"),
+        (
+            {"agent_kwargs": {"deficits": {"corrupt_ids": 0.9}}},
+            "agent_options.deficits.corrupt_ids 0.5 in the file, 0.9 now",
+        ),
+        ({"env_kwargs": {"user": "llm", "user_model": "m"}}, 'env_options.user null in the file, "llm" now'),
+        ({"env_kwargs": {"max_steps": 7}}, "env_options.max_steps null in the file, 7 now"),
+    ],
+)
 def test_resume_refuses_a_file_made_with_other_settings(tmp_path, change, fragment):
     out = tmp_path / "run.jsonl"
     planted(out)
@@ -58,9 +64,18 @@ def test_resume_refuses_another_agent_model_temperature_or_adapter(tmp_path):
         assert first.returncode == 0, first.stderr
         asked = len(server.requests)
         for flags, fragment in [
-            (["--agent", "llm", "--model", "openai:other"], 'agent_options.model "openai:double" in the file, "openai:other" now'),
-            (["--agent", "llm", "--model", "openai:double", "--temperature", "0.7"], "agent_options.temperature null in the file, 0.7 now"),
-            (["--agent", "llm", "--model", "openai:double", "--adapter", "skill"], 'agent_options.adapter null in the file, "skill" now'),
+            (
+                ["--agent", "llm", "--model", "openai:other"],
+                'agent_options.model "openai:double" in the file, "openai:other" now',
+            ),
+            (
+                ["--agent", "llm", "--model", "openai:double", "--temperature", "0.7"],
+                "agent_options.temperature null in the file, 0.7 now",
+            ),
+            (
+                ["--agent", "llm", "--model", "openai:double", "--adapter", "skill"],
+                'agent_options.adapter null in the file, "skill" now',
+            ),
             (["--agent", "oracle"], 'agent "llm" in the file, "oracle" now'),
         ]:
             result = run_cli(*common, *flags, "--resume", env=env)
@@ -75,7 +90,7 @@ def test_a_file_from_before_run_headers_is_checked_as_far_as_it_tells(tmp_path):
     lines = out.read_text().splitlines(keepends=True)
     out.write_text("".join(line for line in lines if '"record": "run"' not in line))  # as an old version wrote it
     assert read_run_settings(out) == [] and len(read_trajectories(out)) == 2
-    with pytest.raises(TrajectoryStoreError, match='agent oracle in the file, planted now'):
+    with pytest.raises(TrajectoryStoreError, match="agent oracle in the file, planted now"):
         planted(out, resume=True)
     with pytest.warns(UserWarning, match="only its env and agent could be checked"):
         summary = rollout(RETAIL, "oracle", out, split="test", limit=3, progress=False, resume=True)
@@ -91,8 +106,12 @@ def test_given_up_episodes_are_replayed_only_when_asked(tmp_path):
         return {"content": '{"name": "get_order_details", "arguments": '} if broken["on"] else gold(body)
 
     with OpenAIDouble(answer) as server:
-        kwargs = dict(split="base", task_ids=["0", "1"], progress=False,
-                      agent_kwargs={"model": "openai:double", "base_url": server.base_url, "api_key": "test-key"})
+        kwargs = dict(
+            split="base",
+            task_ids=["0", "1"],
+            progress=False,
+            agent_kwargs={"model": "openai:double", "base_url": server.base_url, "api_key": "test-key"},
+        )
         first = rollout(RETAIL, "llm", out, **kwargs)
         assert first.aborted == 2 and first.successes == 0
         broken["on"] = False
@@ -109,12 +128,17 @@ def test_given_up_episodes_are_replayed_only_when_asked(tmp_path):
 def test_settings_never_record_keys_or_endpoints(tmp_path):
     from trace_gym.rollout import run_settings
 
-    settings = run_settings(RETAIL, "llm", {"model": "openai:m", "api_key": "sk-secret", "base_url": "http://x"},
-                            {"user": "llm", "user_base_url": "http://y", "user_api_key": "sk-2"})
+    settings = run_settings(
+        RETAIL,
+        "llm",
+        {"model": "openai:m", "api_key": "sk-secret", "base_url": "http://x"},
+        {"user": "llm", "user_base_url": "http://y", "user_api_key": "sk-2"},
+    )
     assert "sk-" not in json.dumps(settings) and "http" not in json.dumps(settings)
 
 
 # --- synthesized envs are played by seed ------------------------------------------------
+
 
 @pytest.fixture()
 def seeded_registry(tmp_path, monkeypatch):
@@ -152,31 +176,55 @@ def test_a_given_up_episode_is_scored_by_the_env_for_what_it_did(tmp_path, seede
 
     out = tmp_path / "gave-up.jsonl"
     with OpenAIDouble(answer) as server:
-        summary = rollout(seeded_registry, "llm", out, seeds=2, progress=False,
-                          agent_kwargs={"model": "openai:double", "base_url": server.base_url, "api_key": "test-key"})
+        summary = rollout(
+            seeded_registry,
+            "llm",
+            out,
+            seeds=2,
+            progress=False,
+            agent_kwargs={"model": "openai:double", "base_url": server.base_url, "api_key": "test-key"},
+        )
     assert summary.aborted == 2
     for t in read_trajectories(out):
         assert t.error and "did not parse as an action 5 times" in t.error and t.termination_reason == "agent_error"
-        assert t.reward == 0.5 and t.reward_info["components"] == {"used_tool": 1.0, "looked_up": 1.0, "correct_status": 0.0}
+        assert t.reward == 0.5 and t.reward_info["components"] == {
+            "used_tool": 1.0,
+            "looked_up": 1.0,
+            "correct_status": 0.0,
+        }
         assert t.reward_info["termination_reason"] == "agent_error"
 
 
 def test_a_synthesized_env_plays_the_split_its_manifest_names(tmp_path, seeded_registry):
     out = tmp_path / "split.jsonl"
-    result = run_cli("rollout", "--env", seeded_registry, "--agent", "oracle", "--split", "test", "--out", str(out), "--json",
-                     env={"TRACE_GYM_REGISTRY_PATH": str(tmp_path / "registry")})
+    result = run_cli(
+        "rollout",
+        "--env",
+        seeded_registry,
+        "--agent",
+        "oracle",
+        "--split",
+        "test",
+        "--out",
+        str(out),
+        "--json",
+        env={"TRACE_GYM_REGISTRY_PATH": str(tmp_path / "registry")},
+    )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["episodes"] == 3
     assert sorted(t.seed for t in read_trajectories(out)) == [50, 51, 52]
 
 
-@pytest.mark.parametrize("kwargs, fragment", [
-    ({}, "pass --seeds N, or --split NAME of its manifest's [splits] (it names: test, train)"),
-    ({"split": "dev"}, "has no split 'dev'"),
-    ({"seeds": 2, "split": "test"}, "give --seeds or --split, not both"),
-    ({"task_ids": ["1"]}, "played by seed"),
-    ({"seeds": 1, "env_kwargs": {"user": "llm"}}, "plays its own user"),
-])
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({}, "pass --seeds N, or --split NAME of its manifest's [splits] (it names: test, train)"),
+        ({"split": "dev"}, "has no split 'dev'"),
+        ({"seeds": 2, "split": "test"}, "give --seeds or --split, not both"),
+        ({"task_ids": ["1"]}, "played by seed"),
+        ({"seeds": 1, "env_kwargs": {"user": "llm"}}, "plays its own user"),
+    ],
+)
 def test_seed_selection_mistakes_are_clear(tmp_path, seeded_registry, kwargs, fragment):
     with pytest.raises(TraceGymError, match=None) as caught:
         rollout(seeded_registry, "oracle", tmp_path / "x.jsonl", progress=False, **kwargs)
@@ -190,10 +238,18 @@ def test_seeds_on_a_target_is_a_clear_error(tmp_path):
 
 # --- --adapter PATH with a local model ------------------------------------------------
 
+
 def test_an_adapter_path_that_is_not_an_adapter_is_a_clear_error(tmp_path):
     with pytest.raises(TraceGymError, match="no LoRA adapter at"):
-        rollout(RETAIL, "llm", tmp_path / "x.jsonl", split="test", limit=1, progress=False,
-                agent_kwargs={"adapter": str(tmp_path / "nothing")})
+        rollout(
+            RETAIL,
+            "llm",
+            tmp_path / "x.jsonl",
+            split="test",
+            limit=1,
+            progress=False,
+            agent_kwargs={"adapter": str(tmp_path / "nothing")},
+        )
 
 
 @pytest.mark.slow
@@ -205,8 +261,16 @@ def test_a_local_model_loads_the_adapter_given_by_path(tmp_path):
         out = tmp_path / f"{name}.jsonl"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            rollout(RETAIL, "llm", out, split="test", limit=1, progress=False, env_kwargs={"max_steps": 2},
-                    agent_kwargs={"max_new_tokens": 12, **options})
+            rollout(
+                RETAIL,
+                "llm",
+                out,
+                split="test",
+                limit=1,
+                progress=False,
+                env_kwargs={"max_steps": 2},
+                agent_kwargs={"max_new_tokens": 12, **options},
+            )
         [runs[name]] = read_trajectories(out)
     assert runs["adapted"].adapter == adapter and runs["plain"].adapter is None
     first = lambda t: next(m.raw for m in t.messages if m.role == "assistant" and m.raw is not None)  # noqa: E731
@@ -224,7 +288,9 @@ def test_every_derived_seed_comes_from_the_one_formula_and_keeps_its_value():
 
     assert derive_seed(0, "0", 0) == episode_seed(0, "0", 0) == 1204990841
     assert derive_seed(7, "trace/tool-precision-v0", 3) == 271336901
-    [first, *_] = plan_groups(GRPOTrainingConfig(env_ids=["trace/tool-precision-v0"], out="x", seed=7, iterations=1),
-                              {"trace/tool-precision-v0": None})
+    [first, *_] = plan_groups(
+        GRPOTrainingConfig(env_ids=["trace/tool-precision-v0"], out="x", seed=7, iterations=1),
+        {"trace/tool-precision-v0": None},
+    )
     assert json.loads(first)["seed"] == derive_seed(7, "trace/tool-precision-v0", 0)
     assert [e.seed for e in plan_seeded_episodes([5], 2, run_seed=3)] == [derive_seed(3, "seed-5", k) for k in range(2)]

@@ -12,7 +12,9 @@ from trace_gym.trajectory import Message, Trajectory
 CAPS = [
     RouteCapability("precise_arguments", "Call tools with exactly the right argument values.", "adapter-a"),
     RouteCapability("complete_actions", "Carry out every state-changing action the request needs.", "adapter-b"),
-    RouteCapability("communicates_required_info", "Tell the user the amounts and counts the task requires.", "adapter-c"),
+    RouteCapability(
+        "communicates_required_info", "Tell the user the amounts and counts the task requires.", "adapter-c"
+    ),
 ]
 
 
@@ -34,11 +36,16 @@ class FixedScores:
 
 def test_argmax_ties_to_none_and_calibration_subtracts_the_content_free_prior():
     prior = {"A": -1.0, "B": -3.0, "C": -3.0, "none": -6.0}
-    backend = FixedScores({"N/A": prior, "t1": {"A": -1.5, "B": -1.8, "C": -3.0, "none": -6.0},
-                           "t2": {"A": -2.0, "B": -2.0, "C": -2.0, "none": -2.0}})
+    backend = FixedScores(
+        {
+            "N/A": prior,
+            "t1": {"A": -1.5, "B": -1.8, "C": -3.0, "none": -6.0},
+            "t2": {"A": -2.0, "B": -2.0, "C": -2.0, "none": -2.0},
+        }
+    )
     plain = Router(backend, CAPS)
-    assert plain.route("t1").capability == "precise_arguments"   # A has the highest raw score
-    assert plain.route("t2").capability is None                  # a tie goes to the base model
+    assert plain.route("t1").capability == "precise_arguments"  # A has the highest raw score
+    assert plain.route("t2").capability is None  # a tie goes to the base model
     calibrated = Router(backend, CAPS, calibrate=True)
     decision = calibrated.route("t1")
     assert decision.label == "B" and decision.adapter == "adapter-b"  # B rose by 1.2 over its prior, A fell
@@ -65,10 +72,20 @@ def test_router_prompt_lists_labels_descriptions_and_examples():
 
 
 def _trajectory(episode, task, success, route=None):
-    return Trajectory(episode_id=episode, env_id="trace/tau2-retail-v0", task_id=task, agent="routed",
-                      messages=[Message(role="user", content=f"task {task}")], reward=float(success),
-                      terminated=True, truncated=False, steps=1, started_at="2026-01-01T00:00:00", wall_s=1.0,
-                      agent_info={"route": route} if route is not None else {})
+    return Trajectory(
+        episode_id=episode,
+        env_id="trace/tau2-retail-v0",
+        task_id=task,
+        agent="routed",
+        messages=[Message(role="user", content=f"task {task}")],
+        reward=float(success),
+        terminated=True,
+        truncated=False,
+        steps=1,
+        started_at="2026-01-01T00:00:00",
+        wall_s=1.0,
+        agent_info={"route": route} if route is not None else {},
+    )
 
 
 def test_routing_accuracy_and_method_figures_by_hand():
@@ -77,15 +94,17 @@ def test_routing_accuracy_and_method_figures_by_hand():
     assert gold_route("2", groups, routed) == {"precise_arguments", "complete_actions"}
     assert gold_route("9", groups, routed) == {"none"}
     trajectories = [
-        _trajectory("e1", "1", True, {"capability": "precise_arguments"}),   # right
-        _trajectory("e2", "2", False, {"capability": "complete_actions"}),   # right (either lacking one)
-        _trajectory("e3", "3", True, {"capability": None}),                  # wrong: it lacked complete_actions
-        _trajectory("e4", "9", False, {"capability": None}),                 # right: lacked none
+        _trajectory("e1", "1", True, {"capability": "precise_arguments"}),  # right
+        _trajectory("e2", "2", False, {"capability": "complete_actions"}),  # right (either lacking one)
+        _trajectory("e3", "3", True, {"capability": None}),  # wrong: it lacked complete_actions
+        _trajectory("e4", "9", False, {"capability": None}),  # right: lacked none
     ]
     acc = routing_accuracy(trajectories, groups, routed)
     assert acc["accuracy"] == 0.75 and acc["episodes"] == 4
     assert acc["confusion"]["complete_actions"]["none"] == 1 and acc["confusion"]["none"]["none"] == 1
-    result = method_result("trace", trajectories, groups=groups, routed_capabilities=routed, cost={"train_rollouts": 640})
+    result = method_result(
+        "trace", trajectories, groups=groups, routed_capabilities=routed, cost={"train_rollouts": 640}
+    )
     assert result.pass_1 == 0.5 and result.tasks == 4
     assert result.pass_1_ci[0] < 0.5 < result.pass_1_ci[1]
     assert result.by_capability["precise_arguments"] == {"tasks": 2, "pass_1": 0.5}
@@ -95,12 +114,19 @@ def test_routing_accuracy_and_method_figures_by_hand():
 
 
 def test_capabilities_from_identification_reads_selection_and_lacking_examples(tmp_path):
-    Identification([capability("precise_arguments", "Exact values."), capability("complete_actions", "Every write."),
-                    capability("policy_adherence", "Rules.", selected=False)],
-                   labels=[Label("e1", "precise_arguments", "LACKING"), Label("e2", "precise_arguments", "PRESENT")]
-                   ).save(tmp_path)
-    caps = capabilities_from_identification(tmp_path, {"precise_arguments": "pa"},
-                                            trajectories=[_trajectory("e1", "1", False), _trajectory("e2", "2", True)])
+    Identification(
+        [
+            capability("precise_arguments", "Exact values."),
+            capability("complete_actions", "Every write."),
+            capability("policy_adherence", "Rules.", selected=False),
+        ],
+        labels=[Label("e1", "precise_arguments", "LACKING"), Label("e2", "precise_arguments", "PRESENT")],
+    ).save(tmp_path)
+    caps = capabilities_from_identification(
+        tmp_path,
+        {"precise_arguments": "pa"},
+        trajectories=[_trajectory("e1", "1", False), _trajectory("e2", "2", True)],
+    )
     assert [(c.name, c.adapter, c.examples) for c in caps] == [("precise_arguments", "pa", ["task 1"])]
     with pytest.raises(RoutingError, match="no file at .*capabilities.json"):
         capabilities_from_identification(tmp_path / "missing", {})
@@ -119,7 +145,6 @@ def test_local_router_picks_the_capability_the_task_names():
         assert decision.capability == wanted, decision
 
 
-
 def label_double(choose, act=None):
     """An OpenAI-compatible server for the router: a scoring request (logprobs) is answered
     with top_logprobs that put ``choose(prompt, labels)`` first; anything else by ``act``."""
@@ -132,8 +157,11 @@ def label_double(choose, act=None):
         labels = dict(re.findall(r"^([A-Z])\. ([a-z_]+):", prompt, re.M))
         wanted = choose(prompt, labels)
         others = [label for label in [*labels, "none"] if label != wanted]
-        return {"content": wanted, "top_logprobs": [{"token": wanted, "logprob": -0.05}]
-                + [{"token": label, "logprob": -4.0 - i} for i, label in enumerate(others)]}
+        return {
+            "content": wanted,
+            "top_logprobs": [{"token": wanted, "logprob": -0.05}]
+            + [{"token": label, "logprob": -4.0 - i} for i, label in enumerate(others)],
+        }
 
     return answer
 
@@ -151,7 +179,9 @@ def test_openai_router_picks_the_capability_the_task_names():
     with OpenAIDouble(label_double(names_a_capability)) as server:
         router = Router(make_backend("openai:double", base_url=server.base_url, api_key="test-key"), CAPS)
         assert router.route("Please do all of it: complete_actions matters here.").adapter == "adapter-b"
-        assert router.route("Tell me the totals (communicates_required_info).").capability == "communicates_required_info"
+        assert (
+            router.route("Tell me the totals (communicates_required_info).").capability == "communicates_required_info"
+        )
         assert router.route("Hello there.").capability is None
         assert all(r["max_tokens"] == 1 and r["logprobs"] for r in server.requests)
 
@@ -185,7 +215,9 @@ def test_routed_agent_plays_each_tau2_task_with_its_adapter_and_records_the_rout
 
     models = ("double", "adapter-a", "adapter-b", "adapter-c")
     with OpenAIDouble(label_double(choose, gold_answer(scripts)), models=models) as server:
-        agent = RoutedAgent(router=Router(make_backend("openai:double", base_url=server.base_url, api_key="test-key"), CAPS))
+        agent = RoutedAgent(
+            router=Router(make_backend("openai:double", base_url=server.base_url, api_key="test-key"), CAPS)
+        )
         for task, label in truth.items():
             start = len(server.requests)
             trajectory = run_episode(env, agent, "trace/tau2-retail-v0", Episode(task, 0, 0))

@@ -14,9 +14,15 @@ REFUSED = {
     "importlib": ("import importlib", "import of 'importlib'"),
     "builtins dict": ("__builtins__['__import__']('os')", "'__builtins__' is not allowed"),
     "dunder import": ("__import__('os')", "'__import__' is not allowed"),
-    "subclasses walk": ("x = ().__class__.__bases__[0].__subclasses__()", "RestrictedPython: \"__class__\" is an invalid attribute"),
+    "subclasses walk": (
+        "x = ().__class__.__bases__[0].__subclasses__()",
+        'RestrictedPython: "__class__" is an invalid attribute',
+    ),
     "generator frame": ("g = (i for i in [1])\nf = g.gi_frame.f_back", "introspection attribute '.gi_frame'"),
-    "traceback frame": ("try:\n    1/0\nexcept Exception as e:\n    t = e.__traceback__", "RestrictedPython: \"__traceback__\" is an invalid attribute"),
+    "traceback frame": (
+        "try:\n    1/0\nexcept Exception as e:\n    t = e.__traceback__",
+        'RestrictedPython: "__traceback__" is an invalid attribute',
+    ),
     "tb attrs": ("def f(e):\n    return e.tb_frame", "introspection attribute '.tb_frame'"),
     "code object": ("def f():\n    pass\nc = f.co_code", "introspection attribute '.co_code'"),
     "format string": ("s = '{0.__class__.__mro__}'.format(1)", "spells a dunder"),

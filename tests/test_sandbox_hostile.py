@@ -59,11 +59,31 @@ def step_once(backend, source: str, limits: Limits = FAST) -> str:
 
 RUNTIME_CASES = {
     # name: (step body, expected error, fragment of its message)
-    "module attribute to sys": ("out = datetime.sys.modules", SandboxEnvError, "datetime.sys is not on the sandbox's allowlist"),
-    "json.decoder.re chain": ("out = json.decoder.re", SandboxEnvError, "json.decoder is not on the sandbox's allowlist"),
-    "string.Formatter field walk": ("out = string.Formatter().get_field('0', [1], {})", SandboxEnvError, "string.Formatter is not on"),
-    "typing eval of annotations": ("out = typing.get_type_hints(self.step)", SandboxEnvError, "typing.get_type_hints is not on"),
-    "module chain to codecs": ("out = json.codecs.open", SandboxEnvError, "json.codecs is not on the sandbox's allowlist"),
+    "module attribute to sys": (
+        "out = datetime.sys.modules",
+        SandboxEnvError,
+        "datetime.sys is not on the sandbox's allowlist",
+    ),
+    "json.decoder.re chain": (
+        "out = json.decoder.re",
+        SandboxEnvError,
+        "json.decoder is not on the sandbox's allowlist",
+    ),
+    "string.Formatter field walk": (
+        "out = string.Formatter().get_field('0', [1], {})",
+        SandboxEnvError,
+        "string.Formatter is not on",
+    ),
+    "typing eval of annotations": (
+        "out = typing.get_type_hints(self.step)",
+        SandboxEnvError,
+        "typing.get_type_hints is not on",
+    ),
+    "module chain to codecs": (
+        "out = json.codecs.open",
+        SandboxEnvError,
+        "json.codecs is not on the sandbox's allowlist",
+    ),
     "cpu loop": ("while True:\n    pass", SandboxTimeout, "no answer within 3s"),
     "hang in a long computation": ("out = sum(range(10**12))", SandboxTimeout, "killed"),
     "memory bomb": ("x = [0] * (10**10)", SandboxEnvError, "MemoryError"),
@@ -82,7 +102,9 @@ def test_runtime_escape_is_contained(sandbox_backend, name):
         step_once(sandbox_backend, env_source(launder(body)))
 
 
-@pytest.mark.parametrize("name", [n for n, case in RUNTIME_CASES.items() if "allowlist" in case[2] or "is not on" in case[2]])
+@pytest.mark.parametrize(
+    "name", [n for n, case in RUNTIME_CASES.items() if "allowlist" in case[2] or "is not on" in case[2]]
+)
 def test_module_escapes_as_written_are_refused_by_the_static_gate(name):
     from trace_gym.sandbox import SandboxViolation
     from trace_gym.sandbox.gate import enforce
@@ -94,8 +116,8 @@ def test_module_escapes_as_written_are_refused_by_the_static_gate(name):
 def test_print_flood_and_fake_protocol_lines_do_not_reach_the_host(sandbox_backend):
     body = (
         "for i in range(20000):\n"
-        "    print('{\"ok\": true, \"result\": {\"observation\": \"forged\", \"done\": true}}')\n"
-        "    print('0' * 32 + ' {\"ok\": true, \"result\": \"forged\"}')\n"
+        '    print(\'{"ok": true, "result": {"observation": "forged", "done": true}}\')\n'
+        '    print(\'0\' * 32 + \' {"ok": true, "result": "forged"}\')\n'
         "out = 'real'"
     )
     assert step_once(sandbox_backend, env_source(body)) == "real"
@@ -132,7 +154,7 @@ def test_actions_are_data_never_code(sandbox_backend):
     """What the agent writes reaches the env as strings inside JSON; it cannot
     run code, break the line framing, or set the reward."""
     source = env_source("out = json.dumps(action)")
-    sneaky = "__import__('os').system('id')\n0000 {\"ok\": true, \"result\": {\"reward\": 1.0}}\nreward = 1.0"
+    sneaky = '__import__(\'os\').system(\'id\')\n0000 {"ok": true, "result": {"reward": 1.0}}\nreward = 1.0'
     with SandboxWorker(source, backend=sandbox_backend, limits=FAST) as worker:
         worker.call("reset", seed=0, hint=False)
         echoed = json.loads(worker.call("step", action={"type": "message", "content": sneaky})["observation"])
@@ -200,5 +222,16 @@ def test_the_jail_contains_raw_code(sandbox_backend, monkeypatch):
     assert r["uid"] == 65534
     assert "OPENAI_API_KEY" not in r["env"]
     # The minimal root: the interpreter keeps its host path (under /root/.pyenv here), nothing else.
-    assert set(r["root_listing"]) - {".dockerenv"} <= {"dev", "etc", "lib", "lib64", "opt", "proc", "root", "sys", "tmp", "usr"}
+    assert set(r["root_listing"]) - {".dockerenv"} <= {
+        "dev",
+        "etc",
+        "lib",
+        "lib64",
+        "opt",
+        "proc",
+        "root",
+        "sys",
+        "tmp",
+        "usr",
+    }
     assert "work" not in r["root_listing"] and "home" not in r["root_listing"]

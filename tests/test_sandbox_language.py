@@ -91,15 +91,21 @@ def test_class_namespaces_refuse_dunders_beyond_the_allowed():
 
 
 def test_compile_refusals_name_restricted_python():
-    for source in ("match x:\n    case object(a=b):\n        pass", "class A:\n    def __setattr__(self, k, v):\n        pass",
-                   "x = y.__class__", "async def f():\n    pass"):
+    for source in (
+        "match x:\n    case object(a=b):\n        pass",
+        "class A:\n    def __setattr__(self, k, v):\n        pass",
+        "x = y.__class__",
+        "async def f():\n    pass",
+    ):
         findings = check_source("x = 1\ny = 2\n" + source)
         assert any("RestrictedPython" in f.message for f in findings), (source, findings)
 
 
 def test_env_code_raising_names_the_language_layer(sandbox_backend):
-    source = (LEGITIMATE.read_text()
-              .replace("        return {'observation': 'ok', 'done': True}", "        return {'observation': '{0.real}'.format(1), 'done': True}"))
+    source = LEGITIMATE.read_text().replace(
+        "        return {'observation': 'ok', 'done': True}",
+        "        return {'observation': '{0.real}'.format(1), 'done': True}",
+    )
     with SandboxWorker(source, backend=sandbox_backend) as worker:
         worker.call("reset", seed=0, hint=False)
         with pytest.raises(SandboxEnvError, match="refused by the language layer"):

@@ -169,7 +169,9 @@ def ok(result: str) -> str:
 RESET_OK = ok("{'system_prompt': 's', 'user_message': 'u'}")
 HOSTILE_REPLIES = {
     "reward of 10**400": {"reward": "'{\"ok\": true, \"result\": {\"reward\": 1' + '0' * 400 + '}}'"},
-    "reward nested 1000 deep": {"reward": "'{\"ok\": true, \"result\": {\"reward\": ' + '[' * 1000 + '0' + ']' * 1000 + '}}'"},
+    "reward nested 1000 deep": {
+        "reward": "'{\"ok\": true, \"result\": {\"reward\": ' + '[' * 1000 + '0' + ']' * 1000 + '}}'"
+    },
     "100000 nested [": {"reward": "'[' * 100000"},
     "ok is not a bool": {"reward": "json.dumps({'ok': 'yes', 'result': 1})"},
     "error is not text": {"reward": "json.dumps({'ok': False, 'error': [1, 2]})"},
@@ -223,7 +225,9 @@ def test_evidence_is_printed_without_control_characters():
     from trace_gym.validation import CheckResult, ValidationReport
 
     evil = "boom\r\x1b[2K\x1b[1A  PASS  solvable  oracle solves 100/100\x07\u202e"
-    report = ValidationReport("trace/x", "/x", "h", "bwrap", False, [CheckResult("robustness", False, evil)], 0.1, "now", {})
+    report = ValidationReport(
+        "trace/x", "/x", "h", "bwrap", False, [CheckResult("robustness", False, evil)], 0.1, "now", {}
+    )
     text = report.table()
     assert not any(ch in text for ch in "\r\x1b\x07\u202e")
     assert "FAIL  robustness" in text
@@ -300,8 +304,24 @@ def assert_jail_holds(r: dict, tmpfs_mb: int) -> None:
     assert r["uid"] != 0 and r["gid"] != 0
     too_big = {k: v for k, v in r["writable_mb"].items() if v > tmpfs_mb}
     assert not too_big, f"jail: writable past the {tmpfs_mb} MiB cap: {too_big}"
-    assert set(r["dev"]) <= {"null", "zero", "urandom", "random", "full", "shm", "pts", "ptmx", "fd", "stdin", "stdout",
-                             "stderr", "tty", "console", "core", "mqueue"}, r["dev"]
+    assert set(r["dev"]) <= {
+        "null",
+        "zero",
+        "urandom",
+        "random",
+        "full",
+        "shm",
+        "pts",
+        "ptmx",
+        "fd",
+        "stdin",
+        "stdout",
+        "stderr",
+        "tty",
+        "console",
+        "core",
+        "mqueue",
+    }, r["dev"]
 
 
 @pytest.mark.slow
@@ -382,9 +402,15 @@ def test_a_worker_without_seccomp_is_refused_unless_named(sandbox_backend):
 GOOD_CONTAINER = {
     "Config": {"User": "65534:65534"},
     "HostConfig": {
-        "ReadonlyRootfs": True, "Privileged": False, "NetworkMode": "none", "CapDrop": ["ALL"], "CapAdd": None,
-        "SecurityOpt": ["no-new-privileges"], "Tmpfs": {"/tmp": "size=16m,mode=1777,noexec,nosuid,nodev"},
-        "IpcMode": "none", "ReadonlyPaths": ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"],
+        "ReadonlyRootfs": True,
+        "Privileged": False,
+        "NetworkMode": "none",
+        "CapDrop": ["ALL"],
+        "CapAdd": None,
+        "SecurityOpt": ["no-new-privileges"],
+        "Tmpfs": {"/tmp": "size=16m,mode=1777,noexec,nosuid,nodev"},
+        "IpcMode": "none",
+        "ReadonlyPaths": ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"],
         "MaskedPaths": ["/proc/kcore", "/proc/keys"],
     },
 }
@@ -419,8 +445,11 @@ def test_wrong_result_types_are_contract_errors(sandbox_backend):
     from trace_gym.errors import EnvContractError
     from trace_gym.sandbox.env import SandboxedEnv
 
-    replies = {"reset": ok("['a', 'list']"), "oracle": ok("[{'type': 'tool_call', 'name': 'x', 'arguments': [1, 2]}]"),
-               "step": ok("{'observation': 5, 'done': 'yes'}")}
+    replies = {
+        "reset": ok("['a', 'list']"),
+        "oracle": ok("[{'type': 'tool_call', 'name': 'x', 'arguments': [1, 2]}]"),
+        "step": ok("{'observation': 5, 'done': 'yes'}"),
+    }
     env = SandboxedEnv(FIXTURE_ENVS / "order-lookup", backend=HostileWorkerBackend(sandbox_backend, replies))
     with pytest.raises(EnvContractError, match="reset"):
         env.reset(seed=0)

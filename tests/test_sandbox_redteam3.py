@@ -158,8 +158,18 @@ def test_env_code_reads_a_fixed_clock(sandbox_backend):
     with SandboxWorker(hostile_env_source(textwrap.dedent(body)), backend=sandbox_backend, limits=FAST) as worker:
         worker.call("reset", seed=0, hint=False)
         out = worker.call("step", action={"type": "message", "content": "hi"})["observation"]
-    assert out == repr(["2025-01-06", "2025-01-06 12:00:00", "2025-01-06 12:00:00", "2025-01-06 12:00:00",
-                        "2025-01-06 12:00:00", "2025-01-06", "2025-01-06 12:00:00+00:00", "datetime.date(2024, 1, 2)"])
+    assert out == repr(
+        [
+            "2025-01-06",
+            "2025-01-06 12:00:00",
+            "2025-01-06 12:00:00",
+            "2025-01-06 12:00:00",
+            "2025-01-06 12:00:00",
+            "2025-01-06",
+            "2025-01-06 12:00:00+00:00",
+            "datetime.date(2024, 1, 2)",
+        ]
+    )
 
 
 # --- the independent red team's review of this round (each reproduced, then stopped) --------
@@ -167,7 +177,7 @@ def test_env_code_reads_a_fixed_clock(sandbox_backend):
 # reads its slots (the real module) as data; deepcopy keeps that state in the caller's memo
 # even when the copy is refused; the real typing.get_type_hints evaluates an annotation with
 # eval(), which puts the real builtins into a dict env code holds; exec, frames, the token.
-DEEPCOPY_MEMO_ESCAPE = '''
+DEEPCOPY_MEMO_ESCAPE = """
 import copy
 import typing
 
@@ -222,13 +232,17 @@ class Environment:
 
     def reward(self):
         return {'reward': 0.0, 'components': {}, 'reason': ''}
-'''
+"""
 REVIEW = {
     "deepcopy with a memo of env code's": ("out = repr(copy.deepcopy(json.dumps, {}))", "copy.deepcopy with a memo"),
-    "the real clock through super()": ("out = repr(super(datetime.datetime, datetime.datetime).now())",
-                                       "super(datetime.datetime, ...), past a class env code did not define"),
-    "a typing alias writing into the ABC registry": ("class E:\n    pass\ntyping.Mapping.register(E)\nout = 'registered'",
-                                                     "attribute 'register' of a typing alias"),
+    "the real clock through super()": (
+        "out = repr(super(datetime.datetime, datetime.datetime).now())",
+        "super(datetime.datetime, ...), past a class env code did not define",
+    ),
+    "a typing alias writing into the ABC registry": (
+        "class E:\n    pass\ntyping.Mapping.register(E)\nout = 'registered'",
+        "attribute 'register' of a typing alias",
+    ),
 }
 
 
@@ -258,14 +272,19 @@ def test_the_fixed_clock_hands_out_no_real_date(sandbox_backend):
 # '__globals__' reduces to getattr(obj, '__globals__'). Both reached exec, the token and
 # the real clock. Now: type() is an allowlist, copy never reduces, NamedTuple's names
 # are plain identifiers, and str.format hands out no raw function.
-SECOND_REVIEW_A = 'import copy\nimport typing\n\nTOOLS = [\'get_order_details\']\nU = "_" * 2\n\n\nclass Environment:\n    def reset(self, seed, hint=False):\n        return {\'system_prompt\': \'s\', \'user_message\': \'u\'}\n\n    def step(self, action):\n        alias = type(typing.List[int])(list, ("exec",), name=U + "builtins" + U)\n        real_exec = copy.copy(alias)  # _GenericAlias.__reduce__: operator.getitem(typing.__dict__[_name], args)\n        box = {}\n        real_exec("import sys, time\\nf = sys._getframe()\\nwhile f.f_code.co_name != \'main\':\\n    f = f.f_back\\n"\n                  "box[\'token\'] = [c.cell_contents for c in getattr(f.f_locals[\'send\'], U + \'closure\' + U)][1]\\n"\n                  "box[\'clock\'] = time.time()\\nbox[\'passwd\'] = open(\'/etc/passwd\').read()[:27]",\n                  {"box": box, "U": U})\n        return {\'observation\': repr(box), \'done\': False}\n\n    def reward(self):\n        return {\'reward\': 0.0, \'components\': {}, \'reason\': \'\'}\n'
-SECOND_REVIEW_B = 'import copy\nimport random\nimport typing\n\nTOOLS = [\'get_order_details\']\nU = "_" * 2\n\n\nclass C:\n    def f(self):\n        return 1\n\n\nclass Environment:\n    def reset(self, seed, hint=False):\n        return {\'system_prompt\': \'s\', \'user_message\': \'u\'}\n\n    def step(self, action):\n        method = type(C().f)                                   # types.MethodType, handed out by type()\n        named = typing.NamedTuple(U + "globals" + U, [])       # a callable whose __name__ is \'__globals__\'\n        g = copy.copy(method(named, random.Random.seed))       # method.__reduce__: getattr(self, func.__name__)\n        B = g[U + "builtins" + U]                              # random\'s real globals -> real builtins dict\n        box = {}\n        B["exec"]("import time, os\\nbox[\'clock\'] = time.time()\\nbox[\'uid\'] = os.getuid()\\n"\n                  "box[\'passwd\'] = open(\'/etc/passwd\').read()[:27]", {"box": box, U + "builtins" + U: B})\n        lang = copy.copy(method(named, \'{0}\'.format.func))     # the worker\'s language.py globals\n        box[\'language_globals\'] = sorted(k for k in lang if k.isupper())[:6]\n        return {\'observation\': repr(box), \'done\': False}\n\n    def reward(self):\n        return {\'reward\': 0.0, \'components\': {}, \'reason\': \'\'}\n'
+SECOND_REVIEW_A = "import copy\nimport typing\n\nTOOLS = ['get_order_details']\nU = \"_\" * 2\n\n\nclass Environment:\n    def reset(self, seed, hint=False):\n        return {'system_prompt': 's', 'user_message': 'u'}\n\n    def step(self, action):\n        alias = type(typing.List[int])(list, (\"exec\",), name=U + \"builtins\" + U)\n        real_exec = copy.copy(alias)  # _GenericAlias.__reduce__: operator.getitem(typing.__dict__[_name], args)\n        box = {}\n        real_exec(\"import sys, time\\nf = sys._getframe()\\nwhile f.f_code.co_name != 'main':\\n    f = f.f_back\\n\"\n                  \"box['token'] = [c.cell_contents for c in getattr(f.f_locals['send'], U + 'closure' + U)][1]\\n\"\n                  \"box['clock'] = time.time()\\nbox['passwd'] = open('/etc/passwd').read()[:27]\",\n                  {\"box\": box, \"U\": U})\n        return {'observation': repr(box), 'done': False}\n\n    def reward(self):\n        return {'reward': 0.0, 'components': {}, 'reason': ''}\n"
+SECOND_REVIEW_B = "import copy\nimport random\nimport typing\n\nTOOLS = ['get_order_details']\nU = \"_\" * 2\n\n\nclass C:\n    def f(self):\n        return 1\n\n\nclass Environment:\n    def reset(self, seed, hint=False):\n        return {'system_prompt': 's', 'user_message': 'u'}\n\n    def step(self, action):\n        method = type(C().f)                                   # types.MethodType, handed out by type()\n        named = typing.NamedTuple(U + \"globals\" + U, [])       # a callable whose __name__ is '__globals__'\n        g = copy.copy(method(named, random.Random.seed))       # method.__reduce__: getattr(self, func.__name__)\n        B = g[U + \"builtins\" + U]                              # random's real globals -> real builtins dict\n        box = {}\n        B[\"exec\"](\"import time, os\\nbox['clock'] = time.time()\\nbox['uid'] = os.getuid()\\n\"\n                  \"box['passwd'] = open('/etc/passwd').read()[:27]\", {\"box\": box, U + \"builtins\" + U: B})\n        lang = copy.copy(method(named, '{0}'.format.func))     # the worker's language.py globals\n        box['language_globals'] = sorted(k for k in lang if k.isupper())[:6]\n        return {'observation': repr(box), 'done': False}\n\n    def reward(self):\n        return {'reward': 0.0, 'components': {}, 'reason': ''}\n"
 SECOND_REVIEW = {
     "typing alias class from type()": ("out = repr(type(typing.List[int]))", "type() of a _GenericAlias"),
-    "MethodType from type()": ("class C:\n    def f(self):\n        return 1\nout = repr(type(C().f))", "type() of a method"),
+    "MethodType from type()": (
+        "class C:\n    def f(self):\n        return 1\nout = repr(type(C().f))",
+        "type() of a method",
+    ),
     "copy of a typing alias": ("out = repr(copy.copy(typing.List[int]))", "copy of a _GenericAlias"),
-    "NamedTuple named by a dunder": ("out = repr(typing.NamedTuple('_' * 2 + 'globals' + '_' * 2, []))",
-                                     "typing.NamedTuple of a field named '__globals__'"),
+    "NamedTuple named by a dunder": (
+        "out = repr(typing.NamedTuple('_' * 2 + 'globals' + '_' * 2, []))",
+        "typing.NamedTuple of a field named '__globals__'",
+    ),
     "the raw function behind str.format": ("out = repr('{0}'.format.func)", "attribute 'func' of str.format"),
 }
 
@@ -318,8 +337,9 @@ def test_env_code_still_copies_its_own_state(sandbox_backend):
 def test_a_copied_proxy_is_the_same_proxy_and_a_reduction_of_one_is_refused(sandbox_backend):
     """copy shares functions and modules as the stdlib shares functions: no state comes
     out. Should anything else reduce a proxy, the proxy refuses (in process)."""
-    body = ("f = json.dumps\n"
-            "out = repr((copy.deepcopy(f) is f, copy.copy(json) is json, copy.deepcopy([json])[0] is json))")
+    body = (
+        "f = json.dumps\nout = repr((copy.deepcopy(f) is f, copy.copy(json) is json, copy.deepcopy([json])[0] is json))"
+    )
     with SandboxWorker(hostile_env_source(body, top="import copy\n"), backend=sandbox_backend, limits=FAST) as worker:
         worker.call("reset", seed=0, hint=False)
         assert worker.call("step", action={"type": "message", "content": "hi"})["observation"] == "(True, True, True)"
@@ -339,19 +359,26 @@ def test_a_copied_proxy_is_the_same_proxy_and_a_reduction_of_one_is_refused(sand
 # docstring as a signature and eval'd its dotted names against sys.modules (the worker's
 # 'language' module); the AttributeError it raised carried the worker's ENV_CLASSES as .obj;
 # asdict() deep-copied field values with the real copy module, so a reduction ran.
-THIRD_REVIEW = 'import json\nimport random\nimport string\nimport datetime\nimport typing\nimport dataclasses\n\nTOOLS = [\'get_order_details\']\n\nclass Environment:\n    def reset(self, seed, hint=False):\n        return {\'system_prompt\': \'s\', \'user_message\': \'u\'}\n\n    def step(self, action):\n        out = \'nothing\'\n        U = "_" * 2\n        class B:\n            "B(a=language.ENV_CLASSES.nope)\\n--\\n\\n"\n        class C(B):\n            pass\n        try:\n            dataclasses.dataclass(init=False)(C)\n            raise ValueError("no error")\n        except AttributeError as e:\n            env_classes = e.obj                     # the worker\'s language.ENV_CLASSES WeakSet\n        env_classes.add(object)                     # now type() hands out any class\n        Alias = type(typing.List[int])              # typing._GenericAlias\n        @dataclasses.dataclass\n        class Box:\n            v: object\n        def real_builtin(name):\n            # _GenericAlias.__reduce__ -> operator.getitem(typing.__dict__[\'__builtins__\'], name), run by the real copy.deepcopy\n            return dataclasses.asdict(Box(Alias(list, (name,), name=U + "builtins" + U)))["v"]\n        real_exec = real_builtin("exec")\n        real_import = real_builtin(U + "import" + U)\n        box = {}\n        real_exec("import os, time, sys\\nbox[\'uid\'] = os.getuid()\\nbox[\'clock\'] = time.time()\\n"\n                  "box[\'passwd\'] = open(\'/etc/passwd\').read()[:40]\\n"\n                  "f = sys._getframe()\\nwhile f.f_code.co_name != \'main\':\\n    f = f.f_back\\n"\n                  "box[\'token\'] = [c.cell_contents for c in getattr(f.f_locals[\'send\'], \'_\' * 2 + \'closure\' + \'_\' * 2)][1]\\n"\n                  "box[\'seccomp_uid\'] = (os.getuid(), open(\'/proc/self/status\').read().count(\'Seccomp:\\t2\'))",\n                  {"box": box, U + "builtins" + U: real_import("builtins")})\n        out = repr((real_exec, box))\n        return {\'observation\': str(out), \'done\': False}\n\n    def reward(self):\n        return {\'reward\': 0.0, \'components\': {}, \'reason\': \'\'}\n'
+THIRD_REVIEW = "import json\nimport random\nimport string\nimport datetime\nimport typing\nimport dataclasses\n\nTOOLS = ['get_order_details']\n\nclass Environment:\n    def reset(self, seed, hint=False):\n        return {'system_prompt': 's', 'user_message': 'u'}\n\n    def step(self, action):\n        out = 'nothing'\n        U = \"_\" * 2\n        class B:\n            \"B(a=language.ENV_CLASSES.nope)\\n--\\n\\n\"\n        class C(B):\n            pass\n        try:\n            dataclasses.dataclass(init=False)(C)\n            raise ValueError(\"no error\")\n        except AttributeError as e:\n            env_classes = e.obj                     # the worker's language.ENV_CLASSES WeakSet\n        env_classes.add(object)                     # now type() hands out any class\n        Alias = type(typing.List[int])              # typing._GenericAlias\n        @dataclasses.dataclass\n        class Box:\n            v: object\n        def real_builtin(name):\n            # _GenericAlias.__reduce__ -> operator.getitem(typing.__dict__['__builtins__'], name), run by the real copy.deepcopy\n            return dataclasses.asdict(Box(Alias(list, (name,), name=U + \"builtins\" + U)))[\"v\"]\n        real_exec = real_builtin(\"exec\")\n        real_import = real_builtin(U + \"import\" + U)\n        box = {}\n        real_exec(\"import os, time, sys\\nbox['uid'] = os.getuid()\\nbox['clock'] = time.time()\\n\"\n                  \"box['passwd'] = open('/etc/passwd').read()[:40]\\n\"\n                  \"f = sys._getframe()\\nwhile f.f_code.co_name != 'main':\\n    f = f.f_back\\n\"\n                  \"box['token'] = [c.cell_contents for c in getattr(f.f_locals['send'], '_' * 2 + 'closure' + '_' * 2)][1]\\n\"\n                  \"box['seccomp_uid'] = (os.getuid(), open('/proc/self/status').read().count('Seccomp:\\t2'))\",\n                  {\"box\": box, U + \"builtins\" + U: real_import(\"builtins\")})\n        out = repr((real_exec, box))\n        return {'observation': str(out), 'done': False}\n\n    def reward(self):\n        return {'reward': 0.0, 'components': {}, 'reason': ''}\n"
 THIRD_REVIEW_STEPS = {
     "a docstring read as a signature": (
         'class B:\n    "B(a=language.ENV_CLASSES.nope)\\n--\\n\\n"\nclass C(B):\n    pass\n'
-        'dataclasses.dataclass(init=False)(C)\nout = repr("made")', None),
-    "an exception's obj": ("try:\n    [].nope\nexcept AttributeError as e:\n    out = repr(e.obj)",
-                           "attribute 'obj' of an exception"),
+        'dataclasses.dataclass(init=False)(C)\nout = repr("made")',
+        None,
+    ),
+    "an exception's obj": (
+        "try:\n    [].nope\nexcept AttributeError as e:\n    out = repr(e.obj)",
+        "attribute 'obj' of an exception",
+    ),
     "asdict's deepcopy of a field": (
         "@dataclasses.dataclass\nclass Box:\n    v: object\nout = repr(dataclasses.asdict(Box(typing.List[int])))",
-        "copy of a _GenericAlias"),
+        "copy of a _GenericAlias",
+    ),
     "a str subclass as a name": (
         "class S(str):\n    def startswith(self, p):\n        return False\n"
-        "out = repr(collections.namedtuple(S('_' * 2 + 'globals' + '_' * 2), ['a']))", "class S overriding str.startswith"),
+        "out = repr(collections.namedtuple(S('_' * 2 + 'globals' + '_' * 2), ['a']))",
+        "class S overriding str.startswith",
+    ),
 }
 
 
@@ -380,17 +407,26 @@ def test_each_step_of_the_third_review_is_stopped(sandbox_backend, name):
 
 # --- the fourth review: no escape, four writes into state env code did not define ----------
 FOURTH_REVIEW = {
-    "dataclass() of a stdlib class": ("dataclasses.dataclass(random.Random)\nout = 'rewritten'",
-                                      "dataclasses.dataclass of Random, which env code did not define"),
-    "dataclass() of the fixed clock's class": ("dataclasses.dataclass(datetime.datetime)\nout = 'rewritten'",
-                                               "which env code did not define"),
+    "dataclass() of a stdlib class": (
+        "dataclasses.dataclass(random.Random)\nout = 'rewritten'",
+        "dataclasses.dataclass of Random, which env code did not define",
+    ),
+    "dataclass() of the fixed clock's class": (
+        "dataclasses.dataclass(datetime.datetime)\nout = 'rewritten'",
+        "which env code did not define",
+    ),
     "an object of env code's among a class's bases": (
         "class Spy:\n    def __eq__(self, other):\n        return False\nclass C(Spy(), typing.Mapping):\n    pass\nout = 'x'",
-        "class C with a base that is not a class (a Spy)"),
-    "register() through an env subclass of an ABC": ("class M(typing.Mapping):\n    pass\nM.register(str)\nout = 'x'",
-                                                     "register() of an abstract base class"),
+        "class C with a base that is not a class (a Spy)",
+    ),
+    "register() through an env subclass of an ABC": (
+        "class M(typing.Mapping):\n    pass\nM.register(str)\nout = 'x'",
+        "register() of an abstract base class",
+    ),
     "a str subclass hooking translate": (
-        "class S(str):\n    def translate(self, table):\n        return 'x'\nout = 'x'", "class S overriding str.translate"),
+        "class S(str):\n    def translate(self, table):\n        return 'x'\nout = 'x'",
+        "class S overriding str.translate",
+    ),
 }
 
 
@@ -403,8 +439,10 @@ def test_each_write_of_the_fourth_review_is_refused(sandbox_backend, name):
 
 
 def test_str_enums_and_typing_bases_still_build(sandbox_backend):
-    body = ("class Color(str, enum.Enum):\n    RED = 'red'\nclass P(typing.NamedTuple):\n    x: int\n"
-            "class M(typing.Mapping):\n    pass\nout = repr((Color.RED.value, Color('red').name, P(3).x, 'M'))")
+    body = (
+        "class Color(str, enum.Enum):\n    RED = 'red'\nclass P(typing.NamedTuple):\n    x: int\n"
+        "class M(typing.Mapping):\n    pass\nout = repr((Color.RED.value, Color('red').name, P(3).x, 'M'))"
+    )
     with SandboxWorker(hostile_env_source(body, top="import enum\n"), backend=sandbox_backend, limits=FAST) as worker:
         worker.call("reset", seed=0, hint=False)
         out = worker.call("step", action={"type": "message", "content": "hi"})["observation"]

@@ -54,7 +54,12 @@ def test_robustness_accepts_tool_exceptions_and_keeps_their_tracebacks(sandbox_b
     from trace_gym.validation import ValidationConfig, validate
 
     folder = variant(tmp_path, {LOOKUP: 'if action["arguments"]["order_id"].upper() != self.order_id:'})
-    report = validate(folder, backend=sandbox_backend, config=ValidationConfig(seeds=40, floor_seeds=12, determinism_seeds=2, seed=0), write=False)
+    report = validate(
+        folder,
+        backend=sandbox_backend,
+        config=ValidationConfig(seeds=40, floor_seeds=12, determinism_seeds=2, seed=0),
+        write=False,
+    )
     robustness = next(c for c in report.checks if c.name == "robustness")
     assert robustness.passed, robustness.evidence
     assert "raised inside a tool and were answered as trace/tau2-retail-v0 answers" in robustness.evidence

@@ -69,7 +69,10 @@ def copy_env(tmp_path, replace: dict[str, str]):
 @pytest.mark.parametrize(
     "replace, fragment",
     [
-        ({'TOOLS = ["get_order_details"]': 'TOOLS = ["get_order_details", "launch_rockets"]'}, "does not have: launch_rockets"),
+        (
+            {'TOOLS = ["get_order_details"]': 'TOOLS = ["get_order_details", "launch_rockets"]'},
+            "does not have: launch_rockets",
+        ),
         ({'TOOLS = ["get_order_details"]': "TOOLS = []"}, "non-empty list"),
         ({'return {"reward": reward,': 'return {"reward": float("nan"),'}, "finite number in [0, 1]"),
         ({'return {"reward": reward,': 'return {"reward": 1.5,'}, "finite number in [0, 1]"),
@@ -78,7 +81,9 @@ def copy_env(tmp_path, replace: dict[str, str]):
 )
 def test_contract_breaches_are_named(tmp_path, replace, fragment):
     env = None
-    with pytest.raises(EnvContractError, match=fragment.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(
+        EnvContractError, match=fragment.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(").replace(")", r"\)")
+    ):
         env = SandboxedEnv(copy_env(tmp_path, replace), backend="bwrap")
         env.reset(seed=1)
         env.step("The order is pending.")
@@ -97,7 +102,10 @@ def test_gym_make_runs_a_registry_env_end_to_end_in_a_fresh_interpreter():
         "env.close()\n"
     )
     result = subprocess.run(
-        [PYTHON, "-c", code], capture_output=True, text=True, cwd="/",
+        [PYTHON, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd="/",
         env={**os.environ, "TRACE_GYM_REGISTRY_PATH": str(FIXTURE_ENVS)},
     )
     assert result.returncode == 0, result.stderr[-2000:]

@@ -29,8 +29,9 @@ def serving(*args: str, start_s: float = 180):
     import threading
 
     exe = shutil.which("trace-gym", path=str(Path(sys.executable).parent)) or "trace-gym"
-    process = subprocess.Popen([exe, "serve", *args, "--port", "0", "--quiet"], stdout=subprocess.PIPE,
-                               stderr=subprocess.DEVNULL, text=True)
+    process = subprocess.Popen(
+        [exe, "serve", *args, "--port", "0", "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
     first: list[str] = []
     reader = threading.Thread(target=lambda: first.append(process.stdout.readline()), daemon=True)
     reader.start()
@@ -60,8 +61,11 @@ def _play(backend, episodes: int = 1):
     env = gym.make("trace/tau2-retail-v0", split="base", max_steps=6)
     try:
         agent = LLMAgent(backend, max_new_tokens=40)
-        return list(play_batched([env], [agent], "trace/tau2-retail-v0",
-                                 [Episode(str(task), 0, task) for task in range(episodes)]))
+        return list(
+            play_batched(
+                [env], [agent], "trace/tau2-retail-v0", [Episode(str(task), 0, task) for task in range(episodes)]
+            )
+        )
     finally:
         env.close()
 
@@ -95,43 +99,69 @@ def test_serve_routes_each_conversation_of_an_earlier_run_to_its_adapter(tmp_pat
     from test_evaluation import _earlier_run, _zero_lora
 
     run = _earlier_run(tmp_path)
-    tools = [{"type": "function", "function": {"name": "get_order_details", "description": "An order's status and items.",
-                                               "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}},
-                                                              "required": ["order_id"]}}}]
-    messages = [{"role": "system", "content": "You are a retail customer-service agent. Call tools to look things up."},
-                {"role": "user", "content": "I want to return the blue headphones from order #W1234567."}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_order_details",
+                "description": "An order's status and items.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"order_id": {"type": "string"}},
+                    "required": ["order_id"],
+                },
+            },
+        }
+    ]
+    messages = [
+        {"role": "system", "content": "You are a retail customer-service agent. Call tools to look things up."},
+        {"role": "user", "content": "I want to return the blue headphones from order #W1234567."},
+    ]
     key = {"Authorization": "Bearer sesame"}
     with serving(str(run), "--api-key", "sesame", "--allow-adapter-loading") as url:
         client = openai.OpenAI(base_url=url, api_key="sesame")
         served = [m.id for m in client.models.list().data]
         assert served[0] == "trace" and "smollm2-135m-instruct" in served
         assert {"precise_arguments", "complete_actions", "grpo-target", "merged", "summed"} <= set(served)
-        reply = client.chat.completions.create(model="trace", messages=messages, tools=tools, max_tokens=24, temperature=0)
+        reply = client.chat.completions.create(
+            model="trace", messages=messages, tools=tools, max_tokens=24, temperature=0
+        )
         route = reply.model_extra["trace_gym"]["route"]
-        assert route["capability"] in {"precise_arguments", "complete_actions", None} and set(route["scores"]) == {"A", "B", "none"}
+        assert route["capability"] in {"precise_arguments", "complete_actions", None} and set(route["scores"]) == {
+            "A",
+            "B",
+            "none",
+        }
         assert reply.model_extra["trace_gym"]["adapter"] == route["adapter"]
         assert reply.choices[0].finish_reason in {"stop", "length", "tool_calls"} and reply.usage.completion_tokens >= 1
-        again = client.chat.completions.create(model="trace", messages=[*messages, {"role": "assistant", "content": "Sure."},
-                                                                         {"role": "user", "content": "Thanks."}], max_tokens=4)
+        again = client.chat.completions.create(
+            model="trace",
+            messages=[*messages, {"role": "assistant", "content": "Sure."}, {"role": "user", "content": "Thanks."}],
+            max_tokens=4,
+        )
         assert again.model_extra["trace_gym"]["route"] == route  # one conversation, one route (its opening)
         named = client.chat.completions.create(model="merged", messages=messages, max_tokens=4)
         assert named.model_extra["trace_gym"] == {"adapter": "merged", "route": None}
 
         with pytest.raises(openai.NotFoundError, match="does not exist here"):
             client.chat.completions.create(model="no-such-adapter", messages=messages, max_tokens=4)
-        for bad, words in (({"model": "trace", "messages": []}, "non-empty list"),
-                           ({"messages": messages, "max_tokens": 0}, "at least 1"),
-                           ({"messages": messages, "n": 2}, "'n' must be 1"),
-                           ({"messages": messages, "tools": "x"}, "'tools' must be")):
+        for bad, words in (
+            ({"model": "trace", "messages": []}, "non-empty list"),
+            ({"messages": messages, "max_tokens": 0}, "at least 1"),
+            ({"messages": messages, "n": 2}, "'n' must be 1"),
+            ({"messages": messages, "tools": "x"}, "'tools' must be"),
+        ):
             status, body = post(f"{url}/chat/completions", bad, key)
             assert status == 400 and words in json.loads(body)["error"]["message"], body
-        for bad, words in (({"prompt": [10 ** 9], "max_tokens": 2}, "outside the vocabulary"),
-                           ({"prompt": [1, 2, 3], "max_tokens": 9000}, "context"),  # the model's own limit, one line
-                           ({"prompt": [1, 2, 3], "seed": 10 ** 40}, "'seed' must be between"),
-                           ({"prompt": [1, 2, 3], "temperature": 1e9}, "'temperature' must be between"),
-                           ({"prompt": [1, 2, 3], "stream": True}, "'stream' is not supported"),
-                           ({"prompt": [1, 2, 3], "top_p": 0.5}, "'top_p' is not supported"),
-                           ({"prompt": [1, 2, 3], "stop_token_ids": [5]}, "differ from the ids")):
+        for bad, words in (
+            ({"prompt": [10**9], "max_tokens": 2}, "outside the vocabulary"),
+            ({"prompt": [1, 2, 3], "max_tokens": 9000}, "context"),  # the model's own limit, one line
+            ({"prompt": [1, 2, 3], "seed": 10**40}, "'seed' must be between"),
+            ({"prompt": [1, 2, 3], "temperature": 1e9}, "'temperature' must be between"),
+            ({"prompt": [1, 2, 3], "stream": True}, "'stream' is not supported"),
+            ({"prompt": [1, 2, 3], "top_p": 0.5}, "'top_p' is not supported"),
+            ({"prompt": [1, 2, 3], "stop_token_ids": [5]}, "differ from the ids"),
+        ):
             status, body = post(f"{url}/completions", bad, key)
             assert status == 400 and words in body, body
         assert post(f"{url}/completions", {"prompt": [1, 2, 3], "max_tokens": 2})[0] == 401  # no key
@@ -144,9 +174,16 @@ def test_serve_routes_each_conversation_of_an_earlier_run_to_its_adapter(tmp_pat
         status, body = post(f"{url}/load_lora_adapter", {"lora_name": "late", "lora_path": str(tmp_path / "new")}, key)
         assert status == 200 and "Success" in body
         assert "late" in [m.id for m in client.models.list().data]
-        assert client.chat.completions.create(model="late", messages=messages, max_tokens=4).model_extra["trace_gym"]["adapter"] == "late"
-        for bad, words in (({"lora_name": "late", "lora_path": str(tmp_path / "new")}, "already loaded"),
-                           ({"lora_name": "x", "lora_path": str(tmp_path / "none")}, "no LoRA adapter")):
+        assert (
+            client.chat.completions.create(model="late", messages=messages, max_tokens=4).model_extra["trace_gym"][
+                "adapter"
+            ]
+            == "late"
+        )
+        for bad, words in (
+            ({"lora_name": "late", "lora_path": str(tmp_path / "new")}, "already loaded"),
+            ({"lora_name": "x", "lora_path": str(tmp_path / "none")}, "no LoRA adapter"),
+        ):
             status, body = post(f"{url}/load_lora_adapter", bad, key)
             assert status == 400 and words in body, body
         status, body = post(f"{url}/chat/completions", {"model": "trace"}, key)
@@ -188,8 +225,10 @@ def test_a_request_answers_for_its_own_mistakes_and_an_episode_keeps_its_session
         except Exception as exc:  # noqa: BLE001 - the answer under test
             answers[name] = exc
 
-    threads = [threading.Thread(target=ask, args=(n, GenerationRequest([], prompt_ids=[1, 2], max_new_tokens=t)))
-               for n, t in (("good", 4), ("bad", 99))]
+    threads = [
+        threading.Thread(target=ask, args=(n, GenerationRequest([], prompt_ids=[1, 2], max_new_tokens=t)))
+        for n, t in (("good", 4), ("bad", 99))
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -205,13 +244,17 @@ def test_a_request_answers_for_its_own_mistakes_and_an_episode_keeps_its_session
 
 
 def test_serve_refuses_what_it_cannot_serve_in_one_line(tmp_path):
-    for args, words in ((["--model", "openai:gpt-x"], "needs a token-level model"),
-                        ([str(tmp_path)], "holds no run"),
-                        (["--adapter", "oops"], "expected NAME=PATH"),
-                        (["--adapter", f"a={tmp_path}"], "no LoRA adapter"),
-                        ([str(tmp_path), "--model", WARM], "not both")):
+    for args, words in (
+        (["--model", "openai:gpt-x"], "needs a token-level model"),
+        ([str(tmp_path)], "holds no run"),
+        (["--adapter", "oops"], "expected NAME=PATH"),
+        (["--adapter", f"a={tmp_path}"], "no LoRA adapter"),
+        ([str(tmp_path), "--model", WARM], "not both"),
+    ):
         result = run_cli("serve", *args, "--port", "0")
-        assert result.returncode == 2 and words in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert result.returncode == 2 and words in result.stderr and len(result.stderr.strip().splitlines()) == 1, (
+            result.stderr
+        )
 
 
 def test_the_vllm_client_refuses_what_it_cannot_use_in_one_line(tmp_path):
@@ -233,7 +276,11 @@ def test_the_vllm_client_refuses_what_it_cannot_use_in_one_line(tmp_path):
         def do_POST(self):  # noqa: N802
             self.rfile.read(int(self.headers["Content-Length"]))
             calls.append(self.path)
-            status, body = (400, b'{"error": {"message": "bad request"}}') if len(calls) == 1 else (200, b'{"choices": [{"text": "x"}]}')
+            status, body = (
+                (400, b'{"error": {"message": "bad request"}}')
+                if len(calls) == 1
+                else (200, b'{"choices": [{"text": "x"}]}')
+            )
             self.send_response(status)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -243,8 +290,9 @@ def test_the_vllm_client_refuses_what_it_cannot_use_in_one_line(tmp_path):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     conversation = [[{"role": "user", "content": "hi"}]]
     try:
-        client = make_backend("vllm:smollm2-135m-instruct", base_url=f"http://127.0.0.1:{server.server_address[1]}/v1",
-                              backoff_s=0)
+        client = make_backend(
+            "vllm:smollm2-135m-instruct", base_url=f"http://127.0.0.1:{server.server_address[1]}/v1", backoff_s=0
+        )
         with pytest.raises(LLMError, match="400 bad request"):
             client.generate(conversation, max_new_tokens=2)
         assert calls == ["/v1/completions"]  # a request the server refused is not sent again

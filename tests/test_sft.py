@@ -16,8 +16,14 @@ pytest.importorskip("trl")
 
 from trace_gym.training import TrainingError  # noqa: E402
 from trace_gym.training.sft import (  # noqa: E402
-    SFTTrainingConfig, _Collator, agent_token_logps, demonstration_episode, demonstration_rows, env_tools,
-    load_demonstrations)
+    SFTTrainingConfig,
+    _Collator,
+    agent_token_logps,
+    demonstration_episode,
+    demonstration_rows,
+    env_tools,
+    load_demonstrations,
+)
 
 RETAIL = "trace/tau2-retail-v0"
 
@@ -26,8 +32,20 @@ RETAIL = "trace/tau2-retail-v0"
 def demos(tmp_path_factory) -> Path:
     """The oracle on three train-split tasks of τ²-retail: real demonstrations."""
     out = tmp_path_factory.mktemp("demos") / "oracle.jsonl"
-    result = run_cli("rollout", "--env", RETAIL, "--agent", "oracle", "--split", "train", "--tasks", "3", "--out", str(out),
-                     "--no-progress")
+    result = run_cli(
+        "rollout",
+        "--env",
+        RETAIL,
+        "--agent",
+        "oracle",
+        "--split",
+        "train",
+        "--tasks",
+        "3",
+        "--out",
+        str(out),
+        "--no-progress",
+    )
     assert result.returncode == 0, result.stderr
     return out
 
@@ -93,7 +111,9 @@ def test_a_held_out_task_is_refused_in_one_line(tmp_path):
     env = make(RETAIL, split="test")
     held_out = env.unwrapped.task_ids[0]
     env.close()
-    result = run_cli("rollout", "--env", RETAIL, "--agent", "oracle", "--task-ids", held_out, "--out", str(mixed), "--no-progress")
+    result = run_cli(
+        "rollout", "--env", RETAIL, "--agent", "oracle", "--task-ids", held_out, "--out", str(mixed), "--no-progress"
+    )
     assert result.returncode == 0, result.stderr
     with pytest.raises(TrainingError, match="held-out 'test' split"):
         load_demonstrations([str(mixed)], 1.0)
@@ -105,10 +125,16 @@ def test_a_held_out_task_is_refused_in_one_line(tmp_path):
 def test_nothing_to_learn_from_is_one_line(tmp_path):
     result = run_cli("sft", "--trajectories", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "o"))
     assert result.returncode == 2 and "no trajectory file" in result.stderr
-    for bad, message in ((["--batch-size", "3", "--micro-batch", "2"], "must divide"), (["--epochs", "0"], "at least 1")):
+    for bad, message in (
+        (["--batch-size", "3", "--micro-batch", "2"], "must divide"),
+        (["--epochs", "0"], "at least 1"),
+    ):
         with pytest.raises(TrainingError, match=message):
-            SFTTrainingConfig(trajectories=["x"], out="o", **{k.lstrip("-").replace("-", "_"): int(v)
-                                                              for k, v in zip(bad[::2], bad[1::2])}).check()
+            SFTTrainingConfig(
+                trajectories=["x"],
+                out="o",
+                **{k.lstrip("-").replace("-", "_"): int(v) for k, v in zip(bad[::2], bad[1::2])},
+            ).check()
 
 
 def test_agent_token_logps_equal_the_whole_forward(demos, backend):
@@ -124,7 +150,11 @@ def test_agent_token_logps_equal_the_whole_forward(demos, backend):
         shared, mask = agent_token_logps(model, batch)
         detached, _ = agent_token_logps(model, batch, prefix_gradient=False)
         keep = mask.shape[1]
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, -keep - 1:-1].float()
+        logits = (
+            model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+            .logits[:, -keep - 1 : -1]
+            .float()
+        )
         whole = torch.log_softmax(logits, -1).gather(-1, batch["input_ids"][:, -keep:, None]).squeeze(-1)
     assert mask.sum() > 20
     assert torch.allclose(shared[mask], whole[mask], atol=2e-3)
@@ -136,8 +166,27 @@ def test_a_tiny_warm_start_gives_a_policy_usable_as_a_model(tmp_path, demos):
     from safetensors.torch import load_file
 
     out = tmp_path / "sft"
-    result = run_cli("sft", "--trajectories", str(demos), "--out", str(out), "--epochs", "1", "--batch-size", "2",
-                     "--micro-batch", "2", "--max-tokens", "5700", "--lr", "1e-3", "--threads", "1", "--dtype", "float32")
+    result = run_cli(
+        "sft",
+        "--trajectories",
+        str(demos),
+        "--out",
+        str(out),
+        "--epochs",
+        "1",
+        "--batch-size",
+        "2",
+        "--micro-batch",
+        "2",
+        "--max-tokens",
+        "5700",
+        "--lr",
+        "1e-3",
+        "--threads",
+        "1",
+        "--dtype",
+        "float32",
+    )
     assert result.returncode == 0, result.stderr
     assert f"policy: hf:{out / 'model'}" in result.stdout
     log = [json.loads(line) for line in (out / "sft_log.jsonl").read_text().splitlines()]
@@ -166,8 +215,19 @@ def test_the_shipped_warm_start_is_what_the_command_makes_and_loads(tmp_path, de
 
     [name] = WARM_STARTS
     out = tmp_path / "sft"
-    result = run_cli("sft", "--trajectories", str(demos), "--out", str(out), "--epochs", "1", "--max-tokens", "5600",
-                     "--threads", "1")
+    result = run_cli(
+        "sft",
+        "--trajectories",
+        str(demos),
+        "--out",
+        str(out),
+        "--epochs",
+        "1",
+        "--max-tokens",
+        "5600",
+        "--threads",
+        "1",
+    )
     assert result.returncode == 0, result.stderr
     exported = export_adapter(out / "adapter", tmp_path / "export")
     made = json.loads((exported / "adapter_config.json").read_text())
@@ -182,7 +242,8 @@ def test_the_shipped_warm_start_is_what_the_command_makes_and_loads(tmp_path, de
             assert made[key] == shipped[key], key
         assert sorted(made["target_modules"]) == sorted(shipped["target_modules"])
         assert set(load_file(str(exported / "adapter_model.safetensors"))) == set(
-            load_file(str(stage / "adapter_model.safetensors")))
+            load_file(str(stage / "adapter_model.safetensors"))
+        )
     policy = make_backend(name)
     [completion] = policy.generate([[{"role": "user", "content": "Where is my order #W0000001?"}]], max_new_tokens=8)
     assert completion.text is not None
@@ -199,8 +260,26 @@ def test_a_stopped_warm_start_resumes_from_its_last_checkpoint(tmp_path, demos):
     import time
 
     out = tmp_path / "sft"
-    options = ["--trajectories", str(demos), "--out", str(out), "--epochs", "1", "--batch-size", "1", "--micro-batch", "1",
-               "--max-tokens", "5700", "--threads", "1", "--dtype", "float32", "--save-steps", "1"]
+    options = [
+        "--trajectories",
+        str(demos),
+        "--out",
+        str(out),
+        "--epochs",
+        "1",
+        "--batch-size",
+        "1",
+        "--micro-batch",
+        "1",
+        "--max-tokens",
+        "5700",
+        "--threads",
+        "1",
+        "--dtype",
+        "float32",
+        "--save-steps",
+        "1",
+    ]
     refused = run_cli("sft", *options, "--resume")
     assert refused.returncode == 2 and "nothing to resume" in refused.stderr and len(refused.stderr.splitlines()) == 1
     exe = shutil.which("trace-gym", path=str(Path(sys.executable).parent)) or "trace-gym"

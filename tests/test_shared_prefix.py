@@ -18,7 +18,7 @@ def reference(query, keys, values, visible):
     groups = HEADS // KV_HEADS
     k = keys.repeat_interleave(groups, dim=0)
     v = values.repeat_interleave(groups, dim=0)
-    scores = query @ k.transpose(1, 2) * DIM ** -0.5
+    scores = query @ k.transpose(1, 2) * DIM**-0.5
     scores = scores.masked_fill(~visible[None], float("-inf"))
     return torch.softmax(scores, dim=-1) @ v
 
@@ -35,7 +35,7 @@ def case(q_len: int, held: list[int], prefixes: list[int | None]):
     mask = shared_prefix.own_mask(rows, q_len, slots, first, [slots - q_len] * rows, "cpu")
     expected = []
     for i in range(rows):
-        own_k, own_v, own_visible = key[i, :, first[i]:], value[i, :, first[i]:], mask[i, 0, :, first[i]:]
+        own_k, own_v, own_visible = key[i, :, first[i] :], value[i, :, first[i] :], mask[i, 0, :, first[i] :]
         if prefixes[i] is not None:
             pk, pv = shared[prefixes[i]]
             own_k, own_v = torch.cat([pk[0], own_k], dim=1), torch.cat([pv[0], own_v], dim=1)
@@ -53,8 +53,9 @@ def attend(query, key, value, mask, spec, grad=False):
     """As ``LocalHF`` calls it: gradients off (``grad=True``: on)."""
     module = SimpleNamespace(layer_idx=0, num_key_value_groups=HEADS // KV_HEADS)
     with torch.set_grad_enabled(grad):
-        out, _ = shared_prefix.shared_prefix_attention(module, query, key, value, mask, scaling=DIM ** -0.5,
-                                                       shared_prefix=spec)
+        out, _ = shared_prefix.shared_prefix_attention(
+            module, query, key, value, mask, scaling=DIM**-0.5, shared_prefix=spec
+        )
     return out.transpose(1, 2)
 
 
@@ -102,7 +103,7 @@ def test_a_query_that_sees_none_of_its_own_tokens_attends_to_its_prefix_alone(pr
     if prefixes[0] is None:
         torch.testing.assert_close(got[0, :, 1], torch.zeros_like(got[0, :, 1]))
     else:
-        (prefix_keys, prefix_values), = spec[0][0]
+        ((prefix_keys, prefix_values),) = spec[0][0]
         alone = reference(query[0, :, 1:2], prefix_keys[0], prefix_values[0], torch.ones(1, 5, dtype=torch.bool))
         torch.testing.assert_close(got[0, :, 1:2], alone, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got[0, :, 0], expected[0, :, 0], rtol=1e-5, atol=1e-5)
@@ -123,13 +124,18 @@ def test_own_mask_sees_the_rows_own_tokens_and_nothing_after_the_query():
 
 
 def test_only_llama_family_configs_take_the_shared_prefix_path():
-    llama = SimpleNamespace(model_type="llama", _attn_implementation="sdpa", num_attention_heads=9, num_key_value_heads=3)
+    llama = SimpleNamespace(
+        model_type="llama", _attn_implementation="sdpa", num_attention_heads=9, num_key_value_heads=3
+    )
     assert shared_prefix.supported(llama)
     assert not shared_prefix.supported(SimpleNamespace(**{**vars(llama), "model_type": "gpt2"}))
     assert not shared_prefix.supported(SimpleNamespace(**{**vars(llama), "sliding_window": 4096}))
-    assert shared_prefix.supported(SimpleNamespace(**{**vars(llama), "model_type": "qwen2", "sliding_window": 4096,
-                                                      "use_sliding_window": False}))
-    assert not shared_prefix.supported(SimpleNamespace(**{**vars(llama), "layer_types": ["full_attention", "sliding_attention"]}))
+    assert shared_prefix.supported(
+        SimpleNamespace(**{**vars(llama), "model_type": "qwen2", "sliding_window": 4096, "use_sliding_window": False})
+    )
+    assert not shared_prefix.supported(
+        SimpleNamespace(**{**vars(llama), "layer_types": ["full_attention", "sliding_attention"]})
+    )
     assert not shared_prefix.supported(SimpleNamespace(**{**vars(llama), "_attn_implementation": "flash_attention_2"}))
     assert not shared_prefix.supported(SimpleNamespace(**{**vars(llama), "_attn_implementation": "eager"}))
     assert not shared_prefix.supported(None)
@@ -142,9 +148,16 @@ def tiny_model(family: str):
     from trace_gym.llm.embedded import ensure_embedded_model
 
     tokenizer = AutoTokenizer.from_pretrained(str(ensure_embedded_model()))
-    config = AutoConfig.for_model(family, vocab_size=len(tokenizer), hidden_size=96, intermediate_size=128,
-                                  num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2,
-                                  max_position_embeddings=4096)
+    config = AutoConfig.for_model(
+        family,
+        vocab_size=len(tokenizer),
+        hidden_size=96,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.config._attn_implementation = "sdpa"
@@ -183,19 +196,36 @@ def test_a_batch_decodes_the_same_tokens_with_and_without_shared_prefix_attentio
             return forward(adapters, **inputs)
 
         backend._forward = spy
-        first = [GenerationRequest(c, max_new_tokens=6, temperature=1.0, seed=i, session=f"{i}") for i, c in enumerate(chats)]
+        first = [
+            GenerationRequest(c, max_new_tokens=6, temperature=1.0, seed=i, session=f"{i}") for i, c in enumerate(chats)
+        ]
         turn1 = backend.complete(first)
         prompts = [c.tokens.prompt_ids for c in turn1]
         prefix = first[0].prefix_len  # computed once; then three distinct prompts, the repeated one counted as cached
-        assert backend.last_stats["prefill_tokens"] == prefix + sum(len(p) - prefix for p in map(list, {tuple(p) for p in prompts}))
+        assert backend.last_stats["prefill_tokens"] == prefix + sum(
+            len(p) - prefix for p in map(list, {tuple(p) for p in prompts})
+        )
         assert backend.last_stats["prefill_tokens"] + backend.last_stats["cached_tokens"] == sum(map(len, prompts))
-        second = [GenerationRequest(r.messages, max_new_tokens=6, temperature=1.0, seed=9, session=r.session,
-                                    prefix_len=r.prefix_len,
-                                    prompt_ids=[*c.tokens.prompt_ids, *c.tokens.completion_ids,
-                                                *backend.encode_continuation({"role": "assistant", "content": c.text},
-                                                                             [{"role": "user", "content": "Go on."}],
-                                                                             c.tokens.completion_ids)])
-                  for r, c in zip(first, turn1)]
+        second = [
+            GenerationRequest(
+                r.messages,
+                max_new_tokens=6,
+                temperature=1.0,
+                seed=9,
+                session=r.session,
+                prefix_len=r.prefix_len,
+                prompt_ids=[
+                    *c.tokens.prompt_ids,
+                    *c.tokens.completion_ids,
+                    *backend.encode_continuation(
+                        {"role": "assistant", "content": c.text},
+                        [{"role": "user", "content": "Go on."}],
+                        c.tokens.completion_ids,
+                    ),
+                ],
+            )
+            for r, c in zip(first, turn1)
+        ]
         turn2 = backend.complete(second)
         assert backend.last_stats["prefill_tokens"] < 20 * len(second)  # turn 2 extended each episode's cache
         runs[mode] = [(c.tokens.completion_ids, c.tokens.logprobs) for c in [*turn1, *turn2]]
@@ -208,7 +238,6 @@ def test_a_batch_decodes_the_same_tokens_with_and_without_shared_prefix_attentio
         assert [ids for ids, _ in runs[mode]] == [ids for ids, _ in runs["off"]], mode
         for (_, got), (_, off) in zip(runs[mode], runs["off"]):
             assert max(abs(a - b) for a, b in zip(got, off)) < 1e-4, mode
-
 
 
 @pytest.mark.parametrize("kv_cache", [True, False])  # (without a cache no row has a start to tell adapters apart)
@@ -228,8 +257,10 @@ def test_one_prompt_under_different_adapters_is_prefilled_once_per_adapter(kv_ca
     model.add_adapter("y", lora)
     model.eval()
     chat = chats_of(["Where is order 7?"])[0]
-    requests = [GenerationRequest(chat, max_new_tokens=4, temperature=1.0, seed=i, adapter=a)
-                for i, a in enumerate(["x", "y", None, "x", "y"])]
+    requests = [
+        GenerationRequest(chat, max_new_tokens=4, temperature=1.0, seed=i, adapter=a)
+        for i, a in enumerate(["x", "y", None, "x", "y"])
+    ]
     backend = LocalHF.from_model(model, tokenizer, kv_cache=kv_cache)
     forward, prefills = backend._forward, []
 
@@ -250,6 +281,7 @@ def test_one_prompt_under_different_adapters_is_prefilled_once_per_adapter(kv_ca
         assert max(abs(a - b) for a, b in zip(got.tokens.logprobs, want.tokens.logprobs)) < 1e-4
     assert together[0].tokens.logprobs != together[1].tokens.logprobs  # (the adapters do differ)
 
+
 def test_bf16_scores_are_summed_in_fp32(path):
     """bf16 inputs: the output is the fp64 reference of those inputs, rounded to bf16
     once (scores rounded to bf16 before the softmax were 4x further off)."""
@@ -266,8 +298,15 @@ def test_bf16_scores_are_summed_in_fp32(path):
 def test_a_plain_forward_during_the_switch_keeps_its_padding_mask_and_overlapping_switches_restore():
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.for_model("llama", vocab_size=64, hidden_size=48, intermediate_size=64, num_hidden_layers=1,
-                                  num_attention_heads=6, num_key_value_heads=2)
+    config = AutoConfig.for_model(
+        "llama",
+        vocab_size=64,
+        hidden_size=48,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.config._attn_implementation = "sdpa"
@@ -295,12 +334,21 @@ def test_non_finite_logits_are_an_error_not_a_sample():
     from trace_gym.llm.local_hf import LocalHF
 
     tokenizer = AutoTokenizer.from_pretrained(str(ensure_embedded_model()))
-    config = AutoConfig.for_model("llama", vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
-                                  num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
+    config = AutoConfig.for_model(
+        "llama",
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     backend = LocalHF.from_model(model, tokenizer)
     chat = [{"role": "system", "content": "S"}, {"role": "user", "content": "Hi."}]
-    assert backend.complete([GenerationRequest(chat, max_new_tokens=2, temperature=1.0, seed=0)])[0].tokens.completion_ids
+    assert backend.complete([GenerationRequest(chat, max_new_tokens=2, temperature=1.0, seed=0)])[
+        0
+    ].tokens.completion_ids
     with torch.no_grad():
         model.lm_head.weight[7, 0] = float("nan")
     for temperature in (1.0, 0.0):  # sampled or greedy
@@ -320,8 +368,15 @@ def test_transformers_own_adapters_run_the_active_one_and_refuse_others():
     from trace_gym.llm.local_hf import LocalHF
 
     tokenizer = AutoTokenizer.from_pretrained(str(ensure_embedded_model()))
-    config = AutoConfig.for_model("llama", vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
-                                  num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
+    config = AutoConfig.for_model(
+        "llama",
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.add_adapter(LoraConfig(r=4, target_modules=["q_proj"], init_lora_weights=False), adapter_name="a")
     backend = LocalHF.from_model(model, tokenizer)

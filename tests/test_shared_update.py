@@ -19,13 +19,24 @@ def tiny_lora_model(family: str):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     extra = {"logits_scaling": 4.0} if family == "granite" else {}  # (granite divides its logits by this)
-    config = AutoConfig.for_model(family, vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, **extra)
+    config = AutoConfig.for_model(
+        family,
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        **extra,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.config._attn_implementation = "sdpa"
-    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
-                                             init_lora_weights=False))
+    model = get_peft_model(
+        model,
+        LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
+    )
     return model
 
 
@@ -52,7 +63,7 @@ def batch(pad: int = 0):
 
 def whole_rows_logps(model, ids, mask, keep, entropy=False):
     """What TRL computes: each row run whole under its padding mask."""
-    logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, -keep - 1:-1].float() / TEMPERATURE
+    logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, -keep - 1 : -1].float() / TEMPERATURE
     log_probs = torch.log_softmax(logits, -1)
     if entropy:
         return -(log_probs.exp() * log_probs).sum(-1)
@@ -111,8 +122,9 @@ def test_only_the_scored_positions_reach_the_output_layer_and_keep_their_values_
     seen = []
     hook = model.get_output_embeddings().register_forward_hook(lambda module, args, out: seen.append(args[0].shape[0]))
     try:
-        logps, entropy = shared_prefix_logps(model, ids, mask, keep, temperature=TEMPERATURE, compute_entropy=True,
-                                             scored=scored)
+        logps, entropy = shared_prefix_logps(
+            model, ids, mask, keep, temperature=TEMPERATURE, compute_entropy=True, scored=scored
+        )
     finally:
         hook.remove()
     grads = lora_grads(model, logps, weights)
@@ -158,12 +170,22 @@ def test_a_row_without_a_prompt_is_left_to_trl():
 def test_group_rows_puts_each_prompts_rows_in_one_micro_batch_and_moves_every_field_with_its_row():
     from trace_gym.training.shared_update import group_rows
 
-    prompts = torch.tensor([[0, 5, 6], [7, 8, 9], [0, 5, 6], [7, 8, 9]])  # two groups, interleaved as after TRL's shuffle
+    prompts = torch.tensor(
+        [[0, 5, 6], [7, 8, 9], [0, 5, 6], [7, 8, 9]]
+    )  # two groups, interleaved as after TRL's shuffle
     mask = torch.tensor([[0, 1, 1], [1, 1, 1], [0, 1, 1], [1, 1, 1]])
-    rows = {"prompt_ids": prompts, "prompt_mask": mask, "advantages": torch.tensor([1.0, 2.0, 3.0, 4.0]),
-            "labels": ["a", "b", "c", "d"], "num_items_in_batch": torch.tensor(9), "old_per_token_logps": None}
-    batches = [{k: (v[at:at + 2] if k not in ("num_items_in_batch", "old_per_token_logps") else v)
-                for k, v in rows.items()} for at in (0, 2)]
+    rows = {
+        "prompt_ids": prompts,
+        "prompt_mask": mask,
+        "advantages": torch.tensor([1.0, 2.0, 3.0, 4.0]),
+        "labels": ["a", "b", "c", "d"],
+        "num_items_in_batch": torch.tensor(9),
+        "old_per_token_logps": None,
+    }
+    batches = [
+        {k: (v[at : at + 2] if k not in ("num_items_in_batch", "old_per_token_logps") else v) for k, v in rows.items()}
+        for at in (0, 2)
+    ]
     grouped = group_rows(batches)
     assert [b["labels"] for b in grouped] == [["a", "c"], ["b", "d"]]
     assert [b["advantages"].tolist() for b in grouped] == [[1.0, 3.0], [2.0, 4.0]]
@@ -236,7 +258,9 @@ def test_each_prompt_runs_once_and_each_group_only_up_to_its_last_scored_token()
     scored[:2, 5:] = False  # the first group's last two tokens are a tool result
     scored[3] = False  # the second group's second row sampled nothing: its group runs one row
     fed = []
-    hook = model.get_input_embeddings().register_forward_hook(lambda module, args, out: fed.append(tuple(args[0].shape)))
+    hook = model.get_input_embeddings().register_forward_hook(
+        lambda module, args, out: fed.append(tuple(args[0].shape))
+    )
     try:
         with torch.no_grad():
             logps, _ = shared_prefix_logps(model, ids, mask, keep, temperature=TEMPERATURE, scored=scored)
@@ -263,8 +287,9 @@ def test_an_entropy_bonus_gets_the_entropy_gradient_of_the_rows_run_whole():
     ids, mask, keep = batch()
     real = mask[:, -keep:].float()
     ref_grads = lora_grads(model, whole_rows_logps(model, ids, mask, keep, entropy=True), real)
-    _, entropy = shared_prefix_logps(model, ids, mask, keep, temperature=TEMPERATURE, compute_entropy=True,
-                                     entropy_grad=True)
+    _, entropy = shared_prefix_logps(
+        model, ids, mask, keep, temperature=TEMPERATURE, compute_entropy=True, entropy_grad=True
+    )
     grads = lora_grads(model, entropy, real)
     for name in ref_grads:
         assert torch.allclose(grads[name], ref_grads[name], atol=1e-5, rtol=1e-4), name

@@ -74,8 +74,14 @@ def test_training_logs_the_tasks_and_seeds_it_played(monkeypatch):
             for g in group_ids:
                 for s in range(self.config.rollouts_per_group):
                     rows[g * self.config.rollouts_per_group + s] = {
-                        "prompt_ids": [1], "completion_ids": [2], "logprobs": [0.0], "env_mask": [1],
-                        "env_reward": reward if s else 0.0, "hinted": False}
+                        "prompt_ids": [1],
+                        "completion_ids": [2],
+                        "logprobs": [0.0],
+                        "env_mask": [1],
+                        "env_reward": reward if s else 0.0,
+                        "hinted": False,
+                    }
+
         return play
 
     monkeypatch.setattr(EnvRolloutFunc, "_play_env", rows_of(1.0))

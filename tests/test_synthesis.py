@@ -27,8 +27,10 @@ ESCAPES = {
     "reads a host file": GOOD.replace('prompt = "You are', 'prompt = open("/etc/hostname").read() + "You are'),
     "opens a socket": GOOD.replace("import json\n", "import json\nimport socket\n"),
     "walks to os through module attributes": GOOD.replace(
-        "import random\n", "import random\nimport datetime\n").replace(
-        "rng = random.Random(seed)", 'rng = random.Random(seed)\n        datetime.sys.modules["os"].system("id")'),
+        "import random\n", "import random\nimport datetime\n"
+    ).replace(
+        "rng = random.Random(seed)", 'rng = random.Random(seed)\n        datetime.sys.modules["os"].system("id")'
+    ),
 }
 
 
@@ -39,25 +41,55 @@ def fenced(code: str) -> str:
 def capabilities_file(tmp_path: Path) -> Path:
     folder = tmp_path / "identify"
     folder.mkdir(exist_ok=True)
-    (folder / "capabilities.json").write_text(json.dumps({"selected": [
-        {"name": "exact_lookup", "description": "Look a record up with the exact id the user gives before answering."}]}))
-    (folder / "labels.jsonl").write_text(json.dumps(
-        {"episode_id": "e1", "capability": "exact_lookup", "label": "LACKING", "evidence": "message 3: order id W123 without '#'"}) + "\n")
+    (folder / "capabilities.json").write_text(
+        json.dumps(
+            {
+                "selected": [
+                    {
+                        "name": "exact_lookup",
+                        "description": "Look a record up with the exact id the user gives before answering.",
+                    }
+                ]
+            }
+        )
+    )
+    (folder / "labels.jsonl").write_text(
+        json.dumps(
+            {
+                "episode_id": "e1",
+                "capability": "exact_lookup",
+                "label": "LACKING",
+                "evidence": "message 3: order id W123 without '#'",
+            }
+        )
+        + "\n"
+    )
     return folder / "capabilities.json"
 
 
 def replay(*answers: str):
     """Answer the n-th request with the n-th recorded answer (the last one again after)."""
+
     def answer(body):
         n = sum(1 for m in body["messages"] if m["role"] == "assistant")
         return {"content": answers[min(n, len(answers) - 1)]}
+
     return answer
 
 
 def run(tmp_path, double, **kwargs):
     config = SynthesisConfig(validation=QUICK, backend="bwrap", **kwargs.pop("config", {}))
-    return synthesize(capabilities_file(tmp_path), TARGET, analyst="openai:double", registry_dir=tmp_path / "registry",
-                      config=config, cache_dir=tmp_path / "cache", base_url=double.base_url, api_key="test-key", **kwargs)
+    return synthesize(
+        capabilities_file(tmp_path),
+        TARGET,
+        analyst="openai:double",
+        registry_dir=tmp_path / "registry",
+        config=config,
+        cache_dir=tmp_path / "cache",
+        base_url=double.base_url,
+        api_key="test-key",
+        **kwargs,
+    )
 
 
 @pytest.mark.slow
@@ -100,7 +132,9 @@ def test_a_bug_the_validator_catches_is_repaired_from_its_evidence(tmp_path):
     assert prov["code_hash"] == code_hash(folder)
     assert prov["env_sha256"] == hashlib.sha256((folder / "env.py").read_bytes()).hexdigest()
     assert [(a["number"], a["kind"], a["passed"], a["failing_checks"]) for a in prov["attempts"]] == [
-        (1, "generate", False, outcome.attempts[0].failing_checks), (2, "repair", True, [])]
+        (1, "generate", False, outcome.attempts[0].failing_checks),
+        (2, "repair", True, []),
+    ]
     assert "reward_range" in prov["attempts"][0]["failing_checks"] and prov["attempts"][0]["stopped_by"] == "validation"
     assert prov["calibration"] == {"run": False}
     assert entry.capability["serves"] == ["exact_lookup"]
@@ -122,8 +156,11 @@ def test_an_escaping_answer_is_stopped_and_the_report_names_the_layer(tmp_path, 
     [outcome] = result.outcomes
     assert outcome.status == "failed"
     layer = outcome.attempts[0].stopped_by
-    expected = {"reads a host file": "static gate", "opens a socket": "static gate",
-                "walks to os through module attributes": "static gate"}[escape]  # datetime.sys: not on the allowlist
+    expected = {
+        "reads a host file": "static gate",
+        "opens a socket": "static gate",
+        "walks to os through module attributes": "static gate",
+    }[escape]  # datetime.sys: not on the allowlist
     assert layer.startswith(expected), (layer, outcome.attempts[0].evidence)
     assert f"refused by {layer}" in outcome.message
     assert not (tmp_path / "registry" / "exact-lookup").exists()
@@ -147,11 +184,34 @@ def test_an_answer_that_never_validates_ends_at_the_limit_with_the_last_report(t
     # the command line says the same: exit 1, the last report, which layer refused it
     with OpenAIDouble(replay(fenced(BUGGY))) as double:
         env = {"OPENAI_BASE_URL": double.base_url, "OPENAI_API_KEY": "test-key"}
-        cli = run_cli("synthesize", "--capabilities", str(capabilities_file(tmp_path)), "--target", TARGET,
-                      "--analyst", "openai:double", "--registry", str(registry), "--backend", "bwrap", "--seeds", "30",
-                      "--validation-seed", "0", "--max-attempts", "2", "--cache", str(tmp_path / "cli-cache"), env=env)
+        cli = run_cli(
+            "synthesize",
+            "--capabilities",
+            str(capabilities_file(tmp_path)),
+            "--target",
+            TARGET,
+            "--analyst",
+            "openai:double",
+            "--registry",
+            str(registry),
+            "--backend",
+            "bwrap",
+            "--seeds",
+            "30",
+            "--validation-seed",
+            "0",
+            "--max-attempts",
+            "2",
+            "--cache",
+            str(tmp_path / "cli-cache"),
+            env=env,
+        )
     assert cli.returncode == 1, cli.stderr[-2000:]
-    assert "FAILED" in cli.stdout and "refused by validation" in cli.stdout and "last report for exact_lookup" in cli.stdout
+    assert (
+        "FAILED" in cli.stdout
+        and "refused by validation" in cli.stdout
+        and "last report for exact_lookup" in cli.stdout
+    )
     assert "FAIL  reward_range" in cli.stdout and "2 calls" in cli.stdout
     assert "attempt 1" in cli.stderr and "attempt 2" in cli.stderr  # progress per attempt
     assert sorted(p.name for p in registry.iterdir() if p.name != ".synthesis") == before
@@ -167,7 +227,9 @@ def test_an_always_succeeding_policy_gets_a_harder_variant_asked_for_with_the_re
     assert "harder variant" in request and "succeeds too often" in request and "mean reward 1.00" in request
     assert outcome.status == "registered" and "out of band" in outcome.message
     prov = tomllib.loads((tmp_path / "registry" / "exact-lookup" / "manifest.toml").read_text())["provenance"]
-    assert prov["calibration"]["run"] and prov["calibration"]["mean_reward"] == 1.0 and not prov["calibration"]["in_band"]
+    assert (
+        prov["calibration"]["run"] and prov["calibration"]["mean_reward"] == 1.0 and not prov["calibration"]["in_band"]
+    )
     assert prov["policy"] == "oracle"
 
 
@@ -177,17 +239,37 @@ def test_kill_9_mid_run_leaves_no_half_written_env_folder(tmp_path):
     registry shows either nothing or a complete env, never a partial folder."""
     registry = tmp_path / "registry"
     caps = capabilities_file(tmp_path)
-    args = ["synthesize", "--capabilities", str(caps), "--target", TARGET, "--analyst", "openai:double",
-            "--registry", str(registry), "--backend", "bwrap", "--seeds", "30", "--validation-seed", "0",
-            "--cache", str(tmp_path / "cache")]
+    args = [
+        "synthesize",
+        "--capabilities",
+        str(caps),
+        "--target",
+        TARGET,
+        "--analyst",
+        "openai:double",
+        "--registry",
+        str(registry),
+        "--backend",
+        "bwrap",
+        "--seeds",
+        "30",
+        "--validation-seed",
+        "0",
+        "--cache",
+        str(tmp_path / "cache"),
+    ]
     with OpenAIDouble(replay(fenced(GOOD))) as double:
         env = {**os.environ, "OPENAI_BASE_URL": double.base_url, "OPENAI_API_KEY": "test-key"}
         exe = str(Path(PYTHON).parent / "trace-gym")
-        proc = subprocess.Popen([exe, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        proc = subprocess.Popen(
+            [exe, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+        )
         deadline = time.time() + 300
         killed_in_final_write = False
         while time.time() < deadline and proc.poll() is None:
-            staged = list((registry / ".synthesis").glob("*/manifest.toml")) if (registry / ".synthesis").is_dir() else []
+            staged = (
+                list((registry / ".synthesis").glob("*/manifest.toml")) if (registry / ".synthesis").is_dir() else []
+            )
             if staged and "[provenance]" in staged[0].read_text():
                 os.killpg(proc.pid, signal.SIGKILL)
                 killed_in_final_write = True
@@ -201,7 +283,12 @@ def test_kill_9_mid_run_leaves_no_half_written_env_folder(tmp_path):
         again = run_cli(*args, env=env)
     assert again.returncode == 0, again.stderr[-2000:]
     assert "REGISTERED" in again.stdout and "1 cached answers" in again.stdout  # the answer came from the disk cache
-    assert sorted(p.name for p in (registry / "exact-lookup").iterdir()) == ["README.md", "env.py", "manifest.toml", "validation.json"]
+    assert sorted(p.name for p in (registry / "exact-lookup").iterdir()) == [
+        "README.md",
+        "env.py",
+        "manifest.toml",
+        "validation.json",
+    ]
     assert not any((registry / ".synthesis").iterdir())  # the dead run's staging folder was cleaned
 
 
@@ -232,8 +319,11 @@ def test_user_mistakes_are_one_line(tmp_path):
     result = run_cli("synthesize", "--capabilities", str(tmp_path / "missing.json"), "--target", TARGET)
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "no file at" in result.stderr
     (tmp_path / "c.json").write_text(json.dumps({"selected": [{"name": "x_y", "description": "d"}]}))
-    for extra, words in ((["--analyst", "gpt-4"], "unknown analyst"), (["--only", "nope"], "--only nope"),
-                         (["--target", "trace/tool-precision-v0"], "is not a target")):
+    for extra, words in (
+        (["--analyst", "gpt-4"], "unknown analyst"),
+        (["--only", "nope"], "--only nope"),
+        (["--target", "trace/tool-precision-v0"], "is not a target"),
+    ):
         args = ["synthesize", "--capabilities", str(tmp_path / "c.json"), "--target", TARGET, *extra]
         result = run_cli(*args)
         assert result.returncode == 2 and words in result.stderr and "Traceback" not in result.stderr, result.stderr
@@ -242,7 +332,9 @@ def test_user_mistakes_are_one_line(tmp_path):
 def test_code_is_taken_from_the_fenced_block_and_an_answer_without_code_is_refused():
     from trace_gym.synthesis import SynthesisError, extract_code
 
-    assert extract_code("Sure:\n```python\nTOOLS = []\nclass Environment:\n    pass\n```\nDone.").startswith("TOOLS = []")
+    assert extract_code("Sure:\n```python\nTOOLS = []\nclass Environment:\n    pass\n```\nDone.").startswith(
+        "TOOLS = []"
+    )
     with pytest.raises(SynthesisError, match="no ```python block"):
         extract_code("I cannot write that environment.")
 
@@ -250,10 +342,22 @@ def test_code_is_taken_from_the_fenced_block_and_an_answer_without_code_is_refus
 def test_calibration_asks_for_an_easier_variant_when_the_policy_never_succeeds():
     from trace_gym.synthesis.loop import calibration_request
 
-    never = {"mean_reward": 0.0, "success_rate": 0.0, "all_success_groups": 0.0, "all_zero_groups": 1.0, "constant_groups": 1.0}
+    never = {
+        "mean_reward": 0.0,
+        "success_rate": 0.0,
+        "all_success_groups": 0.0,
+        "all_zero_groups": 1.0,
+        "constant_groups": 1.0,
+    }
     direction, reason, _ = calibration_request(never, ValidationConfig())
     assert direction == "easier" and "rarely succeeds" in reason
-    flat = {"mean_reward": 0.4, "success_rate": 0.4, "all_success_groups": 0.0, "all_zero_groups": 0.0, "constant_groups": 0.9}
+    flat = {
+        "mean_reward": 0.4,
+        "success_rate": 0.4,
+        "all_success_groups": 0.0,
+        "all_zero_groups": 0.0,
+        "constant_groups": 0.9,
+    }
     assert calibration_request(flat, ValidationConfig())[0] == "more graded"
 
 

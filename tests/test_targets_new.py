@@ -20,12 +20,34 @@ def test_a_scaffolded_target_plays_freezes_and_refuses_mistakes(tmp_path):
     assert "class OrderDeskEnv(gym.Env)" in (folder / "order_desk.py").read_text()
     env = {"TRACE_GYM_REGISTRY_PATH": str(registry)}
     out = tmp_path / "oracle.jsonl"
-    played = run_cli("rollout", "--env", "trace/order-desk-v0", "--agent", "oracle", "--split", "train", "--out", str(out),
-                     "--no-progress", env=env)
+    played = run_cli(
+        "rollout",
+        "--env",
+        "trace/order-desk-v0",
+        "--agent",
+        "oracle",
+        "--split",
+        "train",
+        "--out",
+        str(out),
+        "--no-progress",
+        env=env,
+    )
     assert played.returncode == 0, played.stderr
     assert "12 episodes, pass rate 1.000" in played.stdout
-    idle = run_cli("rollout", "--env", "trace/order-desk-v0", "--agent", "message_only", "--split", "train",
-                   "--out", str(tmp_path / "idle.jsonl"), "--no-progress", env=env)
+    idle = run_cli(
+        "rollout",
+        "--env",
+        "trace/order-desk-v0",
+        "--agent",
+        "message_only",
+        "--split",
+        "train",
+        "--out",
+        str(tmp_path / "idle.jsonl"),
+        "--no-progress",
+        env=env,
+    )
     assert idle.returncode == 0 and "pass rate 0.000" in idle.stdout  # the reward asks for the work, not a reply
     import sys
 
@@ -49,13 +71,18 @@ def test_a_scaffolded_target_plays_freezes_and_refuses_mistakes(tmp_path):
     frozen = run_cli("targets", "freeze", "trace/order-desk-v0", env=env)
     assert frozen.returncode == 0, frozen.stderr
     tools = json.loads((folder / "tools.json").read_text())
-    assert {t["function"]["name"] for t in (tools["tools"] if isinstance(tools, dict) else tools)} == {"get_order", "cancel_order"}
+    assert {t["function"]["name"] for t in (tools["tools"] if isinstance(tools, dict) else tools)} == {
+        "get_order",
+        "cancel_order",
+    }
     assert (folder / "results.json").exists()
 
-    for args, extra, words in ((["order-desk", "--dir", str(registry)], env, "already registered"),
-                               (["order-desk", "--dir", str(registry)], {}, "already exists"),
-                               (["Order_Desk"], {}, "lowercase"),
-                               (["json"], {}, "taken by an installed module")):
+    for args, extra, words in (
+        (["order-desk", "--dir", str(registry)], env, "already registered"),
+        (["order-desk", "--dir", str(registry)], {}, "already exists"),
+        (["Order_Desk"], {}, "lowercase"),
+        (["json"], {}, "taken by an installed module"),
+    ):
         refused = run_cli("targets", "new", *args, env=extra, cwd=tmp_path)
         assert refused.returncode == 2 and words in refused.stderr, refused.stderr
         assert len(refused.stderr.strip().splitlines()) == 1
@@ -69,8 +96,9 @@ def test_an_installed_package_registers_its_envs_by_entry_point(tmp_path):
     info = site / "desk_envs-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: desk-envs\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[trace_gym.registry]\ndesk = desk_envs\nbroken = no_such_package_here\n"
-                                           "nested = loud_pkg.envs\n")
+    (info / "entry_points.txt").write_text(
+        "[trace_gym.registry]\ndesk = desk_envs\nbroken = no_such_package_here\nnested = loud_pkg.envs\n"
+    )
     (site / "loud_pkg" / "envs").mkdir(parents=True)  # a dotted entry point; its package's code must not run
     (site / "loud_pkg" / "__init__.py").write_text("raise RuntimeError('imported at import trace_gym')\n")
     (site / "loud_pkg" / "envs" / "__init__.py").write_text("")
@@ -83,8 +111,19 @@ def test_an_installed_package_registers_its_envs_by_entry_point(tmp_path):
     assert {"trace/order-desk-v0", "trace/other-desk-v0"} <= {row["id"] for row in json.loads(listed.stdout)}
     assert "imported at import" not in listed.stderr
     assert "no_such_package_here" in listed.stderr and "not registered" in listed.stderr  # a warning, not a failure
-    played = run_cli("rollout", "--env", "trace/order-desk-v0", "--agent", "oracle", "--split", "test", "--out",
-                     str(tmp_path / "o.jsonl"), "--no-progress", env=env)
+    played = run_cli(
+        "rollout",
+        "--env",
+        "trace/order-desk-v0",
+        "--agent",
+        "oracle",
+        "--split",
+        "test",
+        "--out",
+        str(tmp_path / "o.jsonl"),
+        "--no-progress",
+        env=env,
+    )
     assert played.returncode == 0 and "4 episodes, pass rate 1.000" in played.stdout, played.stderr
 
 
@@ -102,8 +141,10 @@ def test_prompts_name_what_the_targets_agent_is(tmp_path):
     assert agent_words("trace/no-such-env-v0") == "a tool-using agent"
     folder = tmp_path / "desk"
     folder.mkdir()
-    (folder / "manifest.toml").write_text('id = "trace/desk-v0"\nkind = "target"\nentry_point = "desk:Desk"\n'
-                                          'description = "Order desk: cancel pending orders."\n')
+    (folder / "manifest.toml").write_text(
+        'id = "trace/desk-v0"\nkind = "target"\nentry_point = "desk:Desk"\n'
+        'description = "Order desk: cancel pending orders."\n'
+    )
     assert read_manifest(folder).agent == "a tool-using agent on trace/desk-v0 (Order desk)"
     before = code_hash(folder)
     (folder / "manifest.toml").write_text((folder / "manifest.toml").read_text() + 'agent = "a desk clerk"\n')

@@ -1,6 +1,5 @@
 """The τ²-bench targets through gym.make and step(str), scored by tau2 itself."""
 
-
 import gymnasium as gym
 import pytest
 
@@ -26,7 +25,9 @@ def tau2_messages_from_record(trajectory: Trajectory):
         if m.role == "system" or m.name == "environment" or (m.role == "assistant" and m.error):
             continue  # the system prompt, and malformed turns that reached no one
         if m.role == "tool":
-            out.append(ToolMessage(id=m.tool_call_id, role="tool", content=m.content, requestor=m.requestor, error=m.error))
+            out.append(
+                ToolMessage(id=m.tool_call_id, role="tool", content=m.content, requestor=m.requestor, error=m.error)
+            )
         elif m.tool_calls:
             calls = [ToolCall(id=c.id, name=c.name, arguments=c.arguments, requestor=m.requestor) for c in m.tool_calls]
             cls = UserMessage if m.role == "user" else AssistantMessage
@@ -49,7 +50,12 @@ def tau2_reward(trajectory: Trajectory, domain: str) -> float:
     task = next(t for t in registry.get_tasks_loader(domain)(None) if t.id == trajectory.task_id)
     now = datetime.now(timezone.utc).isoformat()
     run = SimulationRun(
-        id="check", task_id=task.id, timestamp=now, start_time=now, end_time=now, duration=0.0,
+        id="check",
+        task_id=task.id,
+        timestamp=now,
+        start_time=now,
+        end_time=now,
+        duration=0.0,
         termination_reason=to_tau2_termination(trajectory.termination_reason),
         messages=tau2_messages_from_record(trajectory),
     )
@@ -99,8 +105,11 @@ def test_skipping_the_write_scores_zero_and_names_db(retail_env):
 
 
 def test_not_saying_the_required_information_names_communicate(retail_env):
-    task_id = next(t for t in retail_env.unwrapped.task_ids
-                   if retail_env.unwrapped.get_task(t).evaluation_criteria.communicate_info)
+    task_id = next(
+        t
+        for t in retail_env.unwrapped.task_ids
+        if retail_env.unwrapped.get_task(t).evaluation_criteria.communicate_info
+    )
     retail_env.reset(options={"task_id": task_id})
     for action in retail_env.unwrapped.oracle_actions()[:-2]:
         retail_env.step(action)
@@ -111,7 +120,9 @@ def test_not_saying_the_required_information_names_communicate(retail_env):
 
 def test_malformed_actions_and_unknown_tools_are_observations(retail_env):
     retail_env.reset(options={"task_id": "3"})
-    obs, reward, terminated, truncated, info = retail_env.step('{"name": "get_order_details", "arguments": {"order_id": ')
+    obs, reward, terminated, truncated, info = retail_env.step(
+        '{"name": "get_order_details", "arguments": {"order_id": '
+    )
     assert obs.startswith("Error: invalid tool call") and not terminated and info["action_kind"] == "malformed"
     obs, *_ = retail_env.step(format_tool_call("launch_rockets", {}))
     assert "launch_rockets" in obs and "not found" in obs.lower()
@@ -162,7 +173,9 @@ def test_frozen_result_shapes_equal_the_live_package(domain):
 
     env_id = f"trace/tau2-{domain}-v0"
     frozen = load_result_shapes(get_entry(env_id).path)
-    assert frozen is not None and set(frozen["tools"]) == {t["function"]["name"] for t in load_frozen_tools(get_entry(env_id).tools_path)}
+    assert frozen is not None and set(frozen["tools"]) == {
+        t["function"]["name"] for t in load_frozen_tools(get_entry(env_id).tools_path)
+    }
     assert canonical_json(frozen) == canonical_json(live_result_shapes(env_id))
 
 
@@ -182,8 +195,11 @@ def test_every_answer_tau2_gives_to_its_gold_actions_has_the_frozen_shape(domain
         env = registry.get_env_constructor(domain)(solo_mode=False)
         init = task.initial_state
         if init is not None:
-            env.set_state(initialization_data=init.initialization_data, initialization_actions=init.initialization_actions,
-                          message_history=init.message_history or [])
+            env.set_state(
+                initialization_data=init.initialization_data,
+                initialization_actions=init.initialization_actions,
+                message_history=init.message_history or [],
+            )
         for action in (task.evaluation_criteria.actions if task.evaluation_criteria else None) or []:
             call = ToolCall(id="gold", name=action.name, arguments=action.arguments, requestor=action.requestor)
             response = env.get_response(call)

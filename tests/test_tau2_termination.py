@@ -40,7 +40,10 @@ def tau2_run(domain: str, task_id: str, actions: list[str], **limits):
             text = self.queue.pop(0) if self.queue else "Sorry, I have nothing more to do."
             parsed = parse_action(text)
             if parsed.kind == "tool_calls":
-                calls = [ToolCall(id=f"c{len(self.queue)}_{i}", name=c.name, arguments=c.arguments) for i, c in enumerate(parsed.tool_calls)]
+                calls = [
+                    ToolCall(id=f"c{len(self.queue)}_{i}", name=c.name, arguments=c.arguments)
+                    for i, c in enumerate(parsed.tool_calls)
+                ]
                 return AssistantMessage(role="assistant", tool_calls=calls), state
             return AssistantMessage(role="assistant", content=text), state
 
@@ -75,7 +78,11 @@ def tau2_run(domain: str, task_id: str, actions: list[str], **limits):
     orchestrator = Orchestrator(domain, agent=Replay(), user=Scripted(), environment=environment, task=task, **limits)
     run = orchestrator.run()
     reward = evaluate_simulation(run, task, EvaluationType.ALL, solo_mode=False, domain=domain).reward
-    return run.termination_reason.value if hasattr(run.termination_reason, "value") else run.termination_reason, reward, orchestrator.step_count
+    return (
+        run.termination_reason.value if hasattr(run.termination_reason, "value") else run.termination_reason,
+        reward,
+        orchestrator.step_count,
+    )
 
 
 def ours(domain: str, task_id: str, actions: list[str], **limits):
@@ -101,7 +108,9 @@ def test_ten_failing_tool_calls_end_as_tau2_ends_them():
 
 
 def test_the_error_limit_counts_every_failing_call_of_one_message():
-    several = json.dumps([{"name": "get_order_details", "arguments": {"order_id": f"#W00000{i:02d}"}} for i in range(10)])
+    several = json.dumps(
+        [{"name": "get_order_details", "arguments": {"order_id": f"#W00000{i:02d}"}} for i in range(10)]
+    )
     assert parse_action(several).kind == "tool_calls" and len(parse_action(several).tool_calls) == 10
     result = ours("retail", "0", [several])
     assert result[:3] == tau2_run("retail", "0", [several]) and result[0] == "too_many_errors"
@@ -147,8 +156,14 @@ def test_a_stuck_agent_is_stopped_by_tau2s_own_judge():
         return {"content": "no" if len(prompts) == 1 else "Yes"}
 
     with OpenAIDouble(judge) as server:
-        env = gym.make("trace/tau2-retail-v0", split="base", judge_model="double", judge_base_url=server.base_url,
-                       judge_api_key=server.key, judge_window_size=3)
+        env = gym.make(
+            "trace/tau2-retail-v0",
+            split="base",
+            judge_model="double",
+            judge_base_url=server.base_url,
+            judge_api_key=server.key,
+            judge_window_size=3,
+        )
         env.reset(options={"task_id": "0"})  # greeting + opening: 2 messages, below the window
         assert prompts == []
         _, reward, terminated, truncated, info = env.step("Could you repeat that?")

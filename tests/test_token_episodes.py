@@ -24,7 +24,10 @@ def assert_token_faithful(tokens: TokenEpisode, tokenizer, transcript) -> None:
     """Each prompt extends the previous prompt + completion; the mask is 1 exactly on sampled ids."""
     assert tokens.turns
     for before, after in zip(tokens.turns, tokens.turns[1:]):
-        assert after.prompt_ids[: len(before.prompt_ids) + len(before.completion_ids)] == [*before.prompt_ids, *before.completion_ids]
+        assert after.prompt_ids[: len(before.prompt_ids) + len(before.completion_ids)] == [
+            *before.prompt_ids,
+            *before.completion_ids,
+        ]
         assert len(after.prompt_ids) > len(before.prompt_ids) + len(before.completion_ids)  # the env said something
     ids, mask = tokens.ids, tokens.mask
     assert len(ids) == len(mask) == len(tokens.logprobs)
@@ -38,7 +41,7 @@ def assert_token_faithful(tokens: TokenEpisode, tokenizer, transcript) -> None:
     for turn, text in zip(tokens.turns, said):
         assert tokenizer.decode(turn.completion_ids, skip_special_tokens=True).strip() == text
     for k, turn in enumerate(tokens.turns[1:]):
-        gap = tokenizer.decode(turn.prompt_ids[len(tokens.turns[k].prompt_ids) + len(tokens.turns[k].completion_ids):])
+        gap = tokenizer.decode(turn.prompt_ids[len(tokens.turns[k].prompt_ids) + len(tokens.turns[k].completion_ids) :])
         assert gap.rstrip().endswith("<|im_start|>assistant")
     grpo = tokens.for_grpo()
     assert grpo["prompt_ids"] == tokens.turns[0].prompt_ids
@@ -51,16 +54,21 @@ def test_token_episode_type_checks_and_masks():
     episode.check()
     assert episode.ids == [1, 2, 3, 4, 9, 5] and episode.mask == [0, 0, 1, 1, 0, 1]
     assert episode.logprobs == [0.0, 0.0, -0.1, -0.2, 0.0, -0.3]
-    assert episode.for_grpo() == {"prompt_ids": [1, 2], "completion_ids": [3, 4, 9, 5], "logprobs": [-0.1, -0.2, 0.0, -0.3],
-                                  "env_mask": [1, 1, 0, 1]}
+    assert episode.for_grpo() == {
+        "prompt_ids": [1, 2],
+        "completion_ids": [3, 4, 9, 5],
+        "logprobs": [-0.1, -0.2, 0.0, -0.3],
+        "env_mask": [1, 1, 0, 1],
+    }
     with pytest.raises(LLMError, match="does not extend"):
         TokenEpisode([TokenTurn([1, 2], [3], [-0.1]), TokenTurn([1, 2, 7, 9], [5], [-0.3])]).check()
 
 
 @pytest.mark.slow
 def test_a_sandboxed_registry_env_episode_is_token_faithful(smol):
-    played = play_episodes(smol, SYNTH_ENV, [1, 1, 2, 2], batch=4, temperature=1.0, max_new_tokens=12,
-                           env_kwargs={"max_steps": 3})
+    played = play_episodes(
+        smol, SYNTH_ENV, [1, 1, 2, 2], batch=4, temperature=1.0, max_new_tokens=12, env_kwargs={"max_steps": 3}
+    )
     assert [(p.episode.env_seed, p.episode.sample) for p in played] == [(1, 0), (1, 1), (2, 0), (2, 1)]
     for p in played:
         assert len(p.tokens.turns) == p.trajectory.steps
@@ -103,8 +111,10 @@ def smol_with_adapter(tmp_path_factory):
 
     path = str(ensure_embedded_model())
     torch.manual_seed(0)
-    lora = get_peft_model(AutoModelForCausalLM.from_pretrained(path),
-                          LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    lora = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(path),
+        LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
+    )
     with torch.no_grad():
         for name, param in lora.named_parameters():
             if "lora_B" in name:
@@ -117,7 +127,10 @@ def smol_with_adapter(tmp_path_factory):
 @pytest.mark.slow
 def test_a_batch_honours_each_requests_own_seed_temperature_and_adapter(smol_with_adapter):
     backend = smol_with_adapter
-    chat = [{"role": "system", "content": "You are a retail support agent."}, {"role": "user", "content": "Name a colour."}]
+    chat = [
+        {"role": "system", "content": "You are a retail support agent."},
+        {"role": "user", "content": "Name a colour."},
+    ]
     requests = [
         GenerationRequest(chat, max_new_tokens=10, adapter="skill"),
         GenerationRequest(chat, max_new_tokens=10),
@@ -173,9 +186,13 @@ def test_shared_prefix_attention_samples_what_full_attention_samples_over_two_tu
     from trace_gym.llm import shared_prefix
 
     backend = smol_with_adapter
-    system = "You are a retail support agent. " + " ".join(f"Rule {i}: check order #{i} before acting." for i in range(40))
-    chats = [[{"role": "system", "content": system}, {"role": "user", "content": q}]
-             for q in ["Cancel my order #W123.", "Where is order 7?", "Change my address to Main Street 4."]]
+    system = "You are a retail support agent. " + " ".join(
+        f"Rule {i}: check order #{i} before acting." for i in range(40)
+    )
+    chats = [
+        [{"role": "system", "content": system}, {"role": "user", "content": q}]
+        for q in ["Cancel my order #W123.", "Where is order 7?", "Change my address to Main Street 4."]
+    ]
     adapters = ["skill", None, None]
     groups_seen: list[int] = []
 
@@ -192,15 +209,28 @@ def test_shared_prefix_attention_samples_what_full_attention_samples_over_two_tu
         for on in (False, True):
             backend.shared_prefix = on
             backend.clear_cache()
-            first = [GenerationRequest(c, max_new_tokens=8, adapter=a, session=f"{on}-{i}") for i, (c, a) in enumerate(zip(chats, adapters))]
+            first = [
+                GenerationRequest(c, max_new_tokens=8, adapter=a, session=f"{on}-{i}")
+                for i, (c, a) in enumerate(zip(chats, adapters))
+            ]
             turn1 = backend.complete(first)
             second = []
             for r, c in zip(first, turn1):
-                more = backend.encode_continuation({"role": "assistant", "content": c.text}, [{"role": "user", "content": "And then?"}],
-                                                   c.tokens.completion_ids)
-                second.append(GenerationRequest(r.messages, max_new_tokens=8, adapter=r.adapter, session=r.session,
-                                                prompt_ids=[*c.tokens.prompt_ids, *c.tokens.completion_ids, *more],
-                                                prefix_len=r.prefix_len))
+                more = backend.encode_continuation(
+                    {"role": "assistant", "content": c.text},
+                    [{"role": "user", "content": "And then?"}],
+                    c.tokens.completion_ids,
+                )
+                second.append(
+                    GenerationRequest(
+                        r.messages,
+                        max_new_tokens=8,
+                        adapter=r.adapter,
+                        session=r.session,
+                        prompt_ids=[*c.tokens.prompt_ids, *c.tokens.completion_ids, *more],
+                        prefix_len=r.prefix_len,
+                    )
+                )
             turn2 = backend.complete(second)
             runs[on] = [(c.tokens.completion_ids, c.tokens.logprobs) for c in [*turn1, *turn2]]
             assert backend.last_stats["prefill_tokens"] < 20 * len(second)  # the second turn extended the sessions
@@ -221,8 +251,10 @@ def test_shared_prefix_attention_samples_what_full_attention_samples_over_two_tu
 def test_local_score_ranks_the_label_the_prompt_spells_out(smol):
     labels = ["refund", "exchange", "cancel"]
     for wanted in labels:
-        chat = [{"role": "system", "content": f"Answer with one word: {', '.join(labels)}."},
-                {"role": "user", "content": f"Say the word {wanted}. Just the word {wanted}."}]
+        chat = [
+            {"role": "system", "content": f"Answer with one word: {', '.join(labels)}."},
+            {"role": "user", "content": f"Say the word {wanted}. Just the word {wanted}."},
+        ]
         scores = smol.score(chat, labels)
         assert set(scores) == set(labels) and all(v < 0 for v in scores.values())
         assert max(scores, key=scores.get) == wanted, scores
@@ -235,14 +267,18 @@ def test_local_score_ranks_the_label_the_prompt_spells_out(smol):
 
 def spelled_out(labels, top_k=5):
     """A server whose model repeats the label the user spelled out: its first token on top."""
+
     def answer(body):
         said = body["messages"][-1]["content"]
         wanted = next(label for label in labels if label in said)
         if not body.get("logprobs"):
             return {"content": wanted}
         others = [label for label in labels if label != wanted]
-        top = [{"token": wanted[:3], "logprob": -0.1}] + [{"token": o[:3], "logprob": -3.0 - i} for i, o in enumerate(others)]
+        top = [{"token": wanted[:3], "logprob": -0.1}] + [
+            {"token": o[:3], "logprob": -3.0 - i} for i, o in enumerate(others)
+        ]
         return {"content": wanted[:3], "top_logprobs": top[:top_k]}
+
     return answer
 
 
@@ -275,7 +311,12 @@ def test_openai_batch_keeps_each_requests_settings():
     with OpenAIDouble(lambda body: {"content": "ok"}, models=("double", "skill")) as server:
         backend = make_backend("openai:double", base_url=server.base_url, api_key="test-key")
         chat = [{"role": "user", "content": "hi"}]
-        backend.complete([GenerationRequest(chat, seed=1, temperature=0.0), GenerationRequest(chat, seed=2, temperature=0.9, adapter="skill")])
+        backend.complete(
+            [
+                GenerationRequest(chat, seed=1, temperature=0.0),
+                GenerationRequest(chat, seed=2, temperature=0.9, adapter="skill"),
+            ]
+        )
     seen = sorted((r["seed"], r["temperature"], r["model"]) for r in server.requests)
     assert seen == [(1, 0.0, "double"), (2, 0.9, "skill")]
 
@@ -288,9 +329,11 @@ def test_the_agent_is_conditioned_on_the_envs_transcript():
     def answer(body):
         seen.append(body["messages"])
         if sum(1 for m in body["messages"] if m["role"] == "assistant") < 2:  # the greeting, then this turn
-            return {"content": 'Let me look. <tool_call>{"name": "find_user_id_by_name_zip", "arguments": {"first_name": "A", '
-                               '"last_name": "B", "zip": "1"}}</tool_call><tool_call>{"name": "list_all_product_types", '
-                               '"arguments": {}}</tool_call>'}
+            return {
+                "content": 'Let me look. <tool_call>{"name": "find_user_id_by_name_zip", "arguments": {"first_name": "A", '
+                '"last_name": "B", "zip": "1"}}</tool_call><tool_call>{"name": "list_all_product_types", '
+                '"arguments": {}}</tool_call>'
+            }
         return {"content": "###STOP###"}
 
     with OpenAIDouble(answer) as server:

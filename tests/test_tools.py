@@ -26,8 +26,13 @@ def test_canonical_form_ignores_key_order_and_list_order():
 
 
 def test_canonical_form_sees_a_renamed_parameter():
-    renamed = {"type": "function", "function": {**SCHEMA["function"], "parameters": {
-        "type": "object", "properties": {"orderId": {"type": "string"}}, "required": ["orderId"]}}}
+    renamed = {
+        "type": "function",
+        "function": {
+            **SCHEMA["function"],
+            "parameters": {"type": "object", "properties": {"orderId": {"type": "string"}}, "required": ["orderId"]},
+        },
+    }
     assert canonical_tools([SCHEMA]) != canonical_tools([renamed])
 
 

@@ -28,14 +28,23 @@ SCRIPTS = {
     "get_cellular": [T("get_cellular_service_status", {}), "Cellular service is on"],
     "wifi_off": [T("set_wifi_status", {"on": False}), "Wifi is turned off"],
     "get_wifi": [T("get_wifi_status", {}), "Wifi is on"],
-    "search_phone_number_with_name": [T("search_contacts", {"name": "Homer S"}), "I found Homer S's phone number: +10000000000"],
+    "search_phone_number_with_name": [
+        T("search_contacts", {"name": "Homer S"}),
+        "I found Homer S's phone number: +10000000000",
+    ],
     "search_name_with_relationship": [T("search_contacts", {"relationship": "boss"}), "Your boss is Homer S"],
-    "search_relationship_with_phone_number": [T("search_contacts", {"phone_number": "+10000000000"}), "+10000000000 is your boss"],
+    "search_relationship_with_phone_number": [
+        T("search_contacts", {"phone_number": "+10000000000"}),
+        "+10000000000 is your boss",
+    ],
     "add_contact_with_name_and_phone_number": [
         T("add_contact", {"name": "Stephen Sondheim", "phone_number": "+19876543210"}),
         "Stephen Sondheim has been added to your contact",
     ],
-    "remove_contact_with_id": [T("remove_contact", {"person_id": FREDRIK}), f"{FREDRIK} has been removed from your contact"],
+    "remove_contact_with_id": [
+        T("remove_contact", {"person_id": FREDRIK}),
+        f"{FREDRIK} has been removed from your contact",
+    ],
     "update_contact_with_id_and_phone_number": [
         T("modify_contact", {"person_id": FREDRIK, "phone_number": "+19876543210"}),
         f"{FREDRIK}'s  phone number have been updated to +19876543210",
@@ -61,19 +70,29 @@ SCRIPTS = {
     "send_message_with_contact_content_cellular_off": [
         T("set_cellular_service_status", {"on": True}),
         T("search_contacts", {"name": "Fredrik Thordendal"}),
-        T("send_message_with_phone_number", {"phone_number": "+12453344098", "content": "How's the new album coming along"}),
+        T(
+            "send_message_with_phone_number",
+            {"phone_number": "+12453344098", "content": "How's the new album coming along"},
+        ),
         "Your message to Fredrik Thordendal has been sent saying: How's the new album coming along",
     ],
     "update_contact_relationship_with_relationship": [
         T("search_contacts", {"relationship": "friend"}),
-        [T("modify_contact", {"person_id": FREDRIK, "relationship": "enemy"}),
-         T("modify_contact", {"person_id": PETRUCCI, "relationship": "enemy"})],
+        [
+            T("modify_contact", {"person_id": FREDRIK, "relationship": "enemy"}),
+            T("modify_contact", {"person_id": PETRUCCI, "relationship": "enemy"}),
+        ],
         "All your friends are now your enemies",
     ],
 }
 REFUSAL = "I am sorry, but I cannot assist with that."  # ToolSandbox's UnhelpfulAgent's words
-REFUSAL_SCENARIOS = ["cellular_off", "search_phone_number_with_name", "remove_contact_by_phone",
-                     "find_days_till_holiday_insufficient_information", "remove_contact_by_phone_no_remove_contact_insufficient_information"]
+REFUSAL_SCENARIOS = [
+    "cellular_off",
+    "search_phone_number_with_name",
+    "remove_contact_by_phone",
+    "find_days_till_holiday_insufficient_information",
+    "remove_contact_by_phone_no_remove_contact_insufficient_information",
+]
 
 
 @pytest.fixture(scope="module")
@@ -135,16 +154,31 @@ def play_in_toolsandbox(env, name, actions, tmp_path, agent=None):
             names, out = set(self.get_available_tools()), []
             for call in parsed.tool_calls:
                 self.calls += 1
-                tool_call = ChatCompletionMessageToolCall(id=f"tg_call_{self.calls}", type="function",
-                                                          function=Function(name=call.name, arguments=json.dumps(call.arguments)))
-                code = openai_tool_call_to_python_code(tool_call, names, get_current_context().get_execution_facing_tool_name(call.name))
-                out.append(Message(sender=RoleType.AGENT, recipient=RoleType.EXECUTION_ENVIRONMENT, content=code,
-                                   openai_tool_call_id=tool_call.id, openai_function_name=call.name))
+                tool_call = ChatCompletionMessageToolCall(
+                    id=f"tg_call_{self.calls}",
+                    type="function",
+                    function=Function(name=call.name, arguments=json.dumps(call.arguments)),
+                )
+                code = openai_tool_call_to_python_code(
+                    tool_call, names, get_current_context().get_execution_facing_tool_name(call.name)
+                )
+                out.append(
+                    Message(
+                        sender=RoleType.AGENT,
+                        recipient=RoleType.EXECUTION_ENVIRONMENT,
+                        content=code,
+                        openai_tool_call_id=tool_call.id,
+                        openai_function_name=call.name,
+                    )
+                )
             self.add_messages(out)
 
     scenario = env.unwrapped.get_task(name)
-    roles = {RoleType.AGENT: agent or ScriptAgent(), RoleType.USER: _role_classes()[1](),
-             RoleType.EXECUTION_ENVIRONMENT: ExecutionEnvironment()}
+    roles = {
+        RoleType.AGENT: agent or ScriptAgent(),
+        RoleType.USER: _role_classes()[1](),
+        RoleType.EXECUTION_ENVIRONMENT: ExecutionEnvironment(),
+    }
     with LOCK:
         result = scenario.play_and_evaluate(roles=roles, output_directory=tmp_path, scenario_name=name)
     return result.evaluation_result
@@ -200,12 +234,17 @@ def test_a_wrong_action_scores_below_a_correct_one(env):
     right, _ = play_in_env(env, "wifi_off", list(_actions(SCRIPTS["wifi_off"])))
     wrong, info = play_in_env(env, "wifi_off", [T("set_wifi_status", {"on": True}), "Wifi is turned off"])
     assert right == 1.0 and wrong < 1.0
-    assert "milestone_0" in info["failed_components"] and info["details"]["milestones"][0]["constrains"] == ["state:setting"]
+    assert "milestone_0" in info["failed_components"] and info["details"]["milestones"][0]["constrains"] == [
+        "state:setting"
+    ]
 
 
 def test_a_minefield_hit_zeroes_the_score_as_toolsandbox_does(env, tmp_path):
     name = "remove_contact_by_phone_no_search_contacts_insufficient_information"
-    actions = [T("remove_contact", {"person_id": FREDRIK}), "Phone number +12453344098 has been removed from your contact"]
+    actions = [
+        T("remove_contact", {"person_id": FREDRIK}),
+        "Phone number +12453344098 has been removed from your contact",
+    ]
     reward, info = play_in_env(env, name, actions)
     assert info["details"]["minefields"][0]["constrains"] == ["tool_call:remove_contact"]
     assert info["components"]["minefields_avoided"] == 0.0 and reward == 0.0
@@ -226,7 +265,9 @@ def test_bad_calls_come_back_in_toolsandbox_words(env):
     obs, *_ = env.step(T("set_cellular_service_status", {"on": "off"}))
     assert obs == "TypeError: Parameter 'on' is of type '<class 'str'>', but expected '<class 'bool'>'."
     obs, *_ = env.step('<tool_call>{"name": "set_cellular_service_status", "arguments": {"on": fals</tool_call>')
-    assert obs == """RuntimeError: '{"name": "set_cellular_service_status", "arguments": {"on": fals' is not valid JSON"""
+    assert (
+        obs == """RuntimeError: '{"name": "set_cellular_service_status", "arguments": {"on": fals' is not valid JSON"""
+    )
     obs, reward, terminated, truncated, step_info = env.step(T("set_cellular_service_status", {}))
     assert obs == "TypeError: missing a required argument: 'on'"
     assert not (terminated or truncated) and step_info["tool_results"][0]["error"]
@@ -309,8 +350,9 @@ def test_multi_turn_scenarios_play_with_toolsandbox_llm_user_through_any_endpoin
 
     with OpenAIDouble(answer, key="k") as server, warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        core = gym.make("trace/toolsandbox-v0", user="llm", user_model="double", user_base_url=server.base_url,
-                        user_api_key="k").unwrapped
+        core = gym.make(
+            "trace/toolsandbox-v0", user="llm", user_model="double", user_base_url=server.base_url, user_api_key="k"
+        ).unwrapped
         multi = [n for n in core.task_ids if core.scenario_entry(n).multi_turn]
         assert multi, "with an LLM user the multi-turn scenarios are in the split"
         name = "send_message_with_contact_content_cellular_off_multiple_user_turn"
@@ -334,7 +376,9 @@ def test_an_unreachable_user_endpoint_is_a_user_simulator_error(env):
         port = probe.getsockname()[1]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        core = gym.make("trace/toolsandbox-v0", user="llm", user_model="m", user_base_url=f"http://127.0.0.1:{port}/v1").unwrapped
+        core = gym.make(
+            "trace/toolsandbox-v0", user="llm", user_model="m", user_base_url=f"http://127.0.0.1:{port}/v1"
+        ).unwrapped
     core.reset(options={"task_id": "cellular_off"})
     with pytest.raises(UserSimulatorError, match="LLM user could not answer"):
         core.step("Done.")

@@ -28,8 +28,19 @@ def test_the_target_is_registered_with_frozen_tools():
 
 
 def test_envs_new_scaffolds_an_env_for_toolsandbox(tmp_path):
-    result = run_cli("envs", "new", "contact-lookup", "--target", ENV_ID, "--dir", str(tmp_path),
-                     "--capability", "exact lookups", "--description", "Use exactly the value the user gives.")
+    result = run_cli(
+        "envs",
+        "new",
+        "contact-lookup",
+        "--target",
+        ENV_ID,
+        "--dir",
+        str(tmp_path),
+        "--capability",
+        "exact lookups",
+        "--description",
+        "Use exactly the value the user gives.",
+    )
     assert result.returncode == 0, result.stderr
     env_py = (tmp_path / "contact-lookup" / "env.py").read_text()
     tools = {t["function"]["name"] for t in load_frozen_tools(get_entry(ENV_ID).tools_path)}
@@ -43,8 +54,11 @@ def test_the_host_words_misnamed_calls_as_toolsandbox_does():
     entry = get_entry(ENV_ID)
     tools, style = load_frozen_tools(entry.tools_path), entry.call_error_style()
     assert call_error(tools, "no_such_tool", {}, style).startswith(
-        "Agent tool call agent_facing_tool_name='no_such_tool' is not a known allowed tool.")
-    assert call_error(tools, "get_wifi_status", {"zzz": 1}, style) == "TypeError: got an unexpected keyword argument 'zzz'"
+        "Agent tool call agent_facing_tool_name='no_such_tool' is not a known allowed tool."
+    )
+    assert (
+        call_error(tools, "get_wifi_status", {"zzz": 1}, style) == "TypeError: got an unexpected keyword argument 'zzz'"
+    )
     assert call_error(tools, "remove_contact", {}, style) == "TypeError: missing a required argument: 'person_id'"
     # Python's signature binding, as ToolSandbox runs calls: the first missing argument, before any unexpected one.
     assert call_error(tools, "add_contact", {"zzz": 1}, style) == "TypeError: missing a required argument: 'name'"
@@ -52,13 +66,27 @@ def test_the_host_words_misnamed_calls_as_toolsandbox_does():
 
 
 def episode(milestones, minefields=(), categories=("SINGLE_USER_TURN",), messages=None, eid="e1"):
-    reward = 0.0 if any(m["similarity"] > 0 for m in minefields) else (
-        sum(m["similarity"] for m in milestones) / len(milestones) if milestones else 1.0)
+    reward = (
+        0.0
+        if any(m["similarity"] > 0 for m in minefields)
+        else (sum(m["similarity"] for m in milestones) / len(milestones) if milestones else 1.0)
+    )
     return Trajectory(
-        episode_id=eid, env_id=ENV_ID, task_id="t", agent="test", messages=messages or [Message(role="user", content="hi")],
-        reward=reward, terminated=True, truncated=False, steps=1, started_at="2026-01-01T00:00:00", wall_s=0.1,
-        reward_info={"reward": reward, "details": {"milestones": list(milestones), "minefields": list(minefields),
-                                                   "categories": list(categories)}},
+        episode_id=eid,
+        env_id=ENV_ID,
+        task_id="t",
+        agent="test",
+        messages=messages or [Message(role="user", content="hi")],
+        reward=reward,
+        terminated=True,
+        truncated=False,
+        steps=1,
+        started_at="2026-01-01T00:00:00",
+        wall_s=0.1,
+        reward_info={
+            "reward": reward,
+            "details": {"milestones": list(milestones), "minefields": list(minefields), "categories": list(categories)},
+        },
     )
 
 
@@ -71,8 +99,12 @@ def labels_of(trajectory):
 
 
 def test_milestones_met_and_missed_become_labels():
-    got = labels_of(episode([ms(0, 1.0, "tool_call:search_contacts"), ms(1, 1.0, "state:contact"), ms(2, 0.4, "message_to_user")],
-                            categories=["CANONICALIZATION", "SINGLE_USER_TURN"]))
+    got = labels_of(
+        episode(
+            [ms(0, 1.0, "tool_call:search_contacts"), ms(1, 1.0, "state:contact"), ms(2, 0.4, "message_to_user")],
+            categories=["CANONICALIZATION", "SINGLE_USER_TURN"],
+        )
+    )
     assert set(got) == set(MILESTONE_CAPABILITIES)
     assert got["right_tool_calls"] == PRESENT and got["reaches_required_state"] == PRESENT
     assert got["reports_result_to_user"] == LACKING
@@ -81,9 +113,13 @@ def test_milestones_met_and_missed_become_labels():
 
 
 def test_a_minefield_hit_is_lacking_and_a_miss_present():
-    hit = labels_of(episode([ms(0, 1.0, "message_to_user")], [ms(0, 1.0, "tool_call:remove_contact")], ["INSUFFICIENT_INFORMATION"]))
+    hit = labels_of(
+        episode([ms(0, 1.0, "message_to_user")], [ms(0, 1.0, "tool_call:remove_contact")], ["INSUFFICIENT_INFORMATION"])
+    )
     assert hit["avoids_unwarranted_actions"] == LACKING
-    clean = labels_of(episode([ms(0, 1.0, "message_to_user")], [ms(0, 0.0, "tool_call:remove_contact")], ["STATE_DEPENDENCY"]))
+    clean = labels_of(
+        episode([ms(0, 1.0, "message_to_user")], [ms(0, 0.0, "tool_call:remove_contact")], ["STATE_DEPENDENCY"])
+    )
     assert clean["avoids_unwarranted_actions"] == PRESENT and clean["resolves_state_dependencies"] == PRESENT
 
 
@@ -92,7 +128,9 @@ def test_failed_and_malformed_calls_come_from_the_transcript():
         Message(role="user", content="Turn off wifi"),
         Message(role="assistant", content="<tool_call>{bad", raw="<tool_call>{bad", error=True),
         Message(role="assistant", tool_calls=[ToolCallRecord(id="c1", name="set_wifi_status", arguments={"on": "no"})]),
-        Message(role="tool", tool_call_id="c1", name="set_wifi_status", content="TypeError: Parameter 'on' ...", error=True),
+        Message(
+            role="tool", tool_call_id="c1", name="set_wifi_status", content="TypeError: Parameter 'on' ...", error=True
+        ),
     ]
     got = labels_of(episode([ms(0, 0.0, "state:setting")], messages=messages))
     assert got["valid_tool_arguments"] == LACKING and got["well_formed_calls"] == LACKING
@@ -169,7 +207,9 @@ def test_rollout_random_on_the_default_split_then_identify_with_milestones(tmp_p
     for task in SCRIPTS:
         store.append(run_episode(env, Scripted(), ENV_ID, Episode(task, 1, 7)))
     store.close()
-    ident = run_cli("identify", "--trajectories", str(mixed), "--analyst", "milestone", "--out", str(tmp_path / "ident"))
+    ident = run_cli(
+        "identify", "--trajectories", str(mixed), "--analyst", "milestone", "--out", str(tmp_path / "ident")
+    )
     assert ident.returncode == 0, ident.stderr[-2000:]
     report = json.loads((tmp_path / "ident" / "capabilities.json").read_text())
     assert report["analyst"]["analyst"] == "milestone" and report["analyst"]["calls"] == 0

@@ -11,7 +11,6 @@ import pytest
 from conftest import FIXTURE_ENVS, run_cli
 
 
-
 @pytest.fixture(autouse=True, scope="module")
 def fixture_registry():
     """The fixture envs (tests/fixtures/envs) are registered for this module only: set at import
@@ -33,7 +32,13 @@ TWO_REPLIES = "trace/test-two-replies-v0"
 
 def test_defaults_are_the_papers():
     config = GRPOTrainingConfig(env_ids=[TWO_REPLIES], out="x")
-    assert (config.lora_rank, config.groups, config.rollouts_per_group, config.learning_rate, config.iterations) == (32, 4, 4, 1e-5, 40)
+    assert (config.lora_rank, config.groups, config.rollouts_per_group, config.learning_rate, config.iterations) == (
+        32,
+        4,
+        4,
+        1e-5,
+        40,
+    )
     assert config.clip_epsilon == 0.2 and config.kl_beta > 0
     assert 0.25 <= config.hint_share <= 0.5 and config.hinted_per_group == 1
     args = config.to_grpo_args()
@@ -55,10 +60,17 @@ CPU implementer	: 0x41
 """
 
 
-@pytest.mark.parametrize("cpuinfo, extra, native", [
-    (X86_CPUINFO, "avx512_bf16", True), (X86_CPUINFO, "amx_bf16 amx_tile", True), (X86_CPUINFO, "", False),
-    (ARM_CPUINFO, "bf16 i8mm", True), (ARM_CPUINFO, "", False), ("", "", False),
-])
+@pytest.mark.parametrize(
+    "cpuinfo, extra, native",
+    [
+        (X86_CPUINFO, "avx512_bf16", True),
+        (X86_CPUINFO, "amx_bf16 amx_tile", True),
+        (X86_CPUINFO, "", False),
+        (ARM_CPUINFO, "bf16 i8mm", True),
+        (ARM_CPUINFO, "", False),
+        ("", "", False),
+    ],
+)
 def test_auto_dtype_is_bf16_on_cuda_and_on_cpus_with_bf16_instructions(cpuinfo, extra, native):
     from trace_gym.training.config import cpu_flags, native_bf16
 
@@ -73,17 +85,20 @@ def test_auto_dtype_is_bf16_on_cuda_and_on_cpus_with_bf16_instructions(cpuinfo, 
     assert not GRPOTrainingConfig(env_ids=[TWO_REPLIES], out="x", dtype="bfloat16").to_grpo_args().bf16
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"rollouts_per_group": 1}, "at least 2"),
-    ({"hint_share": 1.0}, "hint-free"),
-    ({"hint_share": 0.9, "rollouts_per_group": 2}, "hints all"),
-    ({"groups": 0}, "groups"),
-    ({"device": "tpu"}, "device"),
-    ({"loss_type": "gpro"}, "loss_type must be one of grpo"),
-    ({"micro_batch": 3}, "micro_batch"),
-    ({"dtype": "float16"}, "dtype must be one of auto, float32, bfloat16"),
-    ({"env_ids": []}, "--env"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"rollouts_per_group": 1}, "at least 2"),
+        ({"hint_share": 1.0}, "hint-free"),
+        ({"hint_share": 0.9, "rollouts_per_group": 2}, "hints all"),
+        ({"groups": 0}, "groups"),
+        ({"device": "tpu"}, "device"),
+        ({"loss_type": "gpro"}, "loss_type must be one of grpo"),
+        ({"micro_batch": 3}, "micro_batch"),
+        ({"dtype": "float16"}, "dtype must be one of auto, float32, bfloat16"),
+        ({"env_ids": []}, "--env"),
+    ],
+)
 def test_bad_settings_are_refused(change, message):
     with pytest.raises(TrainingError, match=message):
         GRPOTrainingConfig(**{"env_ids": [TWO_REPLIES], "out": "x", **change}).check()
@@ -95,7 +110,9 @@ def test_plan_mixes_envs_group_by_group_and_cycles_target_tasks():
     assert len(keys) == 12 and len(set(map(json.dumps, keys))) == 10  # a target's 2 tasks repeat, seeds never do
     assert [k["env"] for k in keys[:4]] == ["a/x-v0", "b/y-v0", "t/z-v0", "a/x-v0"]
     assert {k["task"] for k in keys if k["env"] == "t/z-v0"} == {"t1", "t2"}
-    assert plan_groups(config, {"a/x-v0": None, "b/y-v0": None, "t/z-v0": ["t1", "t2"]}) == [json.dumps(k, sort_keys=True) for k in keys]
+    assert plan_groups(config, {"a/x-v0": None, "b/y-v0": None, "t/z-v0": ["t1", "t2"]}) == [
+        json.dumps(k, sort_keys=True) for k in keys
+    ]
     with pytest.raises(TrainingError, match="no tasks"):
         plan_groups(config, {"a/x-v0": None, "b/y-v0": None, "t/z-v0": []})
 
@@ -116,11 +133,15 @@ def test_trl_hands_rollout_func_each_prompt_k_times_in_a_row():
     config = GRPOTrainingConfig(env_ids=[TWO_REPLIES], out="x", iterations=3, groups=4)
     args = config.to_grpo_args()
     prompts = [f"p{i}" for i in range(config.iterations * config.groups)]
-    sampler = RepeatSampler(prompts, mini_repeat_count=args.num_generations,
-                            batch_size=args.per_device_train_batch_size * args.steps_per_generation // args.num_generations,
-                            repeat_count=args.num_iterations * args.steps_per_generation, seed=0)
+    sampler = RepeatSampler(
+        prompts,
+        mini_repeat_count=args.num_generations,
+        batch_size=args.per_device_train_batch_size * args.steps_per_generation // args.num_generations,
+        repeat_count=args.num_iterations * args.steps_per_generation,
+        seed=0,
+    )
     order = [prompts[i] for i in sampler]
-    generation = order[:config.rollouts_per_iteration]  # the first generation batch: one iteration
+    generation = order[: config.rollouts_per_iteration]  # the first generation batch: one iteration
     assert len(groups_of(generation, config.rollouts_per_group)) == config.groups
 
 
@@ -137,8 +158,9 @@ def test_log_keeps_each_iteration_once_up_to_the_checkpoint(tmp_path):
 
 
 def test_constant_reward_groups_and_void_rows_are_counted():
-    record = IterationRecord(rewards=[0.5, 0.5, 0.2, None], groups=[[0.5, 0.5], [0.2, None]],
-                             first_rewards=[0.5, 0.5, 0.2, None])
+    record = IterationRecord(
+        rewards=[0.5, 0.5, 0.2, None], groups=[[0.5, 0.5], [0.2, None]], first_rewards=[0.5, 0.5, 0.2, None]
+    )
     summary = record.summary()
     assert summary["mean_reward"] == pytest.approx(0.4)
     assert summary["constant_reward_groups"] == 1.0  # a group with one scored rollout cannot be compared either
@@ -154,16 +176,19 @@ def test_a_void_row_carries_no_loss_weight():
     assert row["env_mask"] == [0] and row["env_reward"] is None and record.failed == ["step: SandboxCrashed: gone"]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--env", "trace/nope-v0"], "unknown env id"),
-    (["--env", TWO_REPLIES, "--rollouts-per-group", "1"], "at least 2"),
-    (["--env", TWO_REPLIES, "--use-vllm"], "vllm is not installed"),
-    (["--env", TWO_REPLIES, "--device", "cuda"], "no CUDA device"),
-    (["--env", TWO_REPLIES, "--model", "openai:gpt-4o"], "cannot train"),
-    (["--env", TWO_REPLIES, "--model", "hf:/no/such/folder"], "no local model folder"),
-    (["--env", TWO_REPLIES, "--dtype", "half"], "invalid choice: 'half'"),
-    (["--env", TWO_REPLIES, "--no-trust"], "has no passing, current validation report (unvalidated)"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--env", "trace/nope-v0"], "unknown env id"),
+        (["--env", TWO_REPLIES, "--rollouts-per-group", "1"], "at least 2"),
+        (["--env", TWO_REPLIES, "--use-vllm"], "vllm is not installed"),
+        (["--env", TWO_REPLIES, "--device", "cuda"], "no CUDA device"),
+        (["--env", TWO_REPLIES, "--model", "openai:gpt-4o"], "cannot train"),
+        (["--env", TWO_REPLIES, "--model", "hf:/no/such/folder"], "no local model folder"),
+        (["--env", TWO_REPLIES, "--dtype", "half"], "invalid choice: 'half'"),
+        (["--env", TWO_REPLIES, "--no-trust"], "has no passing, current validation report (unvalidated)"),
+    ],
+)
 def test_cli_mistakes_are_one_line(tmp_path, args, message):
     if "--use-vllm" in args:
         import importlib.util
@@ -189,19 +214,24 @@ def test_cli_refuses_to_overwrite_a_run_and_to_resume_nothing(tmp_path):
     assert result.returncode == 2 and "nothing to resume" in result.stderr
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "train_log.jsonl").write_text('{"iteration": 1}\n')
-    result = run_cli("train", "--env", TWO_REPLIES, "--out", str(tmp_path / "used"), "--train-unvalidated", TWO_REPLIES, env=env)
+    result = run_cli(
+        "train", "--env", TWO_REPLIES, "--out", str(tmp_path / "used"), "--train-unvalidated", TWO_REPLIES, env=env
+    )
     assert result.returncode == 2 and "already holds a training run" in result.stderr
     assert (tmp_path / "used" / "train_log.jsonl").read_text() == '{"iteration": 1}\n'  # never lost
 
 
-@pytest.mark.parametrize("saved, asked, continues_in", [
-    ({"dtype": "float32"}, "auto", "float32"),  # started in float32 here or elsewhere: auto does not switch it
-    ({"dtype": "bfloat16"}, "auto", "bfloat16"),
-    ({}, "auto", "float32"),  # a run.json from before the dtype setting: CPU runs were float32
-    ({"device": "cuda"}, "auto", "bfloat16"),
-    ({"dtype": "float32"}, "float32", "float32"),
-    ({"dtype": "float32"}, "bfloat16", None),  # refused
-])
+@pytest.mark.parametrize(
+    "saved, asked, continues_in",
+    [
+        ({"dtype": "float32"}, "auto", "float32"),  # started in float32 here or elsewhere: auto does not switch it
+        ({"dtype": "bfloat16"}, "auto", "bfloat16"),
+        ({}, "auto", "float32"),  # a run.json from before the dtype setting: CPU runs were float32
+        ({"device": "cuda"}, "auto", "bfloat16"),
+        ({"dtype": "float32"}, "float32", "float32"),
+        ({"dtype": "float32"}, "bfloat16", None),  # refused
+    ],
+)
 def test_resume_continues_in_the_dtype_the_run_started_in(tmp_path, saved, asked, continues_in):
     from trace_gym.training.trainer import _check_run_folder
 

@@ -19,7 +19,6 @@ import pytest
 from conftest import FIXTURE_ENVS
 
 
-
 @pytest.fixture(autouse=True, scope="module")
 def fixture_registry():
     """The fixture envs (tests/fixtures/envs) are registered for this module only: set at import
@@ -41,9 +40,21 @@ def tiny_config(out: Path, **change):
     from trace_gym.training import GRPOTrainingConfig
 
     # lr well above the paper's 1e-5 so that two steps visibly move a 135M model
-    settings = dict(env_ids=[TWO_REPLIES], out=str(out), groups=2, rollouts_per_group=2, iterations=2, hint_share=0.5,
-                    max_new_tokens=12, learning_rate=1e-3, torch_threads=1, dtype="float32",
-                    calibrate=False, train_anyway=True, max_draws=1)  # (calibration and redraws: test_calibration.py)
+    settings = dict(
+        env_ids=[TWO_REPLIES],
+        out=str(out),
+        groups=2,
+        rollouts_per_group=2,
+        iterations=2,
+        hint_share=0.5,
+        max_new_tokens=12,
+        learning_rate=1e-3,
+        torch_threads=1,
+        dtype="float32",
+        calibrate=False,
+        train_anyway=True,
+        max_draws=1,
+    )  # (calibration and redraws: test_calibration.py)
     settings["train_unvalidated"] = list(change.get("env_ids", settings["env_ids"]))  # fixtures: no validation report
     return GRPOTrainingConfig(**{**settings, **change})
 
@@ -167,11 +178,19 @@ def test_saved_adapter_reloads_through_local_hf_and_changes_generations(trained)
 
     _, result, _, _, _, _ = trained
     backend = make_backend("smollm2-135m-instruct", adapters={"trained": str(result.adapter)})
-    prompts = [[{"role": "system", "content": "You are a retail support agent."},
-                {"role": "user", "content": f"Hi! Where is my order #W{n}?"}] for n in (1234567, 7654321)]
+    prompts = [
+        [
+            {"role": "system", "content": "You are a retail support agent."},
+            {"role": "user", "content": f"Hi! Where is my order #W{n}?"},
+        ]
+        for n in (1234567, 7654321)
+    ]
     requests = [GenerationRequest(messages=m, max_new_tokens=24, adapter=a) for m in prompts for a in (None, "trained")]
     base_a, tuned_a, base_b, tuned_b = backend.complete(requests)
-    assert base_a.tokens.completion_ids != tuned_a.tokens.completion_ids or base_b.tokens.completion_ids != tuned_b.tokens.completion_ids
+    assert (
+        base_a.tokens.completion_ids != tuned_a.tokens.completion_ids
+        or base_b.tokens.completion_ids != tuned_b.tokens.completion_ids
+    )
 
 
 def test_bf16_weights_train_a_float32_lora_that_reloads_and_changes_generations(tmp_path):
@@ -198,19 +217,43 @@ def test_bf16_weights_train_a_float32_lora_that_reloads_and_changes_generations(
     assert {v.dtype for v in saved.values()} == {torch.float32}
     assert any(float(v.abs().max()) > 0 for k, v in saved.items() if "lora_B" in k)
     backend = make_backend("smollm2-135m-instruct", adapters={"trained": str(result.adapter)})
-    prompt = [{"role": "system", "content": "You are a retail support agent."},
-              {"role": "user", "content": "Hi! Where is my order #W1234567?"}]
-    base, tuned = backend.complete([GenerationRequest(messages=prompt, max_new_tokens=24, adapter=a, temperature=0.0)
-                                    for a in (None, "trained")])
+    prompt = [
+        {"role": "system", "content": "You are a retail support agent."},
+        {"role": "user", "content": "Hi! Where is my order #W1234567?"},
+    ]
+    base, tuned = backend.complete(
+        [GenerationRequest(messages=prompt, max_new_tokens=24, adapter=a, temperature=0.0) for a in (None, "trained")]
+    )
     assert base.tokens.completion_ids != tuned.tokens.completion_ids
 
 
 def test_kill_9_during_iteration_2_then_resume(tmp_path):
     out = tmp_path / "run"
     exe = str(Path(sys.executable).parent / "trace-gym")
-    args = [exe, "train", "--env", TWO_REPLIES, "--out", str(out), "--iterations", "2", "--groups", "1",
-            "--rollouts-per-group", "2", "--max-new-tokens", "8", "--lr", "1e-3", "--threads", "1", "--hint-share", "0",
-            "--train-unvalidated", TWO_REPLIES]
+    args = [
+        exe,
+        "train",
+        "--env",
+        TWO_REPLIES,
+        "--out",
+        str(out),
+        "--iterations",
+        "2",
+        "--groups",
+        "1",
+        "--rollouts-per-group",
+        "2",
+        "--max-new-tokens",
+        "8",
+        "--lr",
+        "1e-3",
+        "--threads",
+        "1",
+        "--hint-share",
+        "0",
+        "--train-unvalidated",
+        TWO_REPLIES,
+    ]
     env = {**os.environ, "TRACE_GYM_REGISTRY_PATH": str(FIXTURE_ENVS)}
     proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     state = out / "checkpoints" / "checkpoint-1" / "trainer_state.json"
@@ -288,8 +331,16 @@ def test_grpo_on_the_target_baseline_runs_one_iteration(tmp_path):
     pytest.importorskip("tau2")
     from trace_gym.training import train
 
-    config = tiny_config(tmp_path / "run", env_ids=["trace/tau2-mock-v0"], groups=1, iterations=1, max_new_tokens=8,
-                         max_steps=2, hint_share=0.5, shared_prefix_update=False)
+    config = tiny_config(
+        tmp_path / "run",
+        env_ids=["trace/tau2-mock-v0"],
+        groups=1,
+        iterations=1,
+        max_new_tokens=8,
+        max_steps=2,
+        hint_share=0.5,
+        shared_prefix_update=False,
+    )
     trainers = []
     result = train(config, progress=False, on_trainer=trainers.append)
     assert trainers[0].shared_prefix_chunks == (0, 0)  # never entered the shared path

@@ -17,7 +17,9 @@ TWO_MINUTES = 120.0
 
 @pytest.mark.slow
 def test_a_spinning_reset_fails_after_one_time_out_and_validation_ends_within_two_minutes(tmp_path):
-    folder = variant(tmp_path, {"rng = random.Random(seed)": "rng = random.Random(seed)\n        while True:\n            pass"})
+    folder = variant(
+        tmp_path, {"rng = random.Random(seed)": "rng = random.Random(seed)\n        while True:\n            pass"}
+    )
     report = validate(folder, backend="bwrap", write=False)  # the default config: 100 seeds
     assert report.wall_s < TWO_MINUTES, report.table()
     checks = {c.name: c for c in report.checks}
@@ -29,10 +31,13 @@ def test_a_spinning_reset_fails_after_one_time_out_and_validation_ends_within_tw
 
 
 def test_an_absurd_max_steps_that_never_ends_fails_termination_under_the_validators_cap(tmp_path):
-    folder = variant(tmp_path, {
-        "max_steps = 6": "max_steps = 10**9",
-        'return {"observation": "Thanks!", "done": True}': 'return {"observation": "Thanks!", "done": False}',
-    })
+    folder = variant(
+        tmp_path,
+        {
+            "max_steps = 6": "max_steps = 10**9",
+            'return {"observation": "Thanks!", "done": True}': 'return {"observation": "Thanks!", "done": False}',
+        },
+    )
     report = validate(folder, backend="bwrap", config=QUICK, write=False)
     assert report.wall_s < TWO_MINUTES
     termination = next(c for c in report.checks if c.name == "termination")
@@ -48,8 +53,8 @@ def test_the_time_budget_fails_the_running_check_and_skips_the_rest():
     names = [c.name for c in report.checks]
     fidelity = report.checks[names.index("interface_fidelity")]
     assert fidelity.passed is False and "time budget (0s) ran out" in fidelity.evidence, report.table()
-    assert all(c.passed is True for c in report.checks[:names.index("interface_fidelity")])  # no sandbox needed
-    after = report.checks[names.index("interface_fidelity") + 1:]
+    assert all(c.passed is True for c in report.checks[: names.index("interface_fidelity")])  # no sandbox needed
+    after = report.checks[names.index("interface_fidelity") + 1 :]
     assert after and all(c.passed is None and "time budget ran out" in c.evidence for c in after)
 
 
@@ -61,10 +66,14 @@ def test_a_report_goes_stale_when_the_targets_frozen_interface_changes(tmp_path,
     manifest.write_text(manifest.read_text().replace('id = "trace/tau2-retail-v0"', 'id = "trace/test-retail-copy-v0"'))
     env = registry / "order-lookup"
     shutil.copytree(ORDER_LOOKUP, env)
-    (env / "manifest.toml").write_text((env / "manifest.toml").read_text().replace("trace/tau2-retail-v0", "trace/test-retail-copy-v0"))
+    (env / "manifest.toml").write_text(
+        (env / "manifest.toml").read_text().replace("trace/tau2-retail-v0", "trace/test-retail-copy-v0")
+    )
     monkeypatch.setenv("TRACE_GYM_REGISTRY_PATH", str(registry))
 
-    report = validate(env, backend="bwrap", config=ValidationConfig(seeds=20, floor_seeds=5, determinism_seeds=1, seed=0))
+    report = validate(
+        env, backend="bwrap", config=ValidationConfig(seeds=20, floor_seeds=5, determinism_seeds=1, seed=0)
+    )
     assert report.passed, report.table()
     entry = get_entry("trace/test-order-lookup-v0")
     assert entry.validation_status() == "passed"
@@ -89,10 +98,30 @@ def test_result_problems_name_what_differs_from_the_target():
     renamed = {("orderId" if k == "order_id" else k): v for k, v in order.items()}
     problem = result_problems(shapes, "get_order_details", json.dumps(renamed))[0]
     assert "missing 'order_id'" in problem and "fields the target never writes: 'orderId'" in problem
-    assert "expected number" in result_problems(shapes, "get_order_details", json.dumps(dict(order, items=[
-        {"name": "Lamp", "product_id": "1", "item_id": "2", "price": "12.50", "options": {}}])))[0]
+    assert (
+        "expected number"
+        in result_problems(
+            shapes,
+            "get_order_details",
+            json.dumps(
+                dict(
+                    order, items=[{"name": "Lamp", "product_id": "1", "item_id": "2", "price": "12.50", "options": {}}]
+                )
+            ),
+        )[0]
+    )
     assert "not JSON" in result_problems(shapes, "get_order_details", "Your order is pending.")[0]
     assert result_problems(shapes, "get_order_details", "Error: Order not found") == []
     assert result_problems(shapes, "find_user_id_by_email", "sara_doe_496") == []  # tau2 sends this str as is
-    assert "none of" in result_problems(shapes, "get_user_details", json.dumps(dict(
-        example_result(shapes, "get_user_details"), payment_methods={"x": {"source": "bitcoin", "id": "x"}})))[0]
+    assert (
+        "none of"
+        in result_problems(
+            shapes,
+            "get_user_details",
+            json.dumps(
+                dict(
+                    example_result(shapes, "get_user_details"), payment_methods={"x": {"source": "bitcoin", "id": "x"}}
+                )
+            ),
+        )[0]
+    )

@@ -118,7 +118,7 @@ def _call_from_object(obj: Any) -> ToolCall:
         raise _Malformed("the call has no 'name' string")
     extra = set(obj) - {"name", "arguments", "parameters", "id", "type"}
     if extra:
-        raise _Malformed(f"unexpected keys {sorted(extra)}; a call is {{\"name\": ..., \"arguments\": {{...}}}}")
+        raise _Malformed(f'unexpected keys {sorted(extra)}; a call is {{"name": ..., "arguments": {{...}}}}')
     arguments = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(arguments, str):
         try:

@@ -62,8 +62,11 @@ def from_row(cls: type[T], row: Any, where: str) -> T:
     if not isinstance(row, dict):
         raise ArtifactError(f"{where}: expected an object, got {type(row).__name__}")
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    required = {f.name for f in dataclasses.fields(cls)  # type: ignore[arg-type]
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    required = {
+        f.name
+        for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    }
     unknown, missing = sorted(set(row) - names), sorted(required - set(row))
     if unknown or missing:
         problem = "; ".join([*(f"unknown field '{n}'" for n in unknown), *(f"missing field '{n}'" for n in missing)])
@@ -76,11 +79,14 @@ def check_version(payload: Any, path: Path) -> None:
         raise ArtifactError(f"{path}: expected an object, got a {type(payload).__name__}")
     version = payload.get("version")
     if version is not None and version != SCHEMA_VERSION:  # None: written before versioning, same fields
-        raise ArtifactError(f"{path}: schema version {version!r}, this trace-gym reads {SCHEMA_VERSION}; "
-                            "redo the stage that wrote it (trace-gym run --from STAGE)")
+        raise ArtifactError(
+            f"{path}: schema version {version!r}, this trace-gym reads {SCHEMA_VERSION}; "
+            "redo the stage that wrote it (trace-gym run --from STAGE)"
+        )
 
 
 # --- identification -------------------------------------------------------------------------
+
 
 @dataclass
 class Identification:
@@ -115,9 +121,14 @@ class Identification:
 
     def save(self, folder: str | Path) -> Path:
         folder = Path(folder)
-        payload = {"version": SCHEMA_VERSION, "selected": [asdict(c) for c in self.selected],
-                   "candidates": [asdict(c) for c in self.candidates], "analyst": self.analyst,
-                   "agreement_with_gold": self.agreement_with_gold, "degenerate": self.degenerate}
+        payload = {
+            "version": SCHEMA_VERSION,
+            "selected": [asdict(c) for c in self.selected],
+            "candidates": [asdict(c) for c in self.candidates],
+            "analyst": self.analyst,
+            "agreement_with_gold": self.agreement_with_gold,
+            "degenerate": self.degenerate,
+        }
         path = write_json(folder / self.FILE, payload)
         tmp = folder / (self.LABELS + ".tmp")
         tmp.write_text("".join(json.dumps(asdict(label)) + "\n" for label in self.labels), encoding="utf-8")
@@ -133,13 +144,20 @@ class Identification:
         if not isinstance(payload, dict):
             raise ArtifactError(f"{path}: expected identify's object, got a {type(payload).__name__}")
         check_version(payload, path)
-        candidates = [from_row(SelectedCapability, row, f"{path} candidate {i}")
-                      for i, row in enumerate(payload.get("candidates") or [])]
+        candidates = [
+            from_row(SelectedCapability, row, f"{path} candidate {i}")
+            for i, row in enumerate(payload.get("candidates") or [])
+        ]
         selected = [row.get("name") if isinstance(row, dict) else row for row in payload.get("selected") or []]
         if sorted(selected) != sorted(c.name for c in candidates if c.selected):
             raise ArtifactError(f"{path}: 'selected' disagrees with the candidates' own 'selected' flags")
-        return cls(candidates, payload.get("analyst") or {}, payload.get("agreement_with_gold") or {},
-                   payload.get("degenerate"), read_labels(folder / cls.LABELS))
+        return cls(
+            candidates,
+            payload.get("analyst") or {},
+            payload.get("agreement_with_gold") or {},
+            payload.get("degenerate"),
+            read_labels(folder / cls.LABELS),
+        )
 
 
 def read_labels(path: Path) -> list[Label]:
@@ -157,6 +175,7 @@ def read_labels(path: Path) -> list[Label]:
 
 
 # --- training envs ----------------------------------------------------------------------------
+
 
 @dataclass
 class EnvRecord:
@@ -254,9 +273,14 @@ class AdapterSet:
         return next((a for a in self.adapters if a.name == name), None)
 
     def save(self, folder: str | Path) -> Path:
-        return write_json(Path(folder) / self.FILE, {"version": SCHEMA_VERSION,
-                                                     "adapters": [asdict(a) for a in self.adapters],
-                                                     "untrainable": [asdict(u) for u in self.untrainable]})
+        return write_json(
+            Path(folder) / self.FILE,
+            {
+                "version": SCHEMA_VERSION,
+                "adapters": [asdict(a) for a in self.adapters],
+                "untrainable": [asdict(u) for u in self.untrainable],
+            },
+        )
 
     @classmethod
     def load(cls, path: str | Path) -> "AdapterSet":
@@ -265,12 +289,16 @@ class AdapterSet:
         if isinstance(payload, list):  # written before versioning: the adapters alone
             payload = {"version": SCHEMA_VERSION, "adapters": payload, "untrainable": []}
         check_version(payload, path)
-        adapters = [from_row(AdapterRecord, row, f"{path} adapter {i}") for i, row in enumerate(payload.get("adapters") or [])]
+        adapters = [
+            from_row(AdapterRecord, row, f"{path} adapter {i}") for i, row in enumerate(payload.get("adapters") or [])
+        ]
         for a in adapters:
             if a.kind not in cls.KINDS:
                 raise ArtifactError(f"{path}: adapter '{a.name}' has kind '{a.kind}' (one of {', '.join(cls.KINDS)})")
-        untrainable = [from_row(UntrainableRecord, row, f"{path} untrainable {i}")
-                       for i, row in enumerate(payload.get("untrainable") or [])]
+        untrainable = [
+            from_row(UntrainableRecord, row, f"{path} untrainable {i}")
+            for i, row in enumerate(payload.get("untrainable") or [])
+        ]
         return cls(adapters, untrainable)
 
 

@@ -52,8 +52,11 @@ def from_table(cls: type[T], table: Any, section: str) -> T:
     values = {}
     for name, value in table.items():
         values[name] = _coerce(value, hints[name], f"[{section}] {name}")
-    missing = [n for n, f in fields.items() if n not in values and f.default is dataclasses.MISSING
-               and f.default_factory is dataclasses.MISSING]
+    missing = [
+        n
+        for n, f in fields.items()
+        if n not in values and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
     if missing:
         raise ConfigError(f"[{section}] {missing[0]}: required")
     try:

@@ -65,10 +65,10 @@ def _create_any_text_memory(space: AnyText, n: int = 1, ctx: Any = multiprocessi
 @shared_memory.write_to_shared_memory.register(AnyText)
 def _write_any_text(space: AnyText, index: int, value: str, memory: Any) -> None:
     size = space.max_length + 1
-    slot = np.frombuffer(memory.get_obj(), dtype=np.int32)[index * size:(index + 1) * size]
+    slot = np.frombuffer(memory.get_obj(), dtype=np.int32)[index * size : (index + 1) * size]
     codes = np.frombuffer(value.encode("utf-32-le"), dtype=np.int32)
     slot[0] = len(codes)
-    slot[1:1 + len(codes)] = codes
+    slot[1 : 1 + len(codes)] = codes
 
 
 class SharedTexts(Sequence):
@@ -84,7 +84,7 @@ class SharedTexts(Sequence):
         if isinstance(index, slice):
             return tuple(self[i] for i in range(*index.indices(len(self))))
         row = self._rows[index]
-        return row[1:1 + int(row[0])].tobytes().decode("utf-32-le")
+        return row[1 : 1 + int(row[0])].tobytes().decode("utf-32-le")
 
     def __deepcopy__(self, memo: dict) -> tuple[str, ...]:
         return tuple(self)
@@ -241,7 +241,11 @@ class TextEnv(gym.Env[str, str]):
             observation, results = self._run_tool_calls(parsed, action)
             info["tool_results"] = results
             ended = next((r for r in results if r["done"]), None)
-            reply = Reply(content=observation, done=True, reason=ended.get("reason") or "env_done", from_user=False) if ended else None
+            reply = (
+                Reply(content=observation, done=True, reason=ended.get("reason") or "env_done", from_user=False)
+                if ended
+                else None
+            )
         else:
             self.messages.append(Message(role="assistant", content=parsed.content, raw=action))
             reply = self._reply(parsed.content)
@@ -264,7 +268,7 @@ class TextEnv(gym.Env[str, str]):
 
     def _new_messages(self) -> list[dict[str, Any]]:
         """What the agent's conversation gained since the last reset or step (OpenAI format)."""
-        new = agent_conversation(self.messages[self._reported:])
+        new = agent_conversation(self.messages[self._reported :])
         self._reported = len(self.messages)
         return new
 
@@ -276,8 +280,10 @@ class TextEnv(gym.Env[str, str]):
         """The transcript as text with ``render_mode="ansi"``; without a render mode,
         None and a warning, as Gymnasium asks."""
         if self.render_mode is None:
-            gym.logger.warn("render() called without a render mode: make the env with render_mode='ansi' "
-                            f"(e.g. gym.make({self.spec.id if self.spec else '...'!r}, render_mode='ansi'))")
+            gym.logger.warn(
+                "render() called without a render mode: make the env with render_mode='ansi' "
+                f"(e.g. gym.make({self.spec.id if self.spec else '...'!r}, render_mode='ansi'))"
+            )
             return None
         lines = []
         for m in self.messages:
@@ -328,7 +334,9 @@ class TextEnv(gym.Env[str, str]):
         return f"tg_call_{self._call_counter}"  # a prefix no benchmark's seeded history uses
 
     def _run_tool_calls(self, parsed: ParsedAction, raw: str) -> tuple[str, list[dict[str, Any]]]:
-        records = [ToolCallRecord(id=self._next_call_id(), name=c.name, arguments=c.arguments) for c in parsed.tool_calls]
+        records = [
+            ToolCallRecord(id=self._next_call_id(), name=c.name, arguments=c.arguments) for c in parsed.tool_calls
+        ]
         # The agent's own text around its calls stays in the transcript: a model is conditioned on it.
         self.messages.append(Message(role="assistant", content=parsed.thought or None, tool_calls=records, raw=raw))
         results = []
@@ -338,8 +346,14 @@ class TextEnv(gym.Env[str, str]):
                 Message(role="tool", tool_call_id=record.id, name=call.name, content=result.content, error=result.error)
             )
             results.append(
-                {"id": record.id, "name": call.name, "content": result.content, "error": result.error, "done": result.done,
-                 **({"reason": result.reason} if result.reason else {})}
+                {
+                    "id": record.id,
+                    "name": call.name,
+                    "content": result.content,
+                    "error": result.error,
+                    "done": result.done,
+                    **({"reason": result.reason} if result.reason else {}),
+                }
             )
         return render_tool_results(results), results
 
@@ -373,11 +387,22 @@ def turn_messages(action: str, observation: str, info: dict[str, Any]) -> list[d
     parsed = parse_action(action)
     if parsed.kind == "tool_calls":
         stem = f"call_{zlib.crc32(action.encode()):08x}"
-        records = [ToolCallRecord(id=f"{stem}_{n}", name=c.name, arguments=c.arguments) for n, c in enumerate(parsed.tool_calls)]
-        results = [{"role": "tool", "tool_call_id": r.id, "content": observation if n == len(records) - 1
-                    else "(answered with the last call of this turn)"} for n, r in enumerate(records)]
-        return [{"role": "assistant", "content": parsed.thought or None, "tool_calls": [r.to_openai() for r in records]},
-                *results]
+        records = [
+            ToolCallRecord(id=f"{stem}_{n}", name=c.name, arguments=c.arguments)
+            for n, c in enumerate(parsed.tool_calls)
+        ]
+        results = [
+            {
+                "role": "tool",
+                "tool_call_id": r.id,
+                "content": observation if n == len(records) - 1 else "(answered with the last call of this turn)",
+            }
+            for n, r in enumerate(records)
+        ]
+        return [
+            {"role": "assistant", "content": parsed.thought or None, "tool_calls": [r.to_openai() for r in records]},
+            *results,
+        ]
     return [{"role": "assistant", "content": action}, {"role": "user", "content": observation}]
 
 

@@ -45,8 +45,10 @@ def live_result_shapes(env_id: str) -> dict[str, Any]:
         if hasattr(env.unwrapped, "result_shapes"):
             return env.unwrapped.result_shapes()
         if not callable(getattr(env.unwrapped, "oracle_actions", None)):
-            raise TraceGymError(f"{env_id} cannot describe what its tools return: give it result_shapes() or "
-                                "oracle_actions() (docs/targets.md); nothing was written")
+            raise TraceGymError(
+                f"{env_id} cannot describe what its tools return: give it result_shapes() or "
+                "oracle_actions() (docs/targets.md); nothing was written"
+            )
         return None
 
     declared = _from_live_target(env_id, shapes)
@@ -80,8 +82,10 @@ def observed_result_shapes(env: Any, env_id: str) -> dict[str, Any]:
             if terminated or truncated:
                 break
     if not seen:
-        raise TraceGymError(f"{env_id}: its reference solutions called no tool, so nothing shows what its tools return; "
-                            "give it result_shapes(); nothing was written")
+        raise TraceGymError(
+            f"{env_id}: its reference solutions called no tool, so nothing shows what its tools return; "
+            "give it result_shapes(); nothing was written"
+        )
     env.reset(seed=0, options={"task_id": tasks[0]} if tasks else None)
     refusal, *_ = env.step('{"name": "trace_gym_no_such_tool", "arguments": {}}')
     prefix = refusal.split(":", 1)[0] + ": " if ":" in refusal[:40] else "Error: "
@@ -107,8 +111,13 @@ def observed_result_shapes(env: Any, env_id: str) -> dict[str, Any]:
 
 def _schema_of(value: Any) -> dict[str, Any]:
     if isinstance(value, dict):
-        return {"type": "object", "properties": {k: _schema_of(v) for k, v in value.items()}, "required": sorted(value),
-                "additionalProperties": False, "x-observed": True}
+        return {
+            "type": "object",
+            "properties": {k: _schema_of(v) for k, v in value.items()},
+            "required": sorted(value),
+            "additionalProperties": False,
+            "x-observed": True,
+        }
     if isinstance(value, list):
         items = [_schema_of(v) for v in value]
         merged = items[0] if items else {}
@@ -129,14 +138,24 @@ def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         props = dict(a["properties"])
         for k, v in b["properties"].items():
             props[k] = _merge(props[k], v) if k in props else v
-        return {"type": "object", "properties": props, "required": sorted(set(a["required"]) & set(b["required"])),
-                "additionalProperties": False, "x-observed": True}
+        return {
+            "type": "object",
+            "properties": props,
+            "required": sorted(set(a["required"]) & set(b["required"])),
+            "additionalProperties": False,
+            "x-observed": True,
+        }
     if a.get("type") == b.get("type") == "array":
         return {"type": "array", "items": _merge(a.get("items") or {}, b.get("items") or {})}
     if a == b:
         return a
-    kinds = sorted({*(a["type"] if isinstance(a.get("type"), list) else [a.get("type")]),
-                    *(b["type"] if isinstance(b.get("type"), list) else [b.get("type")])} - {None})
+    kinds = sorted(
+        {
+            *(a["type"] if isinstance(a.get("type"), list) else [a.get("type")]),
+            *(b["type"] if isinstance(b.get("type"), list) else [b.get("type")]),
+        }
+        - {None}
+    )
     return {"type": kinds}
 
 
@@ -147,7 +166,9 @@ def freeze_tools(env_id: str) -> list[Path]:
 
     entry = get_entry(env_id)
     if entry.kind != "target":
-        raise TraceGymError(f"{env_id} is not a target; only targets' schemas are frozen (a synthesized env shows its target's)")
+        raise TraceGymError(
+            f"{env_id} is not a target; only targets' schemas are frozen (a synthesized env shows its target's)"
+        )
     tools, shapes = live_tools(env_id), live_result_shapes(env_id)
     staging = entry.path / ".freeze"
     staging.mkdir(exist_ok=True)

@@ -96,7 +96,8 @@ class GEPAConfig:
             raise GEPAError(
                 f"a budget of {self.budget} episodes cannot pay for the seed prompt's validation ({self.val_tasks}) "
                 f"and one GEPA iteration (2 x {self.minibatch} minibatch episodes, then {self.val_tasks} to validate a "
-                f"better prompt): give at least {first_iteration}, or fewer validation tasks / a smaller minibatch")
+                f"better prompt): give at least {first_iteration}, or fewer validation tasks / a smaller minibatch"
+            )
         if not self.seed_prompt.strip():
             raise GEPAError("the seed prompt is empty; GEPA evolves a prompt from a seed")
         return self
@@ -132,6 +133,7 @@ class GEPAOutcome:
 
 # --- the rollout side: GEPA's adapter --------------------------------------------------------
 
+
 class RolloutAdapter:
     """GEPA's adapter over trace-gym: ``evaluate`` plays real episodes of the target
     with the candidate's instructions (one trajectory file per call), and
@@ -161,17 +163,41 @@ class RolloutAdapter:
         unique = list(dict.fromkeys(str(t) for t in batch))  # a task asked twice in one batch is played once
         text = candidate[COMPONENT]
         env_kwargs = {"max_steps": self.config.max_steps} if self.config.max_steps else {}
-        rollout(self.config.env, "llm", path, overwrite=True, task_ids=unique, seed=self.config.seed + self.calls,
-                agent_kwargs={"model": self.policy, "instructions": text, "temperature": self.config.temperature,
-                              "max_new_tokens": self.config.max_new_tokens},
-                split=self.config.split, env_kwargs=env_kwargs, progress=False,
-                batch=self.config.batch if self.local else 1, workers=1 if self.local else self.config.workers)
+        rollout(
+            self.config.env,
+            "llm",
+            path,
+            overwrite=True,
+            task_ids=unique,
+            seed=self.config.seed + self.calls,
+            agent_kwargs={
+                "model": self.policy,
+                "instructions": text,
+                "temperature": self.config.temperature,
+                "max_new_tokens": self.config.max_new_tokens,
+            },
+            split=self.config.split,
+            env_kwargs=env_kwargs,
+            progress=False,
+            batch=self.config.batch if self.local else 1,
+            workers=1 if self.local else self.config.workers,
+        )
         by_task = {t.task_id: t for t in read_trajectories(path)}
         self.rollouts += len(by_task)
         with (self.folder / "calls.jsonl").open("a", encoding="utf-8") as log:
-            log.write(json.dumps({"call": self.calls, "candidate": prompt_id(text), "tasks": unique,
-                                  "episodes": len(by_task), "rollouts_so_far": self.rollouts,
-                                  "scores": {t: by_task[t].reward for t in unique}}) + "\n")
+            log.write(
+                json.dumps(
+                    {
+                        "call": self.calls,
+                        "candidate": prompt_id(text),
+                        "tasks": unique,
+                        "episodes": len(by_task),
+                        "rollouts_so_far": self.rollouts,
+                        "scores": {t: by_task[t].reward for t in unique},
+                    }
+                )
+                + "\n"
+            )
         trajectories = [by_task[str(t)] for t in batch]
         return EvaluationBatch(
             outputs=[{"task_id": t.task_id, "reward": t.reward, "success": t.success} for t in trajectories],
@@ -180,14 +206,18 @@ class RolloutAdapter:
             num_metric_calls=len(by_task),
         )
 
-    def make_reflective_dataset(self, candidate: dict[str, str], eval_batch: Any,
-                                components_to_update: list[str]) -> dict[str, list[dict[str, Any]]]:
+    def make_reflective_dataset(
+        self, candidate: dict[str, str], eval_batch: Any, components_to_update: list[str]
+    ) -> dict[str, list[dict[str, Any]]]:
         episodes = sorted(eval_batch.trajectories or [], key=lambda t: t.reward)  # failures first
-        records = [{
-            "Task": _first_user_message(t)[:600],
-            "Transcript": condensed_transcript(t, self.transcript_chars),
-            "Feedback": feedback(t),
-        } for t in episodes]
+        records = [
+            {
+                "Task": _first_user_message(t)[:600],
+                "Transcript": condensed_transcript(t, self.transcript_chars),
+                "Feedback": feedback(t),
+            }
+            for t in episodes
+        ]
         return {name: records for name in components_to_update}
 
 
@@ -230,8 +260,10 @@ def feedback(t: Any) -> str:
     """The env's verdict in words: reward, how the episode ended, which reward
     components failed, and the expected actions that were not taken (by name)."""
     info = t.reward_info or {}
-    parts = [f"reward {t.reward:.2f} ({'solved' if t.success else 'not solved'})",
-             f"the episode ended by {t.termination_reason or 'unknown'} after {t.steps} messages"]
+    parts = [
+        f"reward {t.reward:.2f} ({'solved' if t.success else 'not solved'})",
+        f"the episode ended by {t.termination_reason or 'unknown'} after {t.steps} messages",
+    ]
     if info.get("components"):
         parts.append("reward components: " + ", ".join(f"{k}={v:g}" for k, v in sorted(info["components"].items())))
     if info.get("reason"):
@@ -250,6 +282,7 @@ def feedback(t: Any) -> str:
 
 # --- the reflection side ----------------------------------------------------------------------
 
+
 class Reflector:
     """GEPA's ``reflection_lm``: a prompt in, the model's text out, calls and tokens counted."""
 
@@ -267,8 +300,9 @@ class Reflector:
 
         messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
         try:
-            [completion] = self.backend.complete([GenerationRequest(messages=messages, tools=None,
-                                                                    max_new_tokens=self.max_new_tokens, temperature=0.0)])
+            [completion] = self.backend.complete(
+                [GenerationRequest(messages=messages, tools=None, max_new_tokens=self.max_new_tokens, temperature=0.0)]
+            )
         except TraceGymError as exc:
             self.error = self.error or str(exc)
             raise
@@ -309,6 +343,7 @@ class SearchLog:
 
 # --- the search ------------------------------------------------------------------------------
 
+
 def split_tasks(config: GEPAConfig) -> tuple[list[str], list[str]]:
     """GEPA's train and validation tasks: the first ``tasks`` of the target's ``split``,
     the last ``val_tasks`` of them for validation."""
@@ -325,9 +360,11 @@ def split_tasks(config: GEPAConfig) -> tuple[list[str], list[str]]:
     if config.tasks is not None:
         task_ids = task_ids[: config.tasks]
     if len(task_ids) <= config.val_tasks:
-        raise GEPAError(f"{config.env} split '{config.split}' gives {len(task_ids)} tasks; GEPA needs more than the "
-                        f"{config.val_tasks} validation tasks (the rest are its train set)")
-    return task_ids[: -config.val_tasks], task_ids[-config.val_tasks:]
+        raise GEPAError(
+            f"{config.env} split '{config.split}' gives {len(task_ids)} tasks; GEPA needs more than the "
+            f"{config.val_tasks} validation tasks (the rest are its train set)"
+        )
+    return task_ids[: -config.val_tasks], task_ids[-config.val_tasks :]
 
 
 def make_models(config: GEPAConfig) -> tuple[Any, Any, str | None]:
@@ -342,8 +379,14 @@ def make_models(config: GEPAConfig) -> tuple[Any, Any, str | None]:
     return policy, reflection, warning
 
 
-def run_gepa(config: GEPAConfig, *, resume: bool = False, say: Callable[[str], None] = print,
-             progress: bool = False, models: tuple[Any, Any, str | None] | None = None) -> GEPAOutcome:
+def run_gepa(
+    config: GEPAConfig,
+    *,
+    resume: bool = False,
+    say: Callable[[str], None] = print,
+    progress: bool = False,
+    models: tuple[Any, Any, str | None] | None = None,
+) -> GEPAOutcome:
     """Run the search (or continue it with ``resume``) and write ``out``; see the module doc."""
     try:
         import gepa
@@ -355,15 +398,24 @@ def run_gepa(config: GEPAConfig, *, resume: bool = False, say: Callable[[str], N
     settings_path = out / "settings.json"
     if settings_path.exists():
         if not resume:
-            raise GEPAError(f"{out} already holds a GEPA search; pass --resume to continue or keep it, or choose another --out")
+            raise GEPAError(
+                f"{out} already holds a GEPA search; pass --resume to continue or keep it, or choose another --out"
+            )
         recorded = json.loads(settings_path.read_text(encoding="utf-8"))
         if recorded != json.loads(json.dumps(config.settings())):
-            changed = sorted(k for k in set(recorded) | set(config.settings()) if recorded.get(k) != config.settings().get(k))
+            changed = sorted(
+                k for k in set(recorded) | set(config.settings()) if recorded.get(k) != config.settings().get(k)
+            )
             raise GEPAError(f"{out} holds a search with other settings ({', '.join(changed)}); choose another --out")
         if (out / "gepa.json").exists():
             say(f"{out}: the search is finished; kept")
-            return GEPAOutcome(**{k: v for k, v in json.loads((out / "gepa.json").read_text()).items()
-                                  if k in GEPAOutcome.__dataclass_fields__})
+            return GEPAOutcome(
+                **{
+                    k: v
+                    for k, v in json.loads((out / "gepa.json").read_text()).items()
+                    if k in GEPAOutcome.__dataclass_fields__
+                }
+            )
     train, val = split_tasks(config)
     policy, reflection_backend, warning = models or make_models(config)
     out.mkdir(parents=True, exist_ok=True)  # only now: a mistake above leaves nothing behind to refuse a rerun
@@ -371,13 +423,16 @@ def run_gepa(config: GEPAConfig, *, resume: bool = False, say: Callable[[str], N
     if warning:
         say(f"WARNING: {warning}")
     reflector = Reflector(reflection_backend, config.reflection_max_tokens)
-    adapter = RolloutAdapter(config, policy, out / "episodes",
-                             transcript_chars=1500 if warning else 4000)  # the small model's context is 8k tokens
+    adapter = RolloutAdapter(
+        config, policy, out / "episodes", transcript_chars=1500 if warning else 4000
+    )  # the small model's context is 8k tokens
     if adapter.rollouts:
         say(f"resuming: {adapter.rollouts} episodes already played")
     iteration_cost = 2 * config.minibatch + len(val)
-    say(f"GEPA on {config.env} ({config.split}: {len(train)} train, {len(val)} validation tasks), budget "
-        f"{config.budget} episodes, reflection {reflection_backend.name}")
+    say(
+        f"GEPA on {config.env} ({config.split}: {len(train)} train, {len(val)} validation tasks), budget "
+        f"{config.budget} episodes, reflection {reflection_backend.name}"
+    )
     started = time.perf_counter()
     result = gepa.optimize(
         seed_candidate={COMPONENT: config.seed_prompt},
@@ -398,33 +453,67 @@ def run_gepa(config: GEPAConfig, *, resume: bool = False, say: Callable[[str], N
     )
     wall = time.perf_counter() - started
     if reflector.error:
-        raise GEPAError(f"the reflection model {reflection_backend.name} failed: {reflector.error}; the episodes played "
-                        f"so far are kept in {out / 'episodes'}, --resume continues")
+        raise GEPAError(
+            f"the reflection model {reflection_backend.name} failed: {reflector.error}; the episodes played "
+            f"so far are kept in {out / 'episodes'}, --resume continues"
+        )
     if adapter.rollouts > config.budget:  # cannot happen unless GEPA changes its iteration; never hide it
         raise GEPAError(f"the search played {adapter.rollouts} episodes, over its budget of {config.budget}")
     with (out / "search.jsonl").open("w", encoding="utf-8") as log:
         for i, candidate in enumerate(result.candidates):
-            log.write(json.dumps({"index": i, "parents": result.parents[i], "val_score": result.val_aggregate_scores[i],
-                                  "found_at_metric_calls": result.discovery_eval_counts[i],
-                                  "prompt_id": prompt_id(candidate[COMPONENT]), COMPONENT: candidate[COMPONENT]}) + "\n")
+            log.write(
+                json.dumps(
+                    {
+                        "index": i,
+                        "parents": result.parents[i],
+                        "val_score": result.val_aggregate_scores[i],
+                        "found_at_metric_calls": result.discovery_eval_counts[i],
+                        "prompt_id": prompt_id(candidate[COMPONENT]),
+                        COMPONENT: candidate[COMPONENT],
+                    }
+                )
+                + "\n"
+            )
     best = result.best_candidate[COMPONENT]
     (out / "best_prompt.txt").write_text(best + "\n", encoding="utf-8")
     outcome = GEPAOutcome(
-        best_prompt=best, best_index=result.best_idx, seed_val_score=result.val_aggregate_scores[0],
-        best_val_score=result.val_aggregate_scores[result.best_idx], rollouts=played_episodes(out / "episodes"),
-        budget=config.budget, candidates=len(result.candidates), reflection=reflection_backend.name,
-        reflection_calls=reflector.calls, reflection_tokens=reflector.tokens, train_tasks=train, val_tasks=val,
-        wall_s=round(wall, 1), gepa_metric_calls=result.total_metric_calls, warning=warning, out=str(out),
+        best_prompt=best,
+        best_index=result.best_idx,
+        seed_val_score=result.val_aggregate_scores[0],
+        best_val_score=result.val_aggregate_scores[result.best_idx],
+        rollouts=played_episodes(out / "episodes"),
+        budget=config.budget,
+        candidates=len(result.candidates),
+        reflection=reflection_backend.name,
+        reflection_calls=reflector.calls,
+        reflection_tokens=reflector.tokens,
+        train_tasks=train,
+        val_tasks=val,
+        wall_s=round(wall, 1),
+        gepa_metric_calls=result.total_metric_calls,
+        warning=warning,
+        out=str(out),
     )
     (out / "gepa.json").write_text(json.dumps(outcome.as_dict(), indent=2) + "\n", encoding="utf-8")
-    say(f"{outcome.candidates} candidates from {outcome.rollouts} episodes (budget {config.budget}); validation "
-        f"score {outcome.seed_val_score:.3f} (seed) -> {outcome.best_val_score:.3f} (best, candidate {outcome.best_index})")
+    say(
+        f"{outcome.candidates} candidates from {outcome.rollouts} episodes (budget {config.budget}); validation "
+        f"score {outcome.seed_val_score:.3f} (seed) -> {outcome.best_val_score:.3f} (best, candidate {outcome.best_index})"
+    )
     return outcome
 
 
-def evaluate_prompt(config: GEPAConfig, instructions: str, out: str | Path, *, split: str = "test",
-                    tasks: int | None = None, samples: int = 1, policy: Any = None, cost: dict[str, Any] | None = None,
-                    method: str = "gepa") -> Any:
+def evaluate_prompt(
+    config: GEPAConfig,
+    instructions: str,
+    out: str | Path,
+    *,
+    split: str = "test",
+    tasks: int | None = None,
+    samples: int = 1,
+    policy: Any = None,
+    cost: dict[str, Any] | None = None,
+    method: str = "gepa",
+) -> Any:
     """The held-out row: the policy with ``instructions`` on ``split``, through the same
     rollout loop as every method; returns its ``MethodResult``."""
     from .evaluation import method_result
@@ -433,9 +522,24 @@ def evaluate_prompt(config: GEPAConfig, instructions: str, out: str | Path, *, s
 
     env_kwargs = {"max_steps": config.max_steps} if config.max_steps else {}
     local = not config.model.startswith("openai:")
-    rollout(config.env, "llm", out, resume=True, split=split, limit=tasks, samples=samples, seed=config.seed + 1,
-            agent_kwargs={"model": policy or config.model, "instructions": instructions,
-                          "temperature": config.temperature, "max_new_tokens": config.max_new_tokens},
-            env_kwargs=env_kwargs, batch=config.batch if local else 1, workers=1 if local else config.workers,
-            progress=False)
+    rollout(
+        config.env,
+        "llm",
+        out,
+        resume=True,
+        split=split,
+        limit=tasks,
+        samples=samples,
+        seed=config.seed + 1,
+        agent_kwargs={
+            "model": policy or config.model,
+            "instructions": instructions,
+            "temperature": config.temperature,
+            "max_new_tokens": config.max_new_tokens,
+        },
+        env_kwargs=env_kwargs,
+        batch=config.batch if local else 1,
+        workers=1 if local else config.workers,
+        progress=False,
+    )
     return method_result(method, read_trajectories(out), cost=cost)

@@ -5,7 +5,12 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-HASHED_FILES = ("env.py", "manifest.toml", "tools.json", "results.json")  # results.json: a target's frozen result shapes
+HASHED_FILES = (
+    "env.py",
+    "manifest.toml",
+    "tools.json",
+    "results.json",
+)  # results.json: a target's frozen result shapes
 
 
 def _hashed_manifest_lines(lines: list[bytes]) -> list[bytes]:

@@ -35,8 +35,9 @@ def _openenv() -> Any:
     try:
         from openenv.core import env_server
     except ImportError as exc:
-        raise TraceGymError(f"serving an env over OpenEnv needs openenv-core ({exc}); "
-                            "pip install 'trace-gym[openenv]'") from None
+        raise TraceGymError(
+            f"serving an env over OpenEnv needs openenv-core ({exc}); pip install 'trace-gym[openenv]'"
+        ) from None
     return env_server
 
 
@@ -95,17 +96,30 @@ def registry_environment(env_id: str, env_kwargs: dict[str, Any] | None = None) 
                 self._envs[split] = make(env_id, **base_kwargs, **({"split": split} if split else {}))
             return self._envs[split]
 
-        def reset(self, seed: int | None = None, episode_id: str | None = None, task_id: str | None = None,
-                  split: str | None = None, **kwargs: Any) -> Any:
+        def reset(
+            self,
+            seed: int | None = None,
+            episode_id: str | None = None,
+            task_id: str | None = None,
+            split: str | None = None,
+            **kwargs: Any,
+        ) -> Any:
             if kwargs:
                 raise TraceGymError(f"{env_id}: reset takes seed, episode_id, task_id and split; not {sorted(kwargs)}")
             self._env = self._env_for(split)
-            observation, info = self._env.reset(seed=seed, options={"task_id": str(task_id)} if task_id is not None else None)
+            observation, info = self._env.reset(
+                seed=seed, options={"task_id": str(task_id)} if task_id is not None else None
+            )
             self._state = server.State(episode_id=episode_id or uuid.uuid4().hex, step_count=0)
-            return TextObservation(text=observation, messages=info.get("messages"),
-                                   system_prompt=info.get("system_prompt"), tools=list(info.get("tools") or []),
-                                   task_id=None if info.get("task_id") is None else str(info["task_id"]),
-                                   done=False, reward=None)
+            return TextObservation(
+                text=observation,
+                messages=info.get("messages"),
+                system_prompt=info.get("system_prompt"),
+                tools=list(info.get("tools") or []),
+                task_id=None if info.get("task_id") is None else str(info["task_id"]),
+                done=False,
+                reward=None,
+            )
 
         def step(self, action: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
             if self._env is None:
@@ -113,10 +127,15 @@ def registry_environment(env_id: str, env_kwargs: dict[str, Any] | None = None) 
             observation, reward, terminated, truncated, info = self._env.step(action.text)
             self._state.step_count += 1
             done = bool(terminated or truncated)
-            return TextObservation(text=observation, messages=info.get("messages"), done=done,
-                                   reward=float(reward) if done else 0.0, truncated=bool(truncated),
-                                   termination_reason=info.get("termination_reason"),
-                                   reward_info=info.get("reward_info") if done else None)
+            return TextObservation(
+                text=observation,
+                messages=info.get("messages"),
+                done=done,
+                reward=float(reward) if done else 0.0,
+                truncated=bool(truncated),
+                termination_reason=info.get("termination_reason"),
+                reward_info=info.get("reward_info") if done else None,
+            )
 
         @property
         def state(self) -> Any:
@@ -159,15 +178,27 @@ def openenv_app(env_id: str, *, max_sessions: int = 8, env_kwargs: dict[str, Any
         log.addFilter(_QuietDisconnects())
     server = _openenv()
     TextAction, TextObservation = _types()
-    return server.create_app(registry_environment(env_id, env_kwargs), TextAction, TextObservation, env_name=env_id,
-                             concurrency_config=server.ConcurrencyConfig(max_concurrent_envs=max_sessions))
+    return server.create_app(
+        registry_environment(env_id, env_kwargs),
+        TextAction,
+        TextObservation,
+        env_name=env_id,
+        concurrency_config=server.ConcurrencyConfig(max_concurrent_envs=max_sessions),
+    )
 
 
 class BackgroundServer:
     """``openenv_app`` under uvicorn in a thread (tests, notebooks): ``with`` it, read ``base_url``."""
 
-    def __init__(self, env_id: str, *, host: str = "127.0.0.1", port: int = 0, max_sessions: int = 8,
-                 env_kwargs: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        env_id: str,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_sessions: int = 8,
+        env_kwargs: dict[str, Any] | None = None,
+    ):
         import socket
 
         import uvicorn

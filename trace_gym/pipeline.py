@@ -231,7 +231,9 @@ def config_from_data(data: dict[str, Any]) -> PipelineConfig:
     import typing
 
     hints = typing.get_type_hints(PipelineConfig)
-    config = PipelineConfig(**{name: from_table(hints[name], data.get(name), name) for name in sections if name in data or name == "run"})
+    config = PipelineConfig(
+        **{name: from_table(hints[name], data.get(name), name) for name in sections if name in data or name == "run"}
+    )
     check_config(config)
     return config
 
@@ -279,14 +281,17 @@ def check_config(config: PipelineConfig) -> None:
         from trace_gym.agents import AGENTS
 
         if config.rollout.agent not in AGENTS:
-            raise ConfigError(f"[rollout] agent: unknown agent '{config.rollout.agent}'; use policy or one of "
-                              f"{', '.join(sorted(AGENTS))}")
+            raise ConfigError(
+                f"[rollout] agent: unknown agent '{config.rollout.agent}'; use policy or one of "
+                f"{', '.join(sorted(AGENTS))}"
+            )
     if config.rollout.fallback is not None:
         from trace_gym.agents import AGENTS
 
         if config.rollout.fallback not in AGENTS:
-            raise ConfigError(f"[rollout] fallback: unknown agent '{config.rollout.fallback}'; use one of "
-                              f"{', '.join(sorted(AGENTS))}")
+            raise ConfigError(
+                f"[rollout] fallback: unknown agent '{config.rollout.fallback}'; use one of {', '.join(sorted(AGENTS))}"
+            )
         if config.rollout.agent != "policy":
             raise ConfigError('[rollout] fallback: only applies when the policy plays (agent = "policy")')
     if config.rollout.min_contrast < 0:
@@ -295,8 +300,12 @@ def check_config(config: PipelineConfig) -> None:
         raise ConfigError('[rollout] deficits: only apply with agent = "planted" (or fallback = "planted")')
     if config.rollout.trajectories and not Path(config.rollout.trajectories).is_file():
         raise ConfigError(f"[rollout] trajectories: no file at {config.rollout.trajectories}")
-    for name, value in (("[rollout] samples", config.rollout.samples), ("[evaluate] samples", config.evaluate.samples),
-                        ("[policy] batch", config.policy.batch), ("[policy] workers", config.policy.workers)):
+    for name, value in (
+        ("[rollout] samples", config.rollout.samples),
+        ("[evaluate] samples", config.evaluate.samples),
+        ("[policy] batch", config.policy.batch),
+        ("[policy] workers", config.policy.workers),
+    ):
         if value < 1:
             raise ConfigError(f"{name}: must be at least 1, got {value}")
 
@@ -307,7 +316,9 @@ def grpo_config(config: PipelineConfig, env_ids: list[str], out: str, *, iterati
 
     fixed = sorted({"env_ids", "out", "model"} & set(config.train.grpo))
     if fixed:
-        raise ConfigError(f"[train.grpo] {fixed[0]}: set by the pipeline (the capability envs, adapters/, [policy] model)")
+        raise ConfigError(
+            f"[train.grpo] {fixed[0]}: set by the pipeline (the capability envs, adapters/, [policy] model)"
+        )
     table = {**config.train.grpo, "env_ids": env_ids, "out": out, "model": config.policy.spec}
     run = from_table(GRPOTrainingConfig, table, "train.grpo")
     run.iterations *= iterations_scale
@@ -322,12 +333,25 @@ def gepa_config(config: PipelineConfig, budget: int) -> Any:
     from .gepa_baseline import DEFAULT_SEED_PROMPT, GEPAConfig
 
     g, p = config.gepa, config.policy
-    return GEPAConfig(env=config.run.target, budget=budget, out=str(config.run_dir / "gepa"), model=p.model,
-                      reflection=g.reflection, split=g.split, tasks=g.tasks, val_tasks=g.val_tasks,
-                      minibatch=g.minibatch, seed_prompt=g.seed_prompt or DEFAULT_SEED_PROMPT,
-                      reflection_max_tokens=g.reflection_max_tokens,
-                      temperature=p.temperature, max_new_tokens=p.max_new_tokens, max_steps=config.evaluate.max_steps,
-                      batch=p.batch, workers=p.workers, seed=config.run.seed)
+    return GEPAConfig(
+        env=config.run.target,
+        budget=budget,
+        out=str(config.run_dir / "gepa"),
+        model=p.model,
+        reflection=g.reflection,
+        split=g.split,
+        tasks=g.tasks,
+        val_tasks=g.val_tasks,
+        minibatch=g.minibatch,
+        seed_prompt=g.seed_prompt or DEFAULT_SEED_PROMPT,
+        reflection_max_tokens=g.reflection_max_tokens,
+        temperature=p.temperature,
+        max_new_tokens=p.max_new_tokens,
+        max_steps=config.evaluate.max_steps,
+        batch=p.batch,
+        workers=p.workers,
+        seed=config.run.seed,
+    )
 
 
 def _check_model(spec: str, where: str) -> None:
@@ -345,8 +369,9 @@ def _check_model(spec: str, where: str) -> None:
         if not os.environ.get("OPENAI_BASE_URL") and not os.environ.get("OPENAI_API_KEY"):
             raise ConfigError(f"{where}: {spec} needs an endpoint: set OPENAI_BASE_URL (and OPENAI_API_KEY)")
         return
-    raise ConfigError(f"{where}: unknown model '{spec}'; use {', '.join(EMBEDDED_MODELS)}, hf:<path>, openai:<model> "
-                      "or vllm:<model>")
+    raise ConfigError(
+        f"{where}: unknown model '{spec}'; use {', '.join(EMBEDDED_MODELS)}, hf:<path>, openai:<model> or vllm:<model>"
+    )
 
 
 def _check_template(policy: PolicySettings) -> None:
@@ -377,11 +402,15 @@ def _check_analyst_fits(spec: str, entry: Any) -> None:
     ToolSandbox's milestones, or reference solutions (``oracle_actions()``)."""
     where = "[identify] analyst"
     if spec == "gold" and "domain" not in entry.kwargs:
-        raise ConfigError(f"{where}: gold reads τ²-bench's gold actions, which {entry.id} has not; use reference "
-                          "(its oracle_actions(), if it has them) or openai:<model>")
+        raise ConfigError(
+            f"{where}: gold reads τ²-bench's gold actions, which {entry.id} has not; use reference "
+            "(its oracle_actions(), if it has them) or openai:<model>"
+        )
     if spec == "milestone" and "toolsandbox" not in entry.entry_point:
-        raise ConfigError(f"{where}: milestone reads ToolSandbox's milestones, which {entry.id} has not; use reference "
-                          "or openai:<model>")
+        raise ConfigError(
+            f"{where}: milestone reads ToolSandbox's milestones, which {entry.id} has not; use reference "
+            "or openai:<model>"
+        )
     if spec == "reference":
         import importlib
 
@@ -393,14 +422,19 @@ def _check_analyst_fits(spec: str, entry: Any) -> None:
         try:
             cls = getattr(importlib.import_module(module), name)
         except Exception as exc:  # noqa: BLE001 - a user's module: any error it raises is theirs, said in one line
-            raise ConfigError(f"[run] target: {entry.id}'s entry point {entry.entry_point} cannot be loaded ({exc})") from None
+            raise ConfigError(
+                f"[run] target: {entry.id}'s entry point {entry.entry_point} cannot be loaded ({exc})"
+            ) from None
         method = getattr(cls, "oracle_actions", None)
         if not callable(method) or method is TextEnv.oracle_actions:
-            raise ConfigError(f"{where}: reference reads a target's reference solutions; {entry.id} has no "
-                              "oracle_actions() (docs/targets.md); use openai:<model>")
+            raise ConfigError(
+                f"{where}: reference reads a target's reference solutions; {entry.id} has no "
+                "oracle_actions() (docs/targets.md); use openai:<model>"
+            )
 
 
 # --- the run directory and its state -------------------------------------------------------
+
 
 class PipelineError(TraceGymError):
     """A run that cannot go on as asked (an existing run without --resume, a missing upstream stage)."""
@@ -442,7 +476,7 @@ class RunState:
             return value
         old, new = self.moved
         if isinstance(value, str):
-            return new + value[len(old):] if value == old or value.startswith(old + "/") else value
+            return new + value[len(old) :] if value == old or value.startswith(old + "/") else value
         if isinstance(value, dict):
             return {k: self.path_in(v) for k, v in value.items()}
         if isinstance(value, list):
@@ -451,7 +485,9 @@ class RunState:
 
     def save(self) -> None:
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"stages": {k: dataclasses.asdict(v) for k, v in self.stages.items()}}, indent=2) + "\n")
+        tmp.write_text(
+            json.dumps({"stages": {k: dataclasses.asdict(v) for k, v in self.stages.items()}}, indent=2) + "\n"
+        )
         tmp.replace(self.path)
 
 
@@ -472,15 +508,18 @@ def stage_inputs_hash(config: PipelineConfig, stage: str, state: RunState) -> st
 StageFn = Callable[[PipelineConfig, RunState, Callable[[str], None]], dict[str, Any]]
 
 
-def run_pipeline(config: PipelineConfig, *, resume: bool = False, from_stage: str | None = None,
-                 say: Callable[[str], None] = print) -> Path:
+def run_pipeline(
+    config: PipelineConfig, *, resume: bool = False, from_stage: str | None = None, say: Callable[[str], None] = print
+) -> Path:
     """Run the configured stages in order; returns the path of ``report.md``."""
     run_dir = config.run_dir
     if from_stage is not None and from_stage not in config.run.stages:
         raise PipelineError(f"--from {from_stage}: not one of this run's stages ({', '.join(config.run.stages)})")
     if run_dir.exists() and (run_dir / "state.json").exists() and not resume and from_stage is None:
-        raise PipelineError(f"{run_dir} already holds a run; pass --resume to continue it (finished stages with "
-                            "unchanged inputs are kept) or --from STAGE to redo from a stage, or choose another [run] dir")
+        raise PipelineError(
+            f"{run_dir} already holds a run; pass --resume to continue it (finished stages with "
+            "unchanged inputs are kept) or --from STAGE to redo from a stage, or choose another [run] dir"
+        )
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(to_table(config), indent=2, default=str) + "\n")
     state = RunState(run_dir)
@@ -503,8 +542,13 @@ def _run_stage(config: PipelineConfig, state: RunState, stage: str, say: Callabl
     say(f"[{stage}] running")
     started = time.perf_counter()
     outputs = STAGE_FUNCTIONS[stage](config, state, lambda m, s=stage: say(f"[{s}] {m}"))
-    state.stages[stage] = StageRecord(stage, inputs, outputs, round(time.perf_counter() - started, 1),
-                                      datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    state.stages[stage] = StageRecord(
+        stage,
+        inputs,
+        outputs,
+        round(time.perf_counter() - started, 1),
+        datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
     # A redone stage invalidates what came after it: their recorded inputs no longer match.
     state.save()
     say(f"[{stage}] done in {state.stages[stage].wall_s:.0f}s ({_summary(outputs)})")
@@ -528,13 +572,23 @@ def load_run(run_dir: str | Path) -> tuple[PipelineConfig, RunState]:
     return config, state
 
 
-def evaluate_run(run_dir: str | Path, *, methods: list[str] | None = None, split: str | None = None,
-                 tasks: int | None = None, samples: int | None = None, say: Callable[[str], None] = print) -> Path:
+def evaluate_run(
+    run_dir: str | Path,
+    *,
+    methods: list[str] | None = None,
+    split: str | None = None,
+    tasks: int | None = None,
+    samples: int | None = None,
+    say: Callable[[str], None] = print,
+) -> Path:
     """``trace-gym evaluate RUN``: the evaluate stage alone, over the artifacts of an
     earlier run, with its ``[evaluate]`` settings or these; returns ``report.md``."""
     config, state = load_run(run_dir)
-    changes = {k: v for k, v in {"methods": methods, "split": split, "tasks": tasks, "samples": samples}.items()
-               if v is not None}
+    changes = {
+        k: v
+        for k, v in {"methods": methods, "split": split, "tasks": tasks, "samples": samples}.items()
+        if v is not None
+    }
     config.evaluate = dataclasses.replace(config.evaluate, **changes)
     if "evaluate" not in config.run.stages:
         config.run.stages = [*config.run.stages, "evaluate"]
@@ -547,8 +601,9 @@ def evaluate_run(run_dir: str | Path, *, methods: list[str] | None = None, split
     return write_report(config, state)
 
 
-def route_run(run_dir: str | Path, *, messages: list[str] | None = None, split: str | None = None,
-              tasks: int | None = None) -> list[tuple[str, Any]]:
+def route_run(
+    run_dir: str | Path, *, messages: list[str] | None = None, split: str | None = None, tasks: int | None = None
+) -> list[tuple[str, Any]]:
     """``trace-gym route RUN``: the routing decision of TRACE's router, built from an
     earlier run's artifacts, for each message, or for the first observation of each task
     of ``split`` (the first ``tasks``); returns (task or message, decision) pairs."""
@@ -583,9 +638,14 @@ def _summary(outputs: dict[str, Any]) -> str:
 
 # --- stages --------------------------------------------------------------------------------
 
+
 def _agent_kwargs(config: PipelineConfig, **extra: Any) -> dict[str, Any]:
-    return {"model": config.policy.spec, "temperature": config.policy.temperature,
-            "max_new_tokens": config.policy.max_new_tokens, **extra}
+    return {
+        "model": config.policy.spec,
+        "temperature": config.policy.temperature,
+        "max_new_tokens": config.policy.max_new_tokens,
+        **extra,
+    }
 
 
 def stage_rollout(config: PipelineConfig, state: RunState, say: Callable[[str], None]) -> dict[str, Any]:
@@ -597,40 +657,66 @@ def stage_rollout(config: PipelineConfig, state: RunState, say: Callable[[str], 
     out = config.run_dir / "rollouts" / f"trajectories-{stage_inputs_hash(config, 'rollout', state)[:10]}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     env_kwargs = {"max_steps": config.rollout.max_steps} if config.rollout.max_steps else {}
+
     def play(who: str, path: Path, limit: int | None = config.rollout.tasks) -> dict[str, Any]:
         if who == "policy":
             agent, agent_kwargs = "llm", _agent_kwargs(config)
         else:
             agent, agent_kwargs = who, ({"deficits": config.rollout.deficits} if config.rollout.deficits else {})
-        summary = rollout(config.run.target, agent, path, agent_kwargs=agent_kwargs, split=config.rollout.split,
-                          limit=limit, samples=config.rollout.samples, seed=config.run.seed, resume=True,
-                          env_kwargs=env_kwargs, executor=config.rollout.executor,
-                          workers=config.policy.workers if agent == "llm" else 1,
-                          batch=config.policy.batch if agent == "llm" else 1)  # batching is for model generation
-        return {"trajectories": str(path), "sha256": content_hash(path), "agent": who,
-                "deficits": config.rollout.deficits if who != "policy" else {}, "episodes": summary.episodes,
-                "successes": summary.successes, "pass_rate": summary.successes / max(summary.episodes, 1),
-                "mean_reward": summary.mean_reward, "wall_s": summary.wall_s,
-                "summary": f"{summary.episodes} episodes, pass rate {summary.successes / max(summary.episodes, 1):.3f}"}
+        summary = rollout(
+            config.run.target,
+            agent,
+            path,
+            agent_kwargs=agent_kwargs,
+            split=config.rollout.split,
+            limit=limit,
+            samples=config.rollout.samples,
+            seed=config.run.seed,
+            resume=True,
+            env_kwargs=env_kwargs,
+            executor=config.rollout.executor,
+            workers=config.policy.workers if agent == "llm" else 1,
+            batch=config.policy.batch if agent == "llm" else 1,
+        )  # batching is for model generation
+        return {
+            "trajectories": str(path),
+            "sha256": content_hash(path),
+            "agent": who,
+            "deficits": config.rollout.deficits if who != "policy" else {},
+            "episodes": summary.episodes,
+            "successes": summary.successes,
+            "pass_rate": summary.successes / max(summary.episodes, 1),
+            "mean_reward": summary.mean_reward,
+            "wall_s": summary.wall_s,
+            "summary": f"{summary.episodes} episodes, pass rate {summary.successes / max(summary.episodes, 1):.3f}",
+        }
 
     ceilings = _check_ceilings(config, out.parent, say)
     played = play(config.rollout.agent, out)
     failures = played["episodes"] - played["successes"]
     short = min(played["successes"], failures) < config.rollout.min_contrast
     if config.rollout.agent == "policy" and config.rollout.fallback and short:
-        reason = (f"the policy's {played['episodes']} episodes hold {played['successes']} successes and {failures} "
-                  f"failures, fewer than {config.rollout.min_contrast} of each to contrast")
+        reason = (
+            f"the policy's {played['episodes']} episodes hold {played['successes']} successes and {failures} "
+            f"failures, fewer than {config.rollout.min_contrast} of each to contrast"
+        )
         say(f"{reason}: identification contrasts the {config.rollout.fallback} agent's trajectories instead")
         # (the whole split: a scripted fallback costs no model time, and selection needs contrast)
         fallback = play(config.rollout.fallback, out.with_name(out.stem + f"-{config.rollout.fallback}.jsonl"), None)
         fallback["wall_s"] += played["wall_s"]
-        return {**fallback, "policy": played, "fallback_reason": reason, "ceilings": ceilings,
-                "summary": f"policy: {played['summary']}; too few to contrast, {config.rollout.fallback}: {fallback['summary']}"}
+        return {
+            **fallback,
+            "policy": played,
+            "fallback_reason": reason,
+            "ceilings": ceilings,
+            "summary": f"policy: {played['summary']}; too few to contrast, {config.rollout.fallback}: {fallback['summary']}",
+        }
     return {**played, "ceilings": ceilings}
 
 
-def oracle_ceiling(target: str, out: Path, *, split: str | None, tasks: int | None, max_steps: int | None,
-                   seed: int = 0) -> dict[str, Any] | None:
+def oracle_ceiling(
+    target: str, out: Path, *, split: str | None, tasks: int | None, max_steps: int | None, seed: int = 0
+) -> dict[str, Any] | None:
     """The target's own solutions played on these tasks within ``max_steps``: the most any agent
     can pass there. None when the target knows no solutions (``oracle_actions`` gives None)."""
     from .registry import make
@@ -648,10 +734,16 @@ def oracle_ceiling(target: str, out: Path, *, split: str | None, tasks: int | No
             return None
     finally:
         env.close()
-    summary = rollout(target, "oracle", out, split=split, limit=tasks, seed=seed, resume=True, env_kwargs=env_kwargs,
-                      progress=False)
-    return {"episodes": summary.episodes, "successes": summary.successes, "max_steps": max_steps, "split": split,
-            "trajectories": str(out)}
+    summary = rollout(
+        target, "oracle", out, split=split, limit=tasks, seed=seed, resume=True, env_kwargs=env_kwargs, progress=False
+    )
+    return {
+        "episodes": summary.episodes,
+        "successes": summary.successes,
+        "max_steps": max_steps,
+        "split": split,
+        "trajectories": str(out),
+    }
 
 
 def _check_ceilings(config: PipelineConfig, folder: Path, say: Callable[[str], None]) -> dict[str, Any]:
@@ -664,8 +756,14 @@ def _check_ceilings(config: PipelineConfig, folder: Path, say: Callable[[str], N
     found: dict[str, Any] = {}
     for stage, (max_steps, tasks) in limits.items():
         name = f"oracle-{config.rollout.split}-{max_steps or 'default'}-{tasks or 'all'}.jsonl"
-        ceiling = oracle_ceiling(config.run.target, folder / name, split=config.rollout.split, tasks=tasks,
-                                 max_steps=max_steps, seed=config.run.seed)
+        ceiling = oracle_ceiling(
+            config.run.target,
+            folder / name,
+            split=config.rollout.split,
+            tasks=tasks,
+            max_steps=max_steps,
+            seed=config.run.seed,
+        )
         if ceiling is None:
             return {}  # a target without reference solutions: nothing to measure the limits against
         found[stage] = ceiling
@@ -673,9 +771,12 @@ def _check_ceilings(config: PipelineConfig, folder: Path, say: Callable[[str], N
             raise PipelineError(
                 f"[{stage}] max_steps {max_steps if max_steps else '(the default)'}: the target's own solutions "
                 f"pass none of the first {ceiling['episodes']} {config.rollout.split} tasks within it, so no agent "
-                "can; raise it")
-        say(f"the target's own solutions pass {ceiling['successes']} of {ceiling['episodes']} {config.rollout.split} "
-            f"tasks within [{stage}] max_steps {max_steps or '(default)'}")
+                "can; raise it"
+            )
+        say(
+            f"the target's own solutions pass {ceiling['successes']} of {ceiling['episodes']} {config.rollout.split} "
+            f"tasks within [{stage}] max_steps {max_steps or '(default)'}"
+        )
     return found
 
 
@@ -686,13 +787,22 @@ def _given_trajectories(config: PipelineConfig) -> dict[str, Any]:
     trajectories = read_trajectories(path)
     other = sorted({t.env_id for t in trajectories} - {config.run.target})
     if other:
-        raise PipelineError(f"[rollout] trajectories: {path} holds episodes of {', '.join(other)}, not only of {config.run.target}")
+        raise PipelineError(
+            f"[rollout] trajectories: {path} holds episodes of {', '.join(other)}, not only of {config.run.target}"
+        )
     successes = sum(t.success for t in trajectories)
-    return {"trajectories": str(path), "sha256": content_hash(path), "episodes": len(trajectories), "successes": successes,
-            "pass_rate": successes / max(len(trajectories), 1),
-            "mean_reward": sum(t.reward for t in trajectories) / max(len(trajectories), 1), "wall_s": 0.0,
-            "given": True, "summary": f"{len(trajectories)} given episodes (not rolled out), pass rate "
-                                      f"{successes / max(len(trajectories), 1):.3f}"}
+    return {
+        "trajectories": str(path),
+        "sha256": content_hash(path),
+        "episodes": len(trajectories),
+        "successes": successes,
+        "pass_rate": successes / max(len(trajectories), 1),
+        "mean_reward": sum(t.reward for t in trajectories) / max(len(trajectories), 1),
+        "wall_s": 0.0,
+        "given": True,
+        "summary": f"{len(trajectories)} given episodes (not rolled out), pass rate "
+        f"{successes / max(len(trajectories), 1):.3f}",
+    }
 
 
 def stage_identify(config: PipelineConfig, state: RunState, say: Callable[[str], None]) -> dict[str, Any]:
@@ -709,17 +819,28 @@ def stage_identify(config: PipelineConfig, state: RunState, say: Callable[[str],
         options = {"cache_dir": out / ".analyst_cache"}
     analyst = make_analyst(config.identify.analyst, **options)
     try:
-        result = identify(trajectories, analyst, out, config=config.identify.selection, seed=config.run.seed, progress=say)
+        result = identify(
+            trajectories, analyst, out, config=config.identify.selection, seed=config.run.seed, progress=say
+        )
     except DegenerateInputError as exc:
         # No contrast is possible (all successes or all failures): say so, select nothing.
         Identification([], {"calls": 0, "tokens": 0}, degenerate=str(exc)).save(out)
         say(f"no capability can be selected: {exc}")
-        return {"dir": str(out), "selected": [], "degenerate": str(exc), "analyst_calls": 0,
-                "summary": "nothing selected (no contrast possible)"}
-    return {"dir": str(out), "sha256": content_hash(out / "capabilities.json", out / "labels.jsonl"),
-            "selected": list(result.selected), "analyst_calls": result.analyst.get("calls", 0),
-            "analyst_tokens": result.analyst.get("tokens", 0),
-            "summary": f"selected {', '.join(result.selected) or 'nothing'}"}
+        return {
+            "dir": str(out),
+            "selected": [],
+            "degenerate": str(exc),
+            "analyst_calls": 0,
+            "summary": "nothing selected (no contrast possible)",
+        }
+    return {
+        "dir": str(out),
+        "sha256": content_hash(out / "capabilities.json", out / "labels.jsonl"),
+        "selected": list(result.selected),
+        "analyst_calls": result.analyst.get("calls", 0),
+        "analyst_tokens": result.analyst.get("tokens", 0),
+        "summary": f"selected {', '.join(result.selected) or 'nothing'}",
+    }
 
 
 def content_hash(*paths: Path) -> str:
@@ -738,8 +859,9 @@ def content_hash(*paths: Path) -> str:
 
 def _require(state: RunState, stage: str, by: str) -> dict[str, Any]:
     if stage not in state.stages:
-        raise PipelineError(f"the {by} stage needs the {stage} stage's output; add '{stage}' to [run] stages "
-                            "or run it first")
+        raise PipelineError(
+            f"the {by} stage needs the {stage} stage's output; add '{stage}' to [run] stages or run it first"
+        )
     return state.stages[stage].outputs
 
 
@@ -761,13 +883,21 @@ def stage_synthesize(config: PipelineConfig, state: RunState, say: Callable[[str
         loop = dataclasses.replace(config.synthesize.loop, resume=True)  # a registered env with a matching hash is kept
         unknown = sorted(set(config.synthesize.only) - set(identified["selected"]))
         if unknown:
-            raise PipelineError(f"[synthesize] only: {', '.join(unknown)} not selected by identification "
-                                f"(selected: {', '.join(identified['selected'])})")
-        result = synthesize(Path(identified["dir"]) / "capabilities.json", config.run.target,
-                            analyst=config.synthesize.analyst, registry_dir=registry, config=loop,
-                            only=config.synthesize.only or None,
-                            trajectories=state.stages["rollout"].outputs["trajectories"] if "rollout" in state.stages else None,
-                            cache_dir=out / ".analyst_cache", progress=say)
+            raise PipelineError(
+                f"[synthesize] only: {', '.join(unknown)} not selected by identification "
+                f"(selected: {', '.join(identified['selected'])})"
+            )
+        result = synthesize(
+            Path(identified["dir"]) / "capabilities.json",
+            config.run.target,
+            analyst=config.synthesize.analyst,
+            registry_dir=registry,
+            config=loop,
+            only=config.synthesize.only or None,
+            trajectories=state.stages["rollout"].outputs["trajectories"] if "rollout" in state.stages else None,
+            cache_dir=out / ".analyst_cache",
+            progress=say,
+        )
         from .registry import read_manifest
 
         for o in result.outcomes:
@@ -778,9 +908,15 @@ def stage_synthesize(config: PipelineConfig, state: RunState, say: Callable[[str
         summary = f"{len(envs.trainable())} of {len(envs.envs)} capabilities have an env"
         calls, tokens = result.calls, result.tokens
     envs_json = envs.save(out)
-    return {"envs_json": str(envs_json), "registry": str(registry), "sha256": content_hash(envs_json, registry),
-            "envs": envs.trainable(), "analyst_calls": calls,
-            "analyst_tokens": tokens, "summary": summary}
+    return {
+        "envs_json": str(envs_json),
+        "registry": str(registry),
+        "sha256": content_hash(envs_json, registry),
+        "envs": envs.trainable(),
+        "analyst_calls": calls,
+        "analyst_tokens": tokens,
+        "summary": summary,
+    }
 
 
 def training_plan(config: PipelineConfig, envs: dict[str, str]) -> list[dict[str, Any]]:
@@ -799,8 +935,15 @@ def training_plan(config: PipelineConfig, envs: dict[str, str]) -> list[dict[str
     for cap in config.train.control:
         if cap in envs:
             continue  # selected after all: it is a TRACE adapter, not a control
-        plan.append({"name": f"control-{cap}", "kind": "control", "capability": cap,
-                     "envs": [serving_envs(cap, config.run.target)[0].id], "scale": 1})
+        plan.append(
+            {
+                "name": f"control-{cap}",
+                "kind": "control",
+                "capability": cap,
+                "envs": [serving_envs(cap, config.run.target)[0].id],
+                "scale": 1,
+            }
+        )
     return plan
 
 
@@ -829,29 +972,48 @@ def stage_train(config: PipelineConfig, state: RunState, say: Callable[[str], No
             say(f"({i}/{len(plan)}) {job['name']}: already trained ({run.iterations} iterations); kept")
         else:
             resume = (folder / "run.json").exists()
-            say(f"({i}/{len(plan)}) {job['name']} on {', '.join(job['envs'])}: {run.iterations} iterations of "
-                f"{run.groups}x{run.rollouts_per_group} rollouts" + (" (resuming)" if resume else ""))
+            say(
+                f"({i}/{len(plan)}) {job['name']} on {', '.join(job['envs'])}: {run.iterations} iterations of "
+                f"{run.groups}x{run.rollouts_per_group} rollouts" + (" (resuming)" if resume else "")
+            )
             try:
                 train(run, resume=resume)
-            except (UntrainableEnvError, EnvTurnedError) as exc:  # the run goes on without this adapter; the report says why
+            except (
+                UntrainableEnvError,
+                EnvTurnedError,
+            ) as exc:  # the run goes on without this adapter; the report says why
                 say(f"({i}/{len(plan)}) {job['name']}: not trained: {exc}")
-                made.untrainable.append(UntrainableRecord(job["name"], job["envs"], str(exc), str(folder / "calibration.json")))
+                made.untrainable.append(
+                    UntrainableRecord(job["name"], job["envs"], str(exc), str(folder / "calibration.json"))
+                )
                 continue
         log = TrainLog(folder / "train_log.jsonl").read()
-        made.adapters.append(AdapterRecord(
-            job["name"], job["kind"], job["envs"], str(folder / "adapter"), str(folder / "train_log.jsonl"), run.iterations,
-            rollouts=log[-1]["rollouts"] if log else 0,
-            episodes_played=(log[-1].get("episodes_played", 0) + log[-1].get("calibration_episodes", 0)) if log else 0,
-            calibration=str(folder / "calibration.json") if (folder / "calibration.json").exists() else None,
-            wall_s=log[-1].get("elapsed_s") if log else None,
-            reward_curve=str(folder / "reward_curve.png") if (folder / "reward_curve.png").exists() else None,
-            capability=job.get("capability")))
+        made.adapters.append(
+            AdapterRecord(
+                job["name"],
+                job["kind"],
+                job["envs"],
+                str(folder / "adapter"),
+                str(folder / "train_log.jsonl"),
+                run.iterations,
+                rollouts=log[-1]["rollouts"] if log else 0,
+                episodes_played=(log[-1].get("episodes_played", 0) + log[-1].get("calibration_episodes", 0))
+                if log
+                else 0,
+                calibration=str(folder / "calibration.json") if (folder / "calibration.json").exists() else None,
+                wall_s=log[-1].get("elapsed_s") if log else None,
+                reward_curve=str(folder / "reward_curve.png") if (folder / "reward_curve.png").exists() else None,
+                capability=job.get("capability"),
+            )
+        )
     adapters_json = made.save(out)
     untrainable = [u.name for u in made.untrainable]
-    return {"adapters_json": str(adapters_json),
-            "sha256": content_hash(adapters_json, *[Path(a.adapter) for a in made.adapters]),
-            "summary": f"{len(made.adapters)} adapters; the TRACE adapters used {trace_budget(made)} rollouts"
-                       + (f"; untrainable for this policy: {', '.join(untrainable)}" if untrainable else "")}
+    return {
+        "adapters_json": str(adapters_json),
+        "sha256": content_hash(adapters_json, *[Path(a.adapter) for a in made.adapters]),
+        "summary": f"{len(made.adapters)} adapters; the TRACE adapters used {trace_budget(made)} rollouts"
+        + (f"; untrainable for this policy: {', '.join(untrainable)}" if untrainable else ""),
+    }
 
 
 def stage_gepa(config: PipelineConfig, state: RunState, say: Callable[[str], None]) -> dict[str, Any]:
@@ -864,22 +1026,35 @@ def stage_gepa(config: PipelineConfig, state: RunState, say: Callable[[str], Non
         trained = _require(state, "train", "gepa (its budget is the TRACE adapters' rollouts; or set [gepa] budget)")
         budget = trace_budget(AdapterSet.load(trained["adapters_json"]))
         if budget < 1:
-            raise PipelineError("[gepa] budget: the train stage trained no capability adapter to match; set [gepa] budget")
+            raise PipelineError(
+                "[gepa] budget: the train stage trained no capability adapter to match; set [gepa] budget"
+            )
         say(f"budget {budget} episodes: as many as the TRACE adapters were trained on")
     run = gepa_config(config, budget)
     out = Path(run.out)
-    if (out / "settings.json").exists() and json.loads((out / "settings.json").read_text()) != json.loads(json.dumps(run.settings())):
+    if (out / "settings.json").exists() and json.loads((out / "settings.json").read_text()) != json.loads(
+        json.dumps(run.settings())
+    ):
         import shutil
 
         say(f"the settings changed since {out} was searched; starting the search over")
         shutil.rmtree(out)
     outcome = run_gepa(run, resume=True, say=say)
-    return {"dir": str(out), "best_prompt": outcome.best_prompt, "rollouts": outcome.rollouts, "budget": budget,
-            "reflection": outcome.reflection, "reflection_calls": outcome.reflection_calls,
-            "seed_val_score": outcome.seed_val_score, "best_val_score": outcome.best_val_score,
-            "candidates": outcome.candidates, "wall_s": outcome.wall_s, "warning": outcome.warning,
-            "summary": f"{outcome.candidates} candidates, {outcome.rollouts}/{budget} episodes, validation "
-                       f"{outcome.seed_val_score:.3f} -> {outcome.best_val_score:.3f}"}
+    return {
+        "dir": str(out),
+        "best_prompt": outcome.best_prompt,
+        "rollouts": outcome.rollouts,
+        "budget": budget,
+        "reflection": outcome.reflection,
+        "reflection_calls": outcome.reflection_calls,
+        "seed_val_score": outcome.seed_val_score,
+        "best_val_score": outcome.best_val_score,
+        "candidates": outcome.candidates,
+        "wall_s": outcome.wall_s,
+        "warning": outcome.warning,
+        "summary": f"{outcome.candidates} candidates, {outcome.rollouts}/{budget} episodes, validation "
+        f"{outcome.seed_val_score:.3f} -> {outcome.best_val_score:.3f}",
+    }
 
 
 def eval_context(config: PipelineConfig, state: RunState, backend: Any) -> Any:
@@ -894,17 +1069,30 @@ def eval_context(config: PipelineConfig, state: RunState, backend: Any) -> Any:
         for name in ("adapter", "train_log", "calibration", "reward_curve"):
             setattr(record, name, state.path_in(getattr(record, name)))
     return EvalContext(
-        target=config.run.target, backend=backend, adapters=adapters,
+        target=config.run.target,
+        backend=backend,
+        adapters=adapters,
         identification=Identification.load(outputs["identify"]["dir"]) if "identify" in outputs else None,
         train_trajectories=read_trajectories(outputs["rollout"]["trajectories"]) if "rollout" in outputs else [],
-        gepa=outputs.get("gepa"), calibrate_router=config.evaluate.calibrate_router,
+        gepa=outputs.get("gepa"),
+        calibrate_router=config.evaluate.calibrate_router,
         analyst_calls=sum(outputs[s].get("analyst_calls", 0) for s in ("identify", "synthesize") if s in outputs),
-        pre_training_wall_s=sum(state.stages[s].wall_s for s in ("rollout", "identify", "synthesize") if s in state.stages))
+        pre_training_wall_s=sum(
+            state.stages[s].wall_s for s in ("rollout", "identify", "synthesize") if s in state.stages
+        ),
+    )
 
 
 def stage_evaluate(config: PipelineConfig, state: RunState, say: Callable[[str], None]) -> dict[str, Any]:
-    from .evaluation import (build_methods, lacking_rates, method_result, policy_backend, specificity, task_flips,
-                             write_results)
+    from .evaluation import (
+        build_methods,
+        lacking_rates,
+        method_result,
+        policy_backend,
+        specificity,
+        task_flips,
+        write_results,
+    )
     from .rollout import rollout
     from .store import read_trajectories
 
@@ -920,11 +1108,21 @@ def stage_evaluate(config: PipelineConfig, state: RunState, say: Callable[[str],
         if name == "summed" and hasattr(ctx.backend, "save_adapter"):  # the sum of these adapters, every time
             say(f"summed adapter saved to {ctx.backend.save_adapter('summed', out / 'summed-adapter')} (servable)")
         say(f"{name} on the {config.evaluate.split} split")
-        summary = rollout(config.run.target, built.agent, path,
-                          agent_kwargs={**_agent_kwargs(config, model=ctx.backend), **built.kwargs},
-                          split=config.evaluate.split, limit=config.evaluate.tasks, samples=config.evaluate.samples,
-                          seed=config.run.seed + 1, resume=True, env_kwargs=env_kwargs, batch=config.policy.batch,
-                          workers=config.policy.workers, progress=False)
+        summary = rollout(
+            config.run.target,
+            built.agent,
+            path,
+            agent_kwargs={**_agent_kwargs(config, model=ctx.backend), **built.kwargs},
+            split=config.evaluate.split,
+            limit=config.evaluate.tasks,
+            samples=config.evaluate.samples,
+            seed=config.run.seed + 1,
+            resume=True,
+            env_kwargs=env_kwargs,
+            batch=config.policy.batch,
+            workers=config.policy.workers,
+            progress=False,
+        )
         planned = set(summary.episode_ids)  # the file may hold episodes of an earlier, larger evaluation
         played[name] = ([t for t in read_trajectories(path) if t.episode_id in planned], built, cost)
     base = played["base"][0] if "base" in played else []
@@ -932,8 +1130,10 @@ def stage_evaluate(config: PipelineConfig, state: RunState, say: Callable[[str],
     groups: dict[str, set[str]] = {}  # the truth routing is scored against: where base lacked each capability
     if "base" in labels and config.identify.analyst in TRUTH_ANALYSTS:
         task_of = {t.episode_id: t.task_id for t in base}
-        groups = {c: {task_of[x.episode_id] for x in labels["base"] if x.capability == c and x.label == "LACKING"}
-                  for c in sorted({x.capability for x in labels["base"]})}
+        groups = {
+            c: {task_of[x.episode_id] for x in labels["base"] if x.capability == c and x.label == "LACKING"}
+            for c in sorted({x.capability for x in labels["base"]})
+        }
     results = []
     for name, (trajectories, built, cost) in played.items():
         result = method_result(name, trajectories, groups=groups, routed_capabilities=built.routed, cost=cost)
@@ -949,9 +1149,13 @@ def stage_evaluate(config: PipelineConfig, state: RunState, say: Callable[[str],
             result.specificity = specificity(base_result, result, built.targets)
     paths = write_results(results, out, reward_curves={a.name: Path(a.train_log) for a in adapters.adapters})
     best = max(results, key=lambda r: r.pass_1) if results else None
-    return {"results_json": str(out / "results.json"), "results_md": str(out / "results.md"),
-            "plots": [str(p) for p in paths if p.suffix == ".png"], "sha256": content_hash(out / "results.json"),
-            "summary": f"{len(results)} methods" + (f"; best pass^1 {best.pass_1:.3f} ({best.method})" if best else "")}
+    return {
+        "results_json": str(out / "results.json"),
+        "results_md": str(out / "results.md"),
+        "plots": [str(p) for p in paths if p.suffix == ".png"],
+        "sha256": content_hash(out / "results.json"),
+        "summary": f"{len(results)} methods" + (f"; best pass^1 {best.pass_1:.3f} ({best.method})" if best else ""),
+    }
 
 
 TRUTH_ANALYSTS = ("gold", "milestone", "reference")
@@ -964,8 +1168,9 @@ def _measured_capabilities(ctx: Any) -> list[str]:
     return [c.name for c in ctx.identification.candidates] if ctx.identification is not None else []
 
 
-def _held_out_labels(config: PipelineConfig, ctx: Any, played: dict[str, Any], out: Path,
-                     say: Callable[[str], None]) -> dict[str, list[Any]]:
+def _held_out_labels(
+    config: PipelineConfig, ctx: Any, played: dict[str, Any], out: Path, say: Callable[[str], None]
+) -> dict[str, list[Any]]:
     """The run's analyst's labels of every method's held-out episodes (capability-level
     figures); none where identification did not run or its analyst cannot label them."""
     from .identification import label_all, make_analyst
@@ -979,8 +1184,10 @@ def _held_out_labels(config: PipelineConfig, ctx: Any, played: dict[str, Any], o
         analyst = make_analyst(config.identify.analyst, **options)
         return {name: label_all(analyst, trajectories, candidates) for name, (trajectories, _, _) in played.items()}
     except TraceGymError as exc:
-        say(f"capability-level figures left out: the {config.identify.analyst} analyst could not label the "
-            f"held-out episodes ({exc})")
+        say(
+            f"capability-level figures left out: the {config.identify.analyst} analyst could not label the "
+            f"held-out episodes ({exc})"
+        )
         return {}
 
 

@@ -35,41 +35,63 @@ def _ceilings(ceilings: dict[str, Any]) -> list[str]:
     """What the step limits allow: the target's own solutions played within each."""
     if not ceilings:
         return []
-    parts = [f"within {stage}'s max_steps {c['max_steps'] or '(default)'}, {c['successes']} of its first "
-             f"{c['episodes']} `{c['split']}` tasks" for stage, c in ceilings.items()]
+    parts = [
+        f"within {stage}'s max_steps {c['max_steps'] or '(default)'}, {c['successes']} of its first "
+        f"{c['episodes']} `{c['split']}` tasks"
+        for stage, c in ceilings.items()
+    ]
     return [f"*Ceiling*: the target's own solutions pass {'; '.join(parts)}: no agent can pass more there.", ""]
 
 
 def write_report(config: Any, state: Any) -> Path:
     run_dir = config.run_dir
-    out = [f"# TRACE run: {config.run.target}", "",
-           f"Policy `{config.policy.spec}`, seed {config.run.seed}, stages: {', '.join(config.run.stages)}. "
-           f"Every figure below is read from the files of `{run_dir}`; `state.json` records when each stage ran "
-           "and a hash of what it read.", ""]
+    out = [
+        f"# TRACE run: {config.run.target}",
+        "",
+        f"Policy `{config.policy.spec}`, seed {config.run.seed}, stages: {', '.join(config.run.stages)}. "
+        f"Every figure below is read from the files of `{run_dir}`; `state.json` records when each stage ran "
+        "and a hash of what it read.",
+        "",
+    ]
     stages = state.stages
     if "rollout" in stages:
         r = stages["rollout"].outputs
         where = "given (not rolled out)" if r.get("given") else f"on the `{config.rollout.split}` split"
         who = r.get("agent", "policy")
-        heading = "## 1. The base policy on the target" if who == "policy" and not r.get("given") else \
-            "## 1. The trajectories identification contrasts"
+        heading = (
+            "## 1. The base policy on the target"
+            if who == "policy" and not r.get("given")
+            else "## 1. The trajectories identification contrasts"
+        )
         if who not in ("policy", None) and not r.get("given"):
-            where += (f", played by the `{who}` agent, not by the policy: its failures are the ones identification "
-                      f"explains" + (f" (deficits {r.get('deficits')})" if r.get("deficits") else ""))
+            where += (
+                f", played by the `{who}` agent, not by the policy: its failures are the ones identification "
+                f"explains" + (f" (deficits {r.get('deficits')})" if r.get("deficits") else "")
+            )
         if r.get("policy"):
             p = r["policy"]
-            out += ["## 1. The base policy on the target", "",
-                    f"{p['episodes']} episodes on the `{config.rollout.split}` split: pass rate **{p['pass_rate']:.3f}** "
-                    f"({p['successes']} successes), mean reward {p['mean_reward']:.3f}, {p['wall_s']:.0f} s "
-                    f"(`{_rel(p['trajectories'], run_dir)}`).", "",
-                    f"**Too few to contrast**: {r['fallback_reason']}; identification uses the trajectories below instead.", ""]
+            out += [
+                "## 1. The base policy on the target",
+                "",
+                f"{p['episodes']} episodes on the `{config.rollout.split}` split: pass rate **{p['pass_rate']:.3f}** "
+                f"({p['successes']} successes), mean reward {p['mean_reward']:.3f}, {p['wall_s']:.0f} s "
+                f"(`{_rel(p['trajectories'], run_dir)}`).",
+                "",
+                f"**Too few to contrast**: {r['fallback_reason']}; identification uses the trajectories below instead.",
+                "",
+            ]
             heading = "### The trajectories identification contrasts instead"
-        out += [heading, "",
-                f"{r['episodes']} episodes {where}: pass rate **{r['pass_rate']:.3f}** "
-                f"({r['successes']} successes), mean reward {r['mean_reward']:.3f}, {r['wall_s']:.0f} s "
-                f"(`{_rel(r['trajectories'], run_dir)}`).", "",
-                "*Pass rate*: the share of episodes the target's own evaluator scored as solved. Identification "
-                "contrasts the successes with the failures, so it needs some of each.", ""]
+        out += [
+            heading,
+            "",
+            f"{r['episodes']} episodes {where}: pass rate **{r['pass_rate']:.3f}** "
+            f"({r['successes']} successes), mean reward {r['mean_reward']:.3f}, {r['wall_s']:.0f} s "
+            f"(`{_rel(r['trajectories'], run_dir)}`).",
+            "",
+            "*Pass rate*: the share of episodes the target's own evaluator scored as solved. Identification "
+            "contrasts the successes with the failures, so it needs some of each.",
+            "",
+        ]
         out += _ceilings(r.get("ceilings") or {})
     if "identify" in stages:
         out += _identify_section(stages["identify"].outputs, run_dir, config)
@@ -98,17 +120,27 @@ def _identify_section(outputs: dict[str, Any], run_dir: Path, config: Any) -> li
         return out + [f"Not shown: {exc}", ""]
     if identified.degenerate:
         return out + [f"No capability could be selected: {identified.degenerate}", ""]
-    out += [f"Analyst `{config.identify.analyst}`; kept when the gap ER- - ER+ >= {sel.delta} and coverage >= {sel.rho} "
-            f"in at least {sel.min_runs} of {sel.runs} runs (details: `{_rel(Path(outputs['dir']) / 'report.md', run_dir)}`).", "",
-            "| capability | gap | coverage | ER+ | ER- | runs passed | selected |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    out += [
+        f"Analyst `{config.identify.analyst}`; kept when the gap ER- - ER+ >= {sel.delta} and coverage >= {sel.rho} "
+        f"in at least {sel.min_runs} of {sel.runs} runs (details: `{_rel(Path(outputs['dir']) / 'report.md', run_dir)}`).",
+        "",
+        "| capability | gap | coverage | ER+ | ER- | runs passed | selected |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for c in identified.candidates:
         gap = "unknown" if c.gap_mean is None else f"{c.gap_mean:.2f} ± {c.gap_std or 0:.2f}"
         er_plus = "unknown" if c.er_plus_mean is None else f"{c.er_plus_mean:.2f}"
         er_minus = "unknown" if c.er_minus_mean is None else f"{c.er_minus_mean:.2f}"
-        out.append(f"| {c.name} | {gap} | {c.coverage_mean:.2f} | {er_plus} | {er_minus} | "
-                   f"{c.runs_passed}/{c.runs} | {'**yes**' if c.selected else 'no'} |")
-    out += ["", "*ER+ / ER-*: how often the capability is LACKING in successes / failures; *gap*: their difference "
-            "(large means the lack goes with failure); *coverage*: the share of all failures where it is lacking.", ""]
+        out.append(
+            f"| {c.name} | {gap} | {c.coverage_mean:.2f} | {er_plus} | {er_minus} | "
+            f"{c.runs_passed}/{c.runs} | {'**yes**' if c.selected else 'no'} |"
+        )
+    out += [
+        "",
+        "*ER+ / ER-*: how often the capability is LACKING in successes / failures; *gap*: their difference "
+        "(large means the lack goes with failure); *coverage*: the share of all failures where it is lacking.",
+        "",
+    ]
     return out
 
 
@@ -125,8 +157,12 @@ def _envs_section(outputs: dict[str, Any], run_dir: Path) -> list[str]:
             ran = [c for c in report.get("checks", []) if c.get("passed") is not None]
             checks = f"{sum(1 for c in ran if c['passed'])}/{len(ran)}"
         out.append(f"| {row.capability} | `{row.env_id or '-'}` | {row.source} | {row.status} | {checks} |")
-    out += ["", "*validation*: the env passed every named check in the sandbox (determinism, seed diversity, interface "
-            "fidelity with the target's tools and result formats, graded rewards, termination, robustness, hints).", ""]
+    out += [
+        "",
+        "*validation*: the env passed every named check in the sandbox (determinism, seed diversity, interface "
+        "fidelity with the target's tools and result formats, graded rewards, termination, robustness, hints).",
+        "",
+    ]
     return out
 
 
@@ -137,48 +173,78 @@ def _train_section(outputs: dict[str, Any], run_dir: Path) -> list[str]:
     out = ["## 4. Training (GRPO, one LoRA adapter per capability)", ""]
     if not made.adapters and not made.untrainable:
         return out + [outputs.get("summary", "none"), ""]
-    out += ["| adapter | trained on | level | calibration: mean reward, informative groups | iterations | rollouts "
-            "| episodes played | informative groups, iteration 1 | first mean reward | last mean reward | wall s |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    out += [
+        "| adapter | trained on | level | calibration: mean reward, informative groups | iterations | rollouts "
+        "| episodes played | informative groups, iteration 1 | first mean reward | last mean reward | wall s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for row in made.adapters:
-        log = [json.loads(line) for line in Path(row.train_log).read_text().splitlines() if line.strip()] \
-            if Path(row.train_log).exists() else []
+        log = (
+            [json.loads(line) for line in Path(row.train_log).read_text().splitlines() if line.strip()]
+            if Path(row.train_log).exists()
+            else []
+        )
         first = _fmt(log[0].get("mean_reward")) if log else "-"
         last = _fmt(log[-1].get("mean_reward")) if log else "-"
         rollouts = log[-1].get("rollouts", "-") if log else "-"
         wall = f"{log[-1].get('elapsed_s', 0):.0f}" if log else "-"
         calibrations = (_read_json(Path(row.calibration)) or {}).get("calibrations", []) if row.calibration else []
         levels = ", ".join("-" if c.get("level") is None else str(c["level"]) for c in calibrations) or "-"
-        chosen = [next((f for f in c.get("figures", []) if f.get("level") == c.get("level")), None) for c in calibrations]
-        calibrated = "; ".join(f"{_fmt(f.get('mean_reward'))}, {f.get('informative_groups', 0):.0%}" for f in chosen if f) or "-"
-        informative = f"{log[0].get('informative_groups', '-')}/{len(log[0].get('first_draw_groups', [])) or '-'}" if log else "-"
-        out.append(f"| {row.name} | {', '.join(row.envs)} | {levels} | {calibrated} | {len(log)} | {rollouts} | "
-                   f"{row.episodes_played} | {informative} | {first} | {last} | {wall} |")
+        chosen = [
+            next((f for f in c.get("figures", []) if f.get("level") == c.get("level")), None) for c in calibrations
+        ]
+        calibrated = (
+            "; ".join(f"{_fmt(f.get('mean_reward'))}, {f.get('informative_groups', 0):.0%}" for f in chosen if f) or "-"
+        )
+        informative = (
+            f"{log[0].get('informative_groups', '-')}/{len(log[0].get('first_draw_groups', [])) or '-'}" if log else "-"
+        )
+        out.append(
+            f"| {row.name} | {', '.join(row.envs)} | {levels} | {calibrated} | {len(log)} | {rollouts} | "
+            f"{row.episodes_played} | {informative} | {first} | {last} | {wall} |"
+        )
     for skipped in made.untrainable:
-        out.append(f"| {skipped.name} | {', '.join(skipped.envs)} | - | untrainable: {skipped.reason} "
-                   "| 0 | 0 | - | - | - | - | - |")
+        out.append(
+            f"| {skipped.name} | {', '.join(skipped.envs)} | - | untrainable: {skipped.reason} "
+            "| 0 | 0 | - | - | - | - | - |"
+        )
     curves = sorted((a.name, a.reward_curve) for a in made.adapters if a.reward_curve)
     if curves:
         out += ["", *[f"![{name}]({_rel(path, run_dir)})" for name, path in curves]]
-    out += ["", "*rollouts*: the update's planned episodes (G groups x K samples per iteration), the budget by which "
-            "the methods are compared; *episodes played*: every episode, calibration and the redraws of constant "
-            "groups (dynamic sampling) included; *level*: the env's difficulty calibration chose for this policy; "
-            "*informative groups*: groups whose rewards differ (GRPO learns from no other); *mean reward*: over the "
-            "first draw of every group.", ""]
+    out += [
+        "",
+        "*rollouts*: the update's planned episodes (G groups x K samples per iteration), the budget by which "
+        "the methods are compared; *episodes played*: every episode, calibration and the redraws of constant "
+        "groups (dynamic sampling) included; *level*: the env's difficulty calibration chose for this policy; "
+        "*informative groups*: groups whose rewards differ (GRPO learns from no other); *mean reward*: over the "
+        "first draw of every group.",
+        "",
+    ]
     return out
 
 
 def _gepa_section(outputs: dict[str, Any], run_dir: Path) -> list[str]:
-    out = ["## GEPA baseline (prompt optimization at equal rollouts)", "",
-           f"{outputs['candidates']} candidate prompts from {outputs['rollouts']} episodes of a {outputs['budget']}-episode "
-           f"budget; reflection model `{outputs['reflection']}` ({outputs['reflection_calls']} calls). Validation score "
-           f"{outputs['seed_val_score']:.3f} with the seed prompt, {outputs['best_val_score']:.3f} with the best "
-           f"(search log: `{_rel(Path(outputs['dir']) / 'search.jsonl', run_dir)}`). The best instructions, added to "
-           "the end of the target's system prompt:", "", "```", outputs["best_prompt"], "```", ""]
+    out = [
+        "## GEPA baseline (prompt optimization at equal rollouts)",
+        "",
+        f"{outputs['candidates']} candidate prompts from {outputs['rollouts']} episodes of a {outputs['budget']}-episode "
+        f"budget; reflection model `{outputs['reflection']}` ({outputs['reflection_calls']} calls). Validation score "
+        f"{outputs['seed_val_score']:.3f} with the seed prompt, {outputs['best_val_score']:.3f} with the best "
+        f"(search log: `{_rel(Path(outputs['dir']) / 'search.jsonl', run_dir)}`). The best instructions, added to "
+        "the end of the target's system prompt:",
+        "",
+        "```",
+        outputs["best_prompt"],
+        "```",
+        "",
+    ]
     if outputs.get("warning"):
         out += [f"**Warning:** {outputs['warning']}.", ""]
-    out += ["*Episodes*: every episode the search played on the target's train split (the seed prompt's validation "
-            "included), the same budget by which the trained methods are compared.", ""]
+    out += [
+        "*Episodes*: every episode the search played on the target's train split (the seed prompt's validation "
+        "included), the same budget by which the trained methods are compared.",
+        "",
+    ]
     return out
 
 
@@ -190,15 +256,19 @@ def _eval_section(outputs: dict[str, Any], run_dir: Path) -> list[str]:
     out += [table.read_text(encoding="utf-8").rstrip(), ""]
     for plot in outputs.get("plots", []):
         out.append(f"![{Path(plot).stem}]({_rel(plot, run_dir)})")
-    out += ["", "*pass^1*: share of solved episodes, with a 95% Wilson interval; *pass^k*: the chance that k samples "
-            "of a task all succeed; *tasks +/- vs base*: tasks the method solves more often than base, and less often; "
-            "*routing acc.*: share of tasks routed to a capability the base model lacked there (or to none when it "
-            "lacked none), by the gold or milestone analyst's labels (n/a: no such truth for this run); cost columns: "
-            "training rollouts, analyst calls, wall time. Second table: *LACKING*: the share of the method's own "
-            "held-out episodes where the run's analyst finds the capability lacking (95% Wilson interval); *pass^1 "
-            "where base lacked it*: on those tasks only; *LACKING change*: the mean change against base on the "
-            "capabilities the method was trained for, and on the others (a capability adapter should lower the "
-            "first more).", ""]
+    out += [
+        "",
+        "*pass^1*: share of solved episodes, with a 95% Wilson interval; *pass^k*: the chance that k samples "
+        "of a task all succeed; *tasks +/- vs base*: tasks the method solves more often than base, and less often; "
+        "*routing acc.*: share of tasks routed to a capability the base model lacked there (or to none when it "
+        "lacked none), by the gold or milestone analyst's labels (n/a: no such truth for this run); cost columns: "
+        "training rollouts, analyst calls, wall time. Second table: *LACKING*: the share of the method's own "
+        "held-out episodes where the run's analyst finds the capability lacking (95% Wilson interval); *pass^1 "
+        "where base lacked it*: on those tasks only; *LACKING change*: the mean change against base on the "
+        "capabilities the method was trained for, and on the others (a capability adapter should lower the "
+        "first more).",
+        "",
+    ]
     return out
 
 

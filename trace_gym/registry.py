@@ -161,8 +161,11 @@ def entry_point_dirs() -> list[Path]:
         except Exception as exc:  # noqa: BLE001 - someone else's broken install must not stop trace_gym
             locations, problem = [], f"{type(exc).__name__}: {exc}"
         if not locations:
-            warnings.warn(f"entry point {point.name} = {point.value!r} ({ENTRY_POINT_GROUP}): {problem}; its envs are "
-                          "not registered", stacklevel=2)
+            warnings.warn(
+                f"entry point {point.name} = {point.value!r} ({ENTRY_POINT_GROUP}): {problem}; its envs are "
+                "not registered",
+                stacklevel=2,
+            )
         dirs += locations
     return dirs
 
@@ -235,7 +238,9 @@ def discover(*, strict: bool = False) -> dict[str, EnvEntry]:
                 warnings.warn(f"trace-gym: skipping an env folder: {exc}")
                 continue
             if entry.id in entries:
-                msg = f"trace-gym: {entry.id} is defined twice ({entries[entry.id].path} and {folder}); keeping the first"
+                msg = (
+                    f"trace-gym: {entry.id} is defined twice ({entries[entry.id].path} and {folder}); keeping the first"
+                )
                 if strict:
                     raise ManifestError(msg)
                 warnings.warn(msg)
@@ -255,7 +260,9 @@ def register_all() -> list[str]:
             if str(entry.path) not in sys.path:  # a user's target: its module beside its manifest
                 sys.path.append(str(entry.path))
         if entry.id not in gymnasium.registry:
-            gymnasium.register(id=entry.id, entry_point=entry.entry_point, kwargs=entry.kwargs, disable_env_checker=False)
+            gymnasium.register(
+                id=entry.id, entry_point=entry.entry_point, kwargs=entry.kwargs, disable_env_checker=False
+            )
         ids.append(entry.id)
     return ids
 
@@ -296,5 +303,9 @@ def make_train(env_id: str, **kwargs: Any) -> tuple[Any, str | None]:
     try:
         return make(env_id, split=TRAIN_SPLIT, **kwargs), TRAIN_SPLIT
     except TraceGymError:
-        print(f"trace-gym: {env_id} has no '{TRAIN_SPLIT}' split; its default split is played", file=sys.stderr, flush=True)
+        print(
+            f"trace-gym: {env_id} has no '{TRAIN_SPLIT}' split; its default split is played",
+            file=sys.stderr,
+            flush=True,
+        )
         return make(env_id, **kwargs), None

@@ -44,8 +44,13 @@ class ChangeSelection:
     """Env folders the change deleted (nothing left to validate)."""
 
     def as_dict(self) -> dict[str, Any]:
-        return {"ref": self.ref, "base": self.base, "changed_files": self.changed_files,
-                "selected": {i: self.reasons[i] for i in sorted(self.envs)}, "removed": self.removed}
+        return {
+            "ref": self.ref,
+            "base": self.base,
+            "changed_files": self.changed_files,
+            "selected": {i: self.reasons[i] for i in sorted(self.envs)},
+            "removed": self.removed,
+        }
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -54,7 +59,9 @@ def _git(repo: Path, *args: str) -> str:
     except FileNotFoundError:
         raise GitError("git is not installed; --changed-since needs it") from None
     if done.returncode != 0:
-        raise GitError(f"git {' '.join(args)}: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else 'failed'}")
+        raise GitError(
+            f"git {' '.join(args)}: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else 'failed'}"
+        )
     return done.stdout
 
 
@@ -107,7 +114,9 @@ def changed_envs(ref: str, *, repo: Path | str | None = None, registry: Path | s
         folders = registry_folders(registry_dir)
     except ManifestError as exc:
         raise TraceGymError(f"cannot read the registry: {exc}") from None
-    touched = {p.split("/")[0] for p in (f.removeprefix(prefix + "/") for f in files if f.startswith(prefix + "/")) if "/" in p}
+    touched = {
+        p.split("/")[0] for p in (f.removeprefix(prefix + "/") for f in files if f.startswith(prefix + "/")) if "/" in p
+    }
     for name in sorted(touched):
         entry = folders.get(name)
         if entry is None:
@@ -152,8 +161,15 @@ def _validate_one(path: str, backend: str, config: Any, write: bool) -> EnvOutco
     return EnvOutcome(report.env_id, path, report.passed, report.failed(), report.wall_s, report=data)
 
 
-def validate_many(paths: Iterable[Path | str], *, backend: str = "auto", config: Any = None, jobs: int = 2,
-                  write: bool = True, progress: Callable[[EnvOutcome], None] | None = None) -> list[EnvOutcome]:
+def validate_many(
+    paths: Iterable[Path | str],
+    *,
+    backend: str = "auto",
+    config: Any = None,
+    jobs: int = 2,
+    write: bool = True,
+    progress: Callable[[EnvOutcome], None] | None = None,
+) -> list[EnvOutcome]:
     """Validate each env folder in its own worker process, ``jobs`` at a time.
 
     Outcomes come back in the order of ``paths``; ``progress`` sees each as it ends.
@@ -165,7 +181,9 @@ def validate_many(paths: Iterable[Path | str], *, backend: str = "auto", config:
         raise TraceGymError(f"--jobs must be at least 1, got {jobs}")
     outcomes: dict[str, EnvOutcome] = {}
     # spawn, not fork: the parent may hold threads (progress, sandbox readers).
-    with ProcessPoolExecutor(max_workers=min(jobs, len(paths)), mp_context=multiprocessing.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(
+        max_workers=min(jobs, len(paths)), mp_context=multiprocessing.get_context("spawn")
+    ) as pool:
         futures = {pool.submit(_validate_one, p, backend, config, write): p for p in paths}
         from concurrent.futures import as_completed
 
@@ -182,14 +200,34 @@ def validate_many(paths: Iterable[Path | str], *, backend: str = "auto", config:
 
 
 def summary_rows(outcomes: list[EnvOutcome]) -> list[dict[str, str]]:
-    return [{"env": o.env_id, "result": "PASS" if o.passed else "FAIL",
-             "failed checks": o.error or ", ".join(o.failed_checks) or "-", "wall s": f"{o.wall_s:.1f}"} for o in outcomes]
+    return [
+        {
+            "env": o.env_id,
+            "result": "PASS" if o.passed else "FAIL",
+            "failed checks": o.error or ", ".join(o.failed_checks) or "-",
+            "wall s": f"{o.wall_s:.1f}",
+        }
+        for o in outcomes
+    ]
 
 
 def summary_json(outcomes: list[EnvOutcome], selection: ChangeSelection | None = None) -> str:
-    return json.dumps({
-        "passed": all(o.passed for o in outcomes),
-        "selection": selection.as_dict() if selection else None,
-        "envs": [{"env_id": o.env_id, "path": o.path, "passed": o.passed, "failed_checks": o.failed_checks,
-                  "wall_s": o.wall_s, "error": o.error, "report": o.report} for o in outcomes],
-    }, indent=2)
+    return json.dumps(
+        {
+            "passed": all(o.passed for o in outcomes),
+            "selection": selection.as_dict() if selection else None,
+            "envs": [
+                {
+                    "env_id": o.env_id,
+                    "path": o.path,
+                    "passed": o.passed,
+                    "failed_checks": o.failed_checks,
+                    "wall_s": o.wall_s,
+                    "error": o.error,
+                    "report": o.report,
+                }
+                for o in outcomes
+            ],
+        },
+        indent=2,
+    )

@@ -36,7 +36,11 @@ def load_result_shapes(target_folder: Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
     shapes = json.loads(path.read_text(encoding="utf-8"))
-    if not isinstance(shapes, dict) or not isinstance(shapes.get("tools"), dict) or not isinstance(shapes.get("error_prefix"), str):
+    if (
+        not isinstance(shapes, dict)
+        or not isinstance(shapes.get("tools"), dict)
+        or not isinstance(shapes.get("error_prefix"), str)
+    ):
         raise ValueError(f"{path}: expected {{'error_prefix': str, 'tools': {{name: {{'format', 'schema'}}}}}}")
     return shapes
 
@@ -54,7 +58,7 @@ def result_problems(shapes: dict[str, Any], tool: str, text: str) -> list[str]:
     one-line message) or a result of the tool's frozen shape."""
     prefix = shapes["error_prefix"]
     if text.startswith(prefix):
-        message = text[len(prefix):]
+        message = text[len(prefix) :]
         if not message.strip():
             return [f"an error with no message after {prefix!r}"]
         return []
@@ -66,7 +70,9 @@ def result_problems(shapes: dict[str, Any], tool: str, text: str) -> list[str]:
     try:
         value = json.loads(text)
     except json.JSONDecodeError:
-        return [f"not JSON and not an error ({prefix!r}...): the target answers {tool} with a JSON document, got {text[:60]!r}"]
+        return [
+            f"not JSON and not an error ({prefix!r}...): the target answers {tool} with a JSON document, got {text[:60]!r}"
+        ]
     problems: list[str] = []
     _check(value, shape["schema"], shape["schema"].get("$defs", {}), "result", problems)
     return problems[:MAX_PROBLEMS]
@@ -133,8 +139,15 @@ def _check_object(value: dict, schema: dict[str, Any], defs: dict[str, Any], whe
 
 def _check_array(value: list, schema: dict[str, Any], defs: dict[str, Any], where: str, problems: list[str]) -> None:
     prefix = schema.get("prefixItems", [])
-    if "minItems" in schema and len(value) < schema["minItems"] or "maxItems" in schema and len(value) > schema["maxItems"]:
-        problems.append(f"{where}: {len(value)} items, expected {schema.get('minItems', 0)} to {schema.get('maxItems', 'any')}")
+    if (
+        "minItems" in schema
+        and len(value) < schema["minItems"]
+        or "maxItems" in schema
+        and len(value) > schema["maxItems"]
+    ):
+        problems.append(
+            f"{where}: {len(value)} items, expected {schema.get('minItems', 0)} to {schema.get('maxItems', 'any')}"
+        )
     for i, item in enumerate(value):
         sub = prefix[i] if i < len(prefix) else schema.get("items")
         if isinstance(sub, dict):
@@ -161,7 +174,15 @@ def _type_ok(value: Any, kind: str | list[str]) -> bool:
 
 
 def _json_kind(value: Any) -> str:
-    for name, py in (("null", type(None)), ("boolean", bool), ("integer", int), ("number", float), ("string", str), ("array", list), ("object", dict)):
+    for name, py in (
+        ("null", type(None)),
+        ("boolean", bool),
+        ("integer", int),
+        ("number", float),
+        ("string", str),
+        ("array", list),
+        ("object", dict),
+    ):
         if isinstance(value, py):
             return name
     return type(value).__name__

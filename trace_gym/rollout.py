@@ -77,7 +77,9 @@ def plan_seeded_episodes(env_seeds: Iterable[int], samples: int, run_seed: int) 
     """Episodes of an env without tasks: one scenario per env seed, ``samples`` plays of each."""
     if samples < 1:
         raise TraceGymError(f"samples must be at least 1, got {samples}")
-    return [Episode(None, k, episode_seed(run_seed, f"seed-{s}", k), env_seed=s) for s in env_seeds for k in range(samples)]
+    return [
+        Episode(None, k, episode_seed(run_seed, f"seed-{s}", k), env_seed=s) for s in env_seeds for k in range(samples)
+    ]
 
 
 def seed_split(entry: Any, split: str | None, seeds: int | None) -> list[int]:
@@ -93,12 +95,21 @@ def seed_split(entry: Any, split: str | None, seeds: int | None) -> list[int]:
         return list(range(seeds))
     known = ", ".join(sorted(splits)) or "none"
     if split is None:
-        raise TraceGymError(f"{entry.id} has no task list: pass --seeds N, or --split NAME of its manifest's [splits] (it names: {known})")
+        raise TraceGymError(
+            f"{entry.id} has no task list: pass --seeds N, or --split NAME of its manifest's [splits] (it names: {known})"
+        )
     bounds = splits.get(split)
     if bounds is None:
         raise TraceGymError(f"{entry.id} has no split '{split}'; its manifest's [splits] names: {known}")
-    if not (isinstance(bounds, list) and len(bounds) == 2 and all(isinstance(b, int) and b >= 0 for b in bounds) and bounds[0] < bounds[1]):
-        raise TraceGymError(f"{entry.path}/manifest.toml: [splits] {split} must be [first_seed, end_seed], got {bounds!r}")
+    if not (
+        isinstance(bounds, list)
+        and len(bounds) == 2
+        and all(isinstance(b, int) and b >= 0 for b in bounds)
+        and bounds[0] < bounds[1]
+    ):
+        raise TraceGymError(
+            f"{entry.path}/manifest.toml: [splits] {split} must be [first_seed, end_seed], got {bounds!r}"
+        )
     return list(range(bounds[0], bounds[1]))
 
 
@@ -108,6 +119,7 @@ def run_settings(env_id: str, agent: str, agent_kwargs: dict[str, Any], env_kwar
     The agent's options (model, adapter, temperature, deficits, run seed...)
     and the env's (user simulator, step limit) count; which tasks are played
     does not (a resumed run may add tasks), nor do endpoints and keys."""
+
     def plain(value: Any) -> Any:
         if value is None or isinstance(value, (str, int, float, bool, list, dict)):
             return value
@@ -116,7 +128,12 @@ def run_settings(env_id: str, agent: str, agent_kwargs: dict[str, Any], env_kwar
     def options(kwargs: dict[str, Any]) -> dict[str, Any]:
         return {k: plain(v) for k, v in kwargs.items() if k != "split" and "key" not in k and "base_url" not in k}
 
-    return {"env_id": env_id, "agent": agent, "agent_options": options(agent_kwargs), "env_options": options(env_kwargs)}
+    return {
+        "env_id": env_id,
+        "agent": agent,
+        "agent_options": options(agent_kwargs),
+        "env_options": options(env_kwargs),
+    }
 
 
 @dataclass
@@ -155,12 +172,22 @@ def _start(env: Any, agent: Any, episode: Episode) -> _Running:
     agent.reset(observation, info, env)
     from .env import opening_messages
 
-    return _Running(episode, started, t0, info, observation, opening_messages(observation, info),
-                    env_s=time.perf_counter() - t0)
+    return _Running(
+        episode, started, t0, info, observation, opening_messages(observation, info), env_s=time.perf_counter() - t0
+    )
 
 
-def _finish(env: Any, agent: Any, env_id: str, run: _Running, reward: float, terminated: bool, truncated: bool,
-            step_info: dict[str, Any], error: str | None = None) -> Trajectory:
+def _finish(
+    env: Any,
+    agent: Any,
+    env_id: str,
+    run: _Running,
+    reward: float,
+    terminated: bool,
+    truncated: bool,
+    step_info: dict[str, Any],
+    error: str | None = None,
+) -> Trajectory:
     from .env import TextEnv
 
     core = env.unwrapped
@@ -183,7 +210,10 @@ def _finish(env: Any, agent: Any, env_id: str, run: _Running, reward: float, ter
         reward_info=step_info.get("reward_info") or {},
         terminated=bool(terminated),
         truncated=bool(truncated),
-        termination_reason="agent_error" if error is not None else core.termination_reason if own
+        termination_reason="agent_error"
+        if error is not None
+        else core.termination_reason
+        if own
         else step_info.get("termination_reason") or ("done" if terminated else "max_steps" if truncated else None),
         steps=core.steps if own else run.steps,
         started_at=run.started.isoformat(),
@@ -206,7 +236,11 @@ def transcript_messages(transcript: list[dict[str, Any]]) -> list[Message]:
     out = []
     for m in transcript:
         message = Message.from_openai(m)
-        if message.role == "assistant" and not message.tool_calls and parse_action(message.content or "").kind == "malformed":
+        if (
+            message.role == "assistant"
+            and not message.tool_calls
+            and parse_action(message.content or "").kind == "malformed"
+        ):
             message.error = True
         out.append(message)
     return out
@@ -248,8 +282,9 @@ class PlayedEpisode:
     episode: Episode | None = None
 
 
-def play_batched(envs: list[Any], agents: list[Any], env_id: str, episodes: list[Episode],
-                 max_episode_s: float | None = None):
+def play_batched(
+    envs: list[Any], agents: list[Any], env_id: str, episodes: list[Episode], max_episode_s: float | None = None
+):
     """Play episodes in lock-step, one batched generation per turn across all
     episodes in flight, each request under its own agent's settings (seed,
     temperature, adapter). ``agents`` share one backend (``LocalHF`` batches on
@@ -309,8 +344,20 @@ def play_batched(envs: list[Any], agents: list[Any], env_id: str, episodes: list
             if terminated or truncated:
                 yield done(i, _finish(envs[i], agents[i], env_id, run, reward, terminated, truncated, step_info))
             elif max_episode_s is not None and time.perf_counter() - run.t0 > max_episode_s:
-                yield done(i, _finish(envs[i], agents[i], env_id, run, 0.0, False, True, step_info,
-                                      error=f"the episode ran past max_episode_s ({max_episode_s:g} s); ended here, truncated"))
+                yield done(
+                    i,
+                    _finish(
+                        envs[i],
+                        agents[i],
+                        env_id,
+                        run,
+                        0.0,
+                        False,
+                        True,
+                        step_info,
+                        error=f"the episode ran past max_episode_s ({max_episode_s:g} s); ended here, truncated",
+                    ),
+                )
 
 
 def run_batched(envs: list[Any], agents: list[Any], env_id: str, episodes: list[Episode], backend: Any = None):
@@ -369,13 +416,20 @@ def play_episodes(
         if not isinstance(ep, Episode):
             env_seed = int(ep)
             repeats[env_seed] = repeats.get(env_seed, -1) + 1
-            ep = Episode(None, repeats[env_seed], episode_seed(run_seed, f"seed-{env_seed}", repeats[env_seed]), env_seed=env_seed)
+            ep = Episode(
+                None,
+                repeats[env_seed],
+                episode_seed(run_seed, f"seed-{env_seed}", repeats[env_seed]),
+                env_seed=env_seed,
+            )
         planned.append(ep)
     size = max(1, min(batch, len(planned)))
     envs = [make(env_id, **(env_kwargs or {})) for _ in range(size)]
     try:
-        agents = [make_agent("llm", model=backend, adapter=adapter, temperature=temperature, max_new_tokens=max_new_tokens)
-                  for _ in range(size)]
+        agents = [
+            make_agent("llm", model=backend, adapter=adapter, temperature=temperature, max_new_tokens=max_new_tokens)
+            for _ in range(size)
+        ]
         order = {id(ep): k for k, ep in enumerate(planned)}
         played = sorted(play_batched(envs, agents, env_id, planned), key=lambda p: order[id(p.episode)])
     finally:
@@ -433,19 +487,24 @@ def rollout(
     env_seeds = None
     if entry.kind == "synthesized":
         if task_ids is not None:
-            raise TraceGymError(f"{env_id} has no tasks: it is played by seed (--seeds N or --split NAME), not by task id")
+            raise TraceGymError(
+                f"{env_id} has no tasks: it is played by seed (--seeds N or --split NAME), not by task id"
+            )
         env_seeds = seed_split(entry, split, seeds)
         user_flags = [k for k in ("user", "user_model", "user_base_url") if k in kwargs]
         if user_flags:
-            raise TraceGymError(f"{env_id} plays its own user: --{', --'.join(f.replace('_', '-') for f in user_flags)} only apply to τ² targets")
+            raise TraceGymError(
+                f"{env_id} plays its own user: --{', --'.join(f.replace('_', '-') for f in user_flags)} only apply to τ² targets"
+            )
     elif seeds is not None:
         raise TraceGymError(f"{env_id} has tasks: choose them with --split, --tasks or --task-ids, not --seeds")
     elif split is not None:
         kwargs["split"] = split
     settings = run_settings(env_id, agent, agent_kwargs, kwargs)
     agent_kwargs = _with_local_adapter(agent, agent_kwargs, executor)
-    store = TrajectoryStore(out, resume=resume or retry_given_up, overwrite=overwrite, settings=settings,
-                            retry_given_up=retry_given_up)
+    store = TrajectoryStore(
+        out, resume=resume or retry_given_up, overwrite=overwrite, settings=settings, retry_given_up=retry_given_up
+    )
     env = None
     try:
         env = make(env_id, **kwargs)
@@ -463,8 +522,10 @@ def rollout(
                     if callable(getter):
                         getter(tid)
                     elif known and str(tid) not in known:
-                        raise TraceGymError(f"{env_id} has no task '{tid}' in this split ({len(known)} tasks, e.g. "
-                                            f"{', '.join(known[:5])}); --split names another")
+                        raise TraceGymError(
+                            f"{env_id} has no task '{tid}' in this split ({len(known)} tasks, e.g. "
+                            f"{', '.join(known[:5])}); --split names another"
+                        )
             if limit is not None:
                 task_ids = task_ids[:limit]
             plan = plan_episodes(task_ids, samples, seed)
@@ -472,7 +533,9 @@ def rollout(
         todo = [ep for ep, key in zip(plan, keys) if key not in store]
         resumed = len(plan) - len(todo)
         t0 = time.perf_counter()
-        bar = tqdm(total=len(plan), initial=resumed, desc=f"{agent} on {env_id}", unit="ep", disable=_bar_disabled(progress))
+        bar = tqdm(
+            total=len(plan), initial=resumed, desc=f"{agent} on {env_id}", unit="ep", disable=_bar_disabled(progress)
+        )
         passed = sum(1 for key in keys if key in store and store.completed[key].success)
 
         def record(trajectory: Trajectory) -> None:
@@ -546,10 +609,14 @@ def _with_local_adapter(agent: str, agent_kwargs: dict[str, Any], executor: str)
         return agent_kwargs  # a backend object that already holds it
     path = Path(adapter).expanduser()
     if not (path / "adapter_config.json").is_file():
-        raise TraceGymError(f"no LoRA adapter at {adapter} (a folder with adapter_config.json, as peft saves it); "
-                            "a local model loads adapters from folders")
+        raise TraceGymError(
+            f"no LoRA adapter at {adapter} (a folder with adapter_config.json, as peft saves it); "
+            "a local model loads adapters from folders"
+        )
     if executor == "ray":
-        raise TraceGymError("--adapter PATH with a local model needs --executor local (each Ray worker would load its own model)")
+        raise TraceGymError(
+            "--adapter PATH with a local model needs --executor local (each Ray worker would load its own model)"
+        )
     from trace_gym.llm import EMBEDDED_DEFAULT, make_backend
 
     backend = make_backend(model or EMBEDDED_DEFAULT) if model is None or isinstance(model, str) else model
@@ -586,8 +653,14 @@ def _run_threads(env_id, env_kwargs, agent, agent_kwargs, todo, workers, record)
             env.close()
 
 
-def _ray_chunk(env_id: str, env_kwargs: dict[str, Any], agent: str, agent_kwargs: dict[str, Any], episodes: list[Episode],
-               dirs: list[str] = ()) -> list[str]:
+def _ray_chunk(
+    env_id: str,
+    env_kwargs: dict[str, Any],
+    agent: str,
+    agent_kwargs: dict[str, Any],
+    episodes: list[Episode],
+    dirs: list[str] = (),
+) -> list[str]:
     """Runs on a Ray worker: its own env and agent; trajectories as JSON text. ``dirs``:
     the driver's registry folders (a run's own envs are not on the worker's path)."""
     import trace_gym  # noqa: F401  (registers the envs in the worker)
@@ -618,7 +691,10 @@ def _run_ray(env_id, env_kwargs, agent, agent_kwargs, todo, workers):
     from .registry import registry_dirs
 
     dirs = [str(d) for d in registry_dirs()]
-    pending = [remote.remote(env_id, env_kwargs, agent, agent_kwargs, todo[i:i + chunk], dirs) for i in range(0, len(todo), chunk)]
+    pending = [
+        remote.remote(env_id, env_kwargs, agent, agent_kwargs, todo[i : i + chunk], dirs)
+        for i in range(0, len(todo), chunk)
+    ]
     while pending:
         ready, pending = ray.wait(pending, num_returns=1)
         for text in ray.get(ready[0]):

@@ -65,20 +65,32 @@ class RouteDecision:
 
 def router_system(agent: str = "a tool-using agent") -> str:
     """The router's system prompt; ``agent``: what the target's agent is (``registry.agent_words``)."""
-    return (f"You route the tasks of {agent} to specialists. Each specialist is good at one skill. "
-            "Read the task and answer with the label of the one skill the task needs most, "
-            f"or '{NONE_LABEL}' if it needs none of them. Answer with the label alone.")
+    return (
+        f"You route the tasks of {agent} to specialists. Each specialist is good at one skill. "
+        "Read the task and answer with the label of the one skill the task needs most, "
+        f"or '{NONE_LABEL}' if it needs none of them. Answer with the label alone."
+    )
 
 
 class Router:
     """Argmax over label scores from the base model (``backend.score``)."""
 
-    def __init__(self, backend: Any, capabilities: list[RouteCapability], *, max_examples: int = 2,
-                 example_chars: int = 300, calibrate: bool = False, agent: str = "a tool-using agent"):
+    def __init__(
+        self,
+        backend: Any,
+        capabilities: list[RouteCapability],
+        *,
+        max_examples: int = 2,
+        example_chars: int = 300,
+        calibrate: bool = False,
+        agent: str = "a tool-using agent",
+    ):
         if not capabilities:
             raise RoutingError("the router needs at least one capability with an adapter")
         if len(capabilities) > len(string.ascii_uppercase):
-            raise RoutingError(f"at most {len(string.ascii_uppercase)} capabilities can be routed, got {len(capabilities)}")
+            raise RoutingError(
+                f"at most {len(string.ascii_uppercase)} capabilities can be routed, got {len(capabilities)}"
+            )
         if not callable(getattr(backend, "score", None)):
             raise RoutingError(f"the backend {getattr(backend, 'name', backend)!r} cannot score labels")
         self.backend = backend
@@ -98,8 +110,13 @@ class Router:
             for example in cap.examples[: self.max_examples]:
                 lines.append(f"   A task that needed it: {_clip(example, self.example_chars)}")
         lines.append(f"{NONE_LABEL}. The task needs none of these skills.")
-        lines += ["", "Task:", task_message.strip(), "",
-                  f"Which skill does this task need most? Answer with one label: {', '.join(self.labels)}."]
+        lines += [
+            "",
+            "Task:",
+            task_message.strip(),
+            "",
+            f"Which skill does this task need most? Answer with one label: {', '.join(self.labels)}.",
+        ]
         return [{"role": "system", "content": router_system(self.agent)}, {"role": "user", "content": "\n".join(lines)}]
 
     def _scores(self, task_message: str) -> dict[str, float]:
@@ -125,8 +142,9 @@ class Router:
             decide = {k: scores[k] - prior[k] if math.isfinite(prior[k]) else scores[k] for k in self.labels}
         label = max(self.labels, key=lambda lab: (decide[lab], lab == NONE_LABEL))  # ties go to the base model
         cap = self.by_label.get(label)
-        return RouteDecision(cap.name if cap else None, cap.adapter if cap else None, label, scores,
-                             decide if self.calibrate else None)
+        return RouteDecision(
+            cap.name if cap else None, cap.adapter if cap else None, label, scores, decide if self.calibrate else None
+        )
 
 
 def _clip(text: str, limit: int) -> str:
@@ -134,8 +152,9 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def capabilities_from_identification(identified: Any, adapters: dict[str, str], *,
-                                     trajectories: Iterable[Any] = (), max_examples: int = 2) -> list[RouteCapability]:
+def capabilities_from_identification(
+    identified: Any, adapters: dict[str, str], *, trajectories: Iterable[Any] = (), max_examples: int = 2
+) -> list[RouteCapability]:
     """Route destinations from identification (an ``Identification`` or identify's
     output folder): the selected capabilities that have an adapter (``adapters``:
     capability name -> adapter name), each with the first user messages of up to
@@ -176,8 +195,10 @@ def _routed_agent_class():
 
         def __init__(self, router: Router | None = None, **kwargs: Any):
             if router is None:
-                raise RoutingError("the routed agent needs a router (capabilities and their adapters): "
-                                   "`trace-gym run` builds one in its evaluate stage")
+                raise RoutingError(
+                    "the routed agent needs a router (capabilities and their adapters): "
+                    "`trace-gym run` builds one in its evaluate stage"
+                )
             model = kwargs.pop("model", None)
             if model is not None and model is not router.backend:
                 raise RoutingError("a routed agent plays with its router's own backend (the base model routes)")

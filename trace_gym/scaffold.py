@@ -76,7 +76,7 @@ class Environment:
         ]
 '''
 
-MANIFEST_TEMPLATE = '''id = "trace/{name}-v0"
+MANIFEST_TEMPLATE = """id = "trace/{name}-v0"
 kind = "synthesized"
 target = "{target}"
 description = "{description}"
@@ -87,7 +87,7 @@ description = "{capability_description}"
 
 [provenance]
 author = "scaffold"
-'''
+"""
 
 README_TEMPLATE = """# trace/{name}-v0
 
@@ -113,7 +113,9 @@ def pick_tool(tools: list[dict]) -> tuple[str, str]:
     candidates = []
     for schema in tools:
         params = tool_parameters(schema)
-        required = [p for p in params.get("required", []) or [] if params["properties"].get(p, {}).get("type") == "string"]
+        required = [
+            p for p in params.get("required", []) or [] if params["properties"].get(p, {}).get("type") == "string"
+        ]
         if required:
             rank = 0 if tool_name(schema).startswith("get_") else 1 if tool_name(schema).startswith("find_") else 2
             candidates.append((rank, tool_name(schema), required[0]))
@@ -128,7 +130,9 @@ def new_env(name: str, target: str, dest: str | Path, capability: str = "", desc
         raise TraceGymError(f"env name '{name}' must be lower-case letters, digits and dashes (e.g. order-lookup)")
     entry = get_entry(target)
     if entry.kind != "target":
-        raise TraceGymError(f"{target} is not a target; synthesized envs train for a target such as trace/tau2-retail-v0")
+        raise TraceGymError(
+            f"{target} is not a target; synthesized envs train for a target such as trace/tau2-retail-v0"
+        )
     folder = Path(dest) / name
     if folder.exists():
         raise TraceGymError(f"{folder} already exists; pick another name or remove it")
@@ -168,14 +172,22 @@ def _result_code(target_folder: Path, tool: str, param: str) -> tuple[str, str, 
         return "None", "self.state", repr(DEFAULT_STATES)
     record = example_result(shapes, tool)
     properties = shapes["tools"][tool]["schema"].get("properties") or {}
-    strings = [(name, sub) for name, sub in properties.items() if sub.get("type") == "string" and name != param and "const" not in sub]
+    strings = [
+        (name, sub)
+        for name, sub in properties.items()
+        if sub.get("type") == "string" and name != param and "const" not in sub
+    ]
     if not isinstance(record, dict) or not strings:
         return repr(record), "json.dumps(RECORD)", repr(DEFAULT_STATES)
     name, sub = next(((n, s) for n, s in strings if s.get("enum")), strings[0])
     states = list(sub["enum"]) if sub.get("enum") else DEFAULT_STATES
     fills = {param: "self.key"} if param in record else {}
     fills[name] = "self.state"
-    return repr(record), "json.dumps(dict(RECORD, " + ", ".join(f"{k}={v}" for k, v in fills.items()) + "))", repr(states)
+    return (
+        repr(record),
+        "json.dumps(dict(RECORD, " + ", ".join(f"{k}={v}" for k, v in fills.items()) + "))",
+        repr(states),
+    )
 
 
 def _toml_text(text: str) -> str:
@@ -198,7 +210,9 @@ def new_target(name: str, dest: str | Path, description: str = "") -> Path:
     import importlib.util
 
     if not NAME.match(name):
-        raise TraceGymError(f"target name {name!r}: use 3-50 lowercase letters, digits and dashes, starting with a letter")
+        raise TraceGymError(
+            f"target name {name!r}: use 3-50 lowercase letters, digits and dashes, starting with a letter"
+        )
     env_id = f"trace/{name}-v0"
     try:
         get_entry(env_id)
@@ -208,17 +222,24 @@ def new_target(name: str, dest: str | Path, description: str = "") -> Path:
         raise TraceGymError(f"{env_id} is already registered; choose another NAME")
     module = name.replace("-", "_")
     if importlib.util.find_spec(module) is not None:
-        raise TraceGymError(f"the module name {module!r} is taken by an installed module, which would shadow it; "
-                            "choose another NAME")
+        raise TraceGymError(
+            f"the module name {module!r} is taken by an installed module, which would shadow it; choose another NAME"
+        )
     folder = Path(dest) / name
     if folder.exists():
         raise TraceGymError(f"{folder} already exists; choose another NAME or --dir")
     cls = "".join(part.capitalize() for part in name.split("-")) + "Env"
     folder.mkdir(parents=True)
-    (folder / f"{module}.py").write_text(TARGET_TEMPLATE.read_text(encoding="utf-8").replace("TargetEnv", cls),
-                                         encoding="utf-8")
-    (folder / "manifest.toml").write_text(TARGET_MANIFEST.format(
-        env_id=env_id, module=module, cls=cls,
-        description=_toml_text(description or f"{name}: a target of my own, from trace-gym's order-desk scaffold")),
-        encoding="utf-8")
+    (folder / f"{module}.py").write_text(
+        TARGET_TEMPLATE.read_text(encoding="utf-8").replace("TargetEnv", cls), encoding="utf-8"
+    )
+    (folder / "manifest.toml").write_text(
+        TARGET_MANIFEST.format(
+            env_id=env_id,
+            module=module,
+            cls=cls,
+            description=_toml_text(description or f"{name}: a target of my own, from trace-gym's order-desk scaffold"),
+        ),
+        encoding="utf-8",
+    )
     return folder

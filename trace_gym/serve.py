@@ -123,8 +123,10 @@ def served_from_run(run_dir: str | Path) -> Served:
     except Unavailable:
         pass
     except Exception as exc:  # noqa: BLE001 - the other adapters are still served
-        print(f"trace-gym serve: no 'summed' adapter ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})",
-              file=sys.stderr)
+        print(
+            f"trace-gym serve: no 'summed' adapter ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})",
+            file=sys.stderr,
+        )
     return Served(ctx.backend, config.policy.model, router)
 
 
@@ -143,8 +145,10 @@ def served_model(model: str, adapters: dict[str, str] | None = None) -> Served:
 
 def _check_token_level(backend: Any) -> None:
     if not getattr(backend, "token_level", False):
-        raise ServeError(f"serve needs a token-level model (the embedded one, hf:<folder> or vllm:<model>), not "
-                         f"{backend.name}: an OpenAI-compatible server's chat model is served by that server")
+        raise ServeError(
+            f"serve needs a token-level model (the embedded one, hf:<folder> or vllm:<model>), not "
+            f"{backend.name}: an OpenAI-compatible server's chat model is served by that server"
+        )
 
 
 # --- requests -------------------------------------------------------------------------------------
@@ -153,30 +157,48 @@ SEED_RANGE = (0, 2**63 - 1)
 MAX_TEMPERATURE = 5.0
 MIN_TEMPERATURE = 1e-4
 """Below it, a temperature is greedy decoding (a tiny divisor would make the logits overflow)."""
-UNSUPPORTED = {"stream": (False, None), "stop": (None, [], ""), "logprobs": (None, False), "top_logprobs": (None, 0),
-               "top_p": (None, 1, 1.0), "top_k": (None, -1, 0), "min_p": (None, 0, 0.0), "logit_bias": (None, {}),
-               "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
-               "repetition_penalty": (None, 1, 1.0), "response_format": (None, {"type": "text"}),
-               "parallel_tool_calls": (None, True, False), "tool_choice": (None, "auto")}
+UNSUPPORTED = {
+    "stream": (False, None),
+    "stop": (None, [], ""),
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "top_p": (None, 1, 1.0),
+    "top_k": (None, -1, 0),
+    "min_p": (None, 0, 0.0),
+    "logit_bias": (None, {}),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "repetition_penalty": (None, 1, 1.0),
+    "response_format": (None, {"type": "text"}),
+    "parallel_tool_calls": (None, True, False),
+    "tool_choice": (None, "auto"),
+}
 """Parameters this server does not implement, with the values that mean "not used"; any other
 value is refused rather than silently ignored (``stream`` included: the reply is one JSON body)."""
 
 
-def _number(body: dict[str, Any], key: str, default: Any, kind: type, low: float | None = None,
-            high: float | None = None) -> Any:
+def _number(
+    body: dict[str, Any], key: str, default: Any, kind: type, low: float | None = None, high: float | None = None
+) -> Any:
     value = body.get(key, default)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not float(value).is_integer()):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or (kind is int and not float(value).is_integer())
+    ):
         raise ServeError(f"'{key}' must be a{'n integer' if kind is int else ' number'}, got {value!r}")
     if (low is not None and value < low) or (high is not None and value > high):
-        raise ServeError(f"'{key}' must be {'at least ' + str(low) if high is None else f'between {low} and {high}'}, "
-                         f"got {value}")
+        raise ServeError(
+            f"'{key}' must be {'at least ' + str(low) if high is None else f'between {low} and {high}'}, got {value}"
+        )
     return kind(value)
 
 
-def _common(served: Served, body: dict[str, Any], prompt_len: int, default_tokens: int, *,
-            completions: bool = False) -> dict[str, Any]:
+def _common(
+    served: Served, body: dict[str, Any], prompt_len: int, default_tokens: int, *, completions: bool = False
+) -> dict[str, Any]:
     """Sampling settings of a request, each checked here, before it can share a batch
     with anyone else's: a request that would fail in the batch fails alone."""
     for key, neutral in UNSUPPORTED.items():
@@ -189,8 +211,10 @@ def _common(served: Served, body: dict[str, Any], prompt_len: int, default_token
     stops = body.get("stop_token_ids")
     own = getattr(served.backend, "stop_ids", set())
     if stops is not None and set(stops if isinstance(stops, list) else [stops]) != set(own):
-        raise ServeError(f"'stop_token_ids' {stops!r} differ from the ids this model stops on ({sorted(own)}): the "
-                         "client and the server render with different templates")
+        raise ServeError(
+            f"'stop_token_ids' {stops!r} differ from the ids this model stops on ({sorted(own)}): the "
+            "client and the server render with different templates"
+        )
     context = getattr(served.backend, "context_size", None) or 0
     room = context - prompt_len if context else None
     if room is not None and room < 1:
@@ -198,11 +222,15 @@ def _common(served: Served, body: dict[str, Any], prompt_len: int, default_token
     tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     tokens = _number({"max_tokens": tokens}, "max_tokens", min(default_tokens, room or default_tokens), int, 1)
     if room is not None and tokens > room:
-        raise ServeError(f"a prompt of {prompt_len} tokens with max_tokens {tokens} passes the model's context of "
-                         f"{context} tokens")
+        raise ServeError(
+            f"a prompt of {prompt_len} tokens with max_tokens {tokens} passes the model's context of {context} tokens"
+        )
     temperature = _number(body, "temperature", 1.0, float, 0, MAX_TEMPERATURE)
-    return {"max_new_tokens": tokens, "temperature": 0.0 if temperature < MIN_TEMPERATURE else temperature,
-            "seed": _number(body, "seed", None, int, *SEED_RANGE)}
+    return {
+        "max_new_tokens": tokens,
+        "temperature": 0.0 if temperature < MIN_TEMPERATURE else temperature,
+        "seed": _number(body, "seed", None, int, *SEED_RANGE),
+    }
 
 
 def chat_request(served: Served, body: dict[str, Any]) -> tuple[Any, Any]:
@@ -220,8 +248,14 @@ def chat_request(served: Served, body: dict[str, Any]) -> tuple[Any, Any]:
         ids, prefix_len = backend.encode_conversation(messages, tools or None)
     except Exception as exc:  # a template that cannot render these messages: the client's request
         raise ServeError(f"the chat template cannot render these messages: {str(exc).splitlines()[0]}") from None
-    return GenerationRequest(messages=messages, tools=tools or None, adapter=adapter, prompt_ids=ids,
-                             prefix_len=prefix_len, **_common(served, body, len(ids), 1024)), decision
+    return GenerationRequest(
+        messages=messages,
+        tools=tools or None,
+        adapter=adapter,
+        prompt_ids=ids,
+        prefix_len=prefix_len,
+        **_common(served, body, len(ids), 1024),
+    ), decision
 
 
 def completion_request(served: Served, body: dict[str, Any]) -> Any:
@@ -234,14 +268,20 @@ def completion_request(served: Served, body: dict[str, Any]) -> Any:
     if isinstance(prompt, str):
         prompt = served.backend.tokenizer.encode(prompt, add_special_tokens=False)
     vocabulary = served.vocabulary()
-    if not (isinstance(prompt, list) and prompt and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt)):
+    if not (
+        isinstance(prompt, list) and prompt and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt)
+    ):
         raise ServeError("'prompt' must be text or a non-empty list of token ids (one prompt per request)")
     if any(i < 0 or i >= vocabulary for i in prompt):
         raise ServeError(f"'prompt' holds token ids outside the vocabulary (0..{vocabulary - 1})")
     adapter, _ = served.adapter_for(body.get("model"), None)
-    return GenerationRequest(messages=[], adapter=adapter, prompt_ids=list(prompt),
-                             prefix_len=_number(body, "prefix_len", 0, int, 0, len(prompt)),
-                             **_common(served, body, len(prompt), 16, completions=True))
+    return GenerationRequest(
+        messages=[],
+        adapter=adapter,
+        prompt_ids=list(prompt),
+        prefix_len=_number(body, "prefix_len", 0, int, 0, len(prompt)),
+        **_common(served, body, len(prompt), 16, completions=True),
+    )
 
 
 def _stamp(kind: str, model: str) -> dict[str, Any]:
@@ -255,37 +295,61 @@ def chat_response(model: str, completion: Any, adapter: str | None, decision: An
     finish = completion.finish_reason or "stop"
     parsed = parse_action(completion.text) if tools else None
     if parsed is not None and parsed.is_tool_call:
-        message = {"role": "assistant", "content": parsed.thought or None, "tool_calls": [
-            {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-             "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
-            for c in parsed.tool_calls]}
+        message = {
+            "role": "assistant",
+            "content": parsed.thought or None,
+            "tool_calls": [
+                {
+                    "id": f"call_{uuid.uuid4().hex[:24]}",
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)},
+                }
+                for c in parsed.tool_calls
+            ],
+        }
         finish = "tool_calls" if finish == "stop" else finish
     usage = {"prompt_tokens": completion.prompt_tokens or 0, "completion_tokens": completion.completion_tokens or 0}
-    return {**_stamp("chatcmpl", model), "object": "chat.completion",
-            "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
-            "usage": {**usage, "total_tokens": sum(usage.values())},
-            "trace_gym": {"adapter": adapter, "route": decision.as_dict() if decision is not None else None}}
+    return {
+        **_stamp("chatcmpl", model),
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+        "usage": {**usage, "total_tokens": sum(usage.values())},
+        "trace_gym": {"adapter": adapter, "route": decision.as_dict() if decision is not None else None},
+    }
 
 
 def completion_response(served: Served, model: str, completion: Any, body: dict[str, Any]) -> dict[str, Any]:
     turn = completion.tokens
     tokenizer = served.backend.tokenizer
-    choice: dict[str, Any] = {"index": 0, "text": tokenizer.decode(turn.completion_ids, skip_special_tokens=True),
-                              "finish_reason": completion.finish_reason or "stop", "logprobs": None}
+    choice: dict[str, Any] = {
+        "index": 0,
+        "text": tokenizer.decode(turn.completion_ids, skip_special_tokens=True),
+        "finish_reason": completion.finish_reason or "stop",
+        "logprobs": None,
+    }
     if body.get("logprobs") is not None:
         as_ids = bool(body.get("return_tokens_as_token_ids"))
         tokens = [f"token_id:{i}" if as_ids else tokenizer.decode([i]) for i in turn.completion_ids]
-        choice["logprobs"] = {"tokens": tokens, "token_logprobs": list(turn.logprobs),
-                              "top_logprobs": None, "text_offset": None}
+        choice["logprobs"] = {
+            "tokens": tokens,
+            "token_logprobs": list(turn.logprobs),
+            "top_logprobs": None,
+            "text_offset": None,
+        }
     if body.get("return_token_ids"):
         choice["token_ids"] = list(turn.completion_ids)
         choice["prompt_token_ids"] = list(turn.prompt_ids)
     usage = {"prompt_tokens": len(turn.prompt_ids), "completion_tokens": len(turn.completion_ids)}
-    return {**_stamp("cmpl", model), "object": "text_completion", "choices": [choice],
-            "usage": {**usage, "total_tokens": sum(usage.values())}}
+    return {
+        **_stamp("cmpl", model),
+        "object": "text_completion",
+        "choices": [choice],
+        "usage": {**usage, "total_tokens": sum(usage.values())},
+    }
 
 
 # --- batching and the episode caches ---------------------------------------------------------------
+
 
 class Generator:
     """Runs the requests that arrive together as one batch on the backend. Each
@@ -381,7 +445,9 @@ def _as_serve_error(exc: Exception) -> ServeError:
         return exc
     if isinstance(exc, (LLMError, TraceGymError)):
         return ServeError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-    return ServeError(f"the model failed on this request: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", 500)
+    return ServeError(
+        f"the model failed on this request: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", 500
+    )
 
 
 # --- HTTP -----------------------------------------------------------------------------------------
@@ -389,8 +455,15 @@ def _as_serve_error(exc: Exception) -> ServeError:
 LOOPBACK_NAMES = {"127.0.0.1", "localhost", "::1", "[::1]"}
 
 
-def make_server(served: Served, host: str = "127.0.0.1", port: int = 8000, *, log: Any = None,
-                api_key: str | None = None, allow_adapter_loading: bool = False) -> ThreadingHTTPServer:
+def make_server(
+    served: Served,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    log: Any = None,
+    api_key: str | None = None,
+    allow_adapter_loading: bool = False,
+) -> ThreadingHTTPServer:
     """An HTTP server for ``served`` (not started: call ``serve_forever``). With
     ``api_key``, every request must carry it as a bearer token. Bound to a loopback
     address, it answers only requests addressed to a loopback name (a web page the
@@ -411,7 +484,9 @@ def make_server(served: Served, host: str = "127.0.0.1", port: int = 8000, *, lo
         def _send(self, status: int, payload: Any) -> None:
             body = (payload if isinstance(payload, str) else json.dumps(payload)).encode("utf-8")
             self.send_response(status)
-            self.send_header("Content-Type", "text/plain; charset=utf-8" if isinstance(payload, str) else "application/json")
+            self.send_header(
+                "Content-Type", "text/plain; charset=utf-8" if isinstance(payload, str) else "application/json"
+            )
             self.send_header("Content-Length", str(len(body)))
             if self.close_connection:
                 self.send_header("Connection", "close")
@@ -419,7 +494,13 @@ def make_server(served: Served, host: str = "127.0.0.1", port: int = 8000, *, lo
             self.wfile.write(body)
 
         def _error(self, exc: ServeError) -> None:
-            kind = "not_found_error" if exc.status == 404 else "invalid_request_error" if exc.status < 500 else "server_error"
+            kind = (
+                "not_found_error"
+                if exc.status == 404
+                else "invalid_request_error"
+                if exc.status < 500
+                else "server_error"
+            )
             self._send(exc.status, {"error": {"message": str(exc), "type": kind, "param": None, "code": exc.status}})
 
         def _admit(self) -> None:
@@ -429,7 +510,9 @@ def make_server(served: Served, host: str = "127.0.0.1", port: int = 8000, *, lo
                 name = header.split("]")[0] + "]" if header.startswith("[") else header.rsplit(":", 1)[0]
                 if name not in LOOPBACK_NAMES:
                     self.close_connection = True
-                    raise ServeError(f"this server answers requests to {host} only (Host: {self.headers.get('Host')!r})", 403)
+                    raise ServeError(
+                        f"this server answers requests to {host} only (Host: {self.headers.get('Host')!r})", 403
+                    )
             if api_key is not None and self.headers.get("Authorization") != f"Bearer {api_key}":
                 self.close_connection = True
                 raise ServeError("a valid API key is needed (Authorization: Bearer <key>)", 401)
@@ -444,8 +527,11 @@ def make_server(served: Served, host: str = "127.0.0.1", port: int = 8000, *, lo
                 length = -1
             if length < 0 or length > MAX_BODY:
                 self.close_connection = True  # the body is left unread: nothing more can be read on this connection
-                raise ServeError(f"Content-Length must be a number of bytes up to {MAX_BODY}, got "
-                                 f"{self.headers.get('Content-Length')!r}", 413 if length > MAX_BODY else 400)
+                raise ServeError(
+                    f"Content-Length must be a number of bytes up to {MAX_BODY}, got "
+                    f"{self.headers.get('Content-Length')!r}",
+                    413 if length > MAX_BODY else 400,
+                )
             try:
                 body = json.loads(self.rfile.read(length) or b"{}")
             except (json.JSONDecodeError, UnicodeDecodeError):
@@ -459,8 +545,16 @@ def make_server(served: Served, host: str = "127.0.0.1", port: int = 8000, *, lo
                 self._admit()
                 path = self.path.rstrip("/")
                 if path == "/v1/models":
-                    self._send(200, {"object": "list", "data": [{"id": m, "object": "model", "created": 0,
-                                                                "owned_by": "trace-gym"} for m in served.models()]})
+                    self._send(
+                        200,
+                        {
+                            "object": "list",
+                            "data": [
+                                {"id": m, "object": "model", "created": 0, "owned_by": "trace-gym"}
+                                for m in served.models()
+                            ],
+                        },
+                    )
                 elif path in ("/health", "/v1/health"):
                     stats = getattr(served.backend, "cache_stats", None)
                     self._send(200, {"status": "ok", "cache": stats() if callable(stats) else None})
@@ -478,15 +572,27 @@ def make_server(served: Served, host: str = "127.0.0.1", port: int = 8000, *, lo
                     with lock:
                         request, decision = chat_request(served, body)
                     completion = generator.submit(request)
-                    self._send(200, chat_response(body.get("model") or served.name, completion, request.adapter, decision,
-                                                  bool(body.get("tools"))))
+                    self._send(
+                        200,
+                        chat_response(
+                            body.get("model") or served.name,
+                            completion,
+                            request.adapter,
+                            decision,
+                            bool(body.get("tools")),
+                        ),
+                    )
                 elif path == "/v1/completions":
                     request = completion_request(served, body)
-                    self._send(200, completion_response(served, body.get("model") or served.name, generator.submit(request), body))
+                    self._send(
+                        200,
+                        completion_response(served, body.get("model") or served.name, generator.submit(request), body),
+                    )
                 elif path == "/v1/load_lora_adapter":
                     if not allow_adapter_loading:
-                        raise ServeError("loading adapters at run time is off; start the server with "
-                                         "--allow-adapter-loading", 403)
+                        raise ServeError(
+                            "loading adapters at run time is off; start the server with --allow-adapter-loading", 403
+                        )
                     name, folder = body.get("lora_name"), body.get("lora_path")
                     if not isinstance(name, str) or not name or not isinstance(folder, str):
                         raise ServeError("load_lora_adapter needs 'lora_name' and 'lora_path'")

@@ -52,18 +52,25 @@ def normalize_settings(settings: dict[str, Any]) -> dict[str, Any]:
 
 class TrajectoryStore:
     """Args:
-        path: the JSONL file.
-        resume: continue a run in an existing file (its episodes are ``completed``).
-        overwrite: replace an existing file.
-        settings: the run's settings: written as the file's header; on resume,
-            compared with the file's and refused if they differ.
-        retry_given_up: on resume, episodes the agent gave up are not
-            ``completed``: they are played again and their new records supersede
-            the old ones (which stay in the file).
+    path: the JSONL file.
+    resume: continue a run in an existing file (its episodes are ``completed``).
+    overwrite: replace an existing file.
+    settings: the run's settings: written as the file's header; on resume,
+        compared with the file's and refused if they differ.
+    retry_given_up: on resume, episodes the agent gave up are not
+        ``completed``: they are played again and their new records supersede
+        the old ones (which stay in the file).
     """
 
-    def __init__(self, path: str | Path, *, resume: bool = False, overwrite: bool = False,
-                 settings: dict[str, Any] | None = None, retry_given_up: bool = False):
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        resume: bool = False,
+        overwrite: bool = False,
+        settings: dict[str, Any] | None = None,
+        retry_given_up: bool = False,
+    ):
         self.path = Path(path)
         self._lock = threading.Lock()
         self._done: dict[str, Trajectory] = {}
@@ -73,7 +80,9 @@ class TrajectoryStore:
         settings = normalize_settings(settings) if settings is not None else None
         header_needed = settings is not None
         if self.path.is_dir():
-            raise TrajectoryStoreError(f"{self.path} is a directory; give a file path such as {self.path}/trajectories.jsonl")
+            raise TrajectoryStoreError(
+                f"{self.path} is a directory; give a file path such as {self.path}/trajectories.jsonl"
+            )
         exists = self.path.exists() and self.path.stat().st_size > 0
         if exists and not (resume or overwrite):
             raise TrajectoryStoreError(
@@ -94,7 +103,9 @@ class TrajectoryStore:
                         del self._done[key]
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             # Written with the first episode: a run that fails before any episode leaves no file to resume.
-            self._header = json.dumps({"record": RUN_RECORD, "settings": settings}, sort_keys=True) if header_needed else None
+            self._header = (
+                json.dumps({"record": RUN_RECORD, "settings": settings}, sort_keys=True) if header_needed else None
+            )
         except PermissionError as exc:
             raise TrajectoryStoreError(f"cannot write trajectories to {self.path}: permission denied") from exc
         except OSError as exc:
@@ -157,23 +168,31 @@ def check_same_run(path: Path, contents: _Contents, settings: dict[str, Any]) ->
     """Refuse to resume a file made with other settings; True if the file still needs this run's header."""
     recorded = [s for i, s in enumerate(contents.settings) if s not in contents.settings[:i]]
     if len(recorded) > 1:
-        raise TrajectoryStoreError(f"{path} mixes runs made with different settings "
-                                   f"({_differences(recorded[0], recorded[1])}); write to a new file")
+        raise TrajectoryStoreError(
+            f"{path} mixes runs made with different settings "
+            f"({_differences(recorded[0], recorded[1])}); write to a new file"
+        )
     if recorded:
         if recorded[0] != settings:
-            raise TrajectoryStoreError(f"{path} was made by another run ({_differences(recorded[0], settings)}); "
-                                       "resume with the same settings, or write to a new --out")
+            raise TrajectoryStoreError(
+                f"{path} was made by another run ({_differences(recorded[0], settings)}); "
+                "resume with the same settings, or write to a new --out"
+            )
         return False
     # A file from before run headers: check what its records tell, then record this run's settings.
     for field_name in ("env_id", "agent"):
         seen = {getattr(t, field_name) for t in contents.done.values()}
         wanted = settings.get(field_name)
         if wanted is not None and seen and seen != {wanted}:
-            raise TrajectoryStoreError(f"{path} was made by another run ({field_name} {', '.join(sorted(map(str, seen)))} "
-                                       f"in the file, {wanted} now); write to a new --out")
+            raise TrajectoryStoreError(
+                f"{path} was made by another run ({field_name} {', '.join(sorted(map(str, seen)))} "
+                f"in the file, {wanted} now); write to a new --out"
+            )
     if contents.done:
-        warnings.warn(f"{path} has no run settings (written before they were recorded): only its env and agent could be "
-                      "checked against this run's")
+        warnings.warn(
+            f"{path} has no run settings (written before they were recorded): only its env and agent could be "
+            "checked against this run's"
+        )
     return True
 
 
@@ -212,7 +231,11 @@ def _read(path: Path, *, repair: bool) -> _Contents:
             continue
         try:
             record = json.loads(text)
-            if isinstance(record, dict) and record.get("record") == RUN_RECORD and isinstance(record.get("settings"), dict):
+            if (
+                isinstance(record, dict)
+                and record.get("record") == RUN_RECORD
+                and isinstance(record.get("settings"), dict)
+            ):
                 contents.settings.append(record["settings"])
                 good_end = offset
                 continue
@@ -236,7 +259,9 @@ def _read(path: Path, *, repair: bool) -> _Contents:
         if repair:
             with open(path, "r+b") as fh:
                 fh.truncate(good_end)
-            warnings.warn(f"{path}: dropped an unfinished last line ({len(data) - good_end} bytes) left by an interrupted run")
+            warnings.warn(
+                f"{path}: dropped an unfinished last line ({len(data) - good_end} bytes) left by an interrupted run"
+            )
     if contents.duplicates:
         warnings.warn(f"{path}: {contents.duplicates} duplicated episode ids, each read once")
     return contents

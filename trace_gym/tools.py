@@ -57,9 +57,7 @@ def load_frozen_tools(path: Path) -> list[ToolSchema]:
 def dump_frozen_tools(tools: Iterable[ToolSchema], path: Path) -> None:
     """Write tools sorted by name, pretty-printed for review in diffs."""
     ordered = sorted(tools, key=tool_name)
-    Path(path).write_text(
-        json.dumps(ordered, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8"
-    )
+    Path(path).write_text(json.dumps(ordered, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def select_tools(tools: Iterable[ToolSchema], names: Iterable[str]) -> list[ToolSchema]:
@@ -169,7 +167,16 @@ def call_error(tools: Iterable[ToolSchema], name: str, arguments: dict[str, Any]
     if missing:
         missing = missing[:1] if style.first_missing_only else missing
         quoted = [f"'{a}'" for a in missing]
-        listed = quoted[0] if len(quoted) == 1 else (" and ".join(quoted) if len(quoted) == 2 else ", ".join(quoted[:-1]) + ", and " + quoted[-1])
-        return style.missing_arguments.format(name=name, prefix=style.prefix, count=len(missing),
-                                              plural="" if len(missing) == 1 else "s", arguments=listed)
+        listed = (
+            quoted[0]
+            if len(quoted) == 1
+            else (" and ".join(quoted) if len(quoted) == 2 else ", ".join(quoted[:-1]) + ", and " + quoted[-1])
+        )
+        return style.missing_arguments.format(
+            name=name,
+            prefix=style.prefix,
+            count=len(missing),
+            plural="" if len(missing) == 1 else "s",
+            arguments=listed,
+        )
     return None

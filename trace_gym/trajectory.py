@@ -71,11 +71,21 @@ class Message(BaseModel):
                     arguments = json.loads(arguments)
                 except json.JSONDecodeError:
                     arguments = {"_raw": arguments}
-            calls.append(ToolCallRecord(id=str(call.get("id") or f"call_{n}"), name=str(function.get("name") or ""),
-                                        arguments=arguments if isinstance(arguments, dict) else {"_raw": arguments}))
-        return cls(role=role, content=None if content is None else str(content), tool_calls=calls or None,
-                   tool_call_id=message.get("tool_call_id"), name=message.get("name"),
-                   raw=str(content) if role == "assistant" and content is not None else None)
+            calls.append(
+                ToolCallRecord(
+                    id=str(call.get("id") or f"call_{n}"),
+                    name=str(function.get("name") or ""),
+                    arguments=arguments if isinstance(arguments, dict) else {"_raw": arguments},
+                )
+            )
+        return cls(
+            role=role,
+            content=None if content is None else str(content),
+            tool_calls=calls or None,
+            tool_call_id=message.get("tool_call_id"),
+            name=message.get("name"),
+            raw=str(content) if role == "assistant" and content is not None else None,
+        )
 
 
 class Trajectory(BaseModel):
@@ -104,7 +114,9 @@ class Trajectory(BaseModel):
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     error: str | None = Field(default=None, description="Why the episode was aborted, if it was.")
-    agent_info: dict[str, Any] = Field(default_factory=dict, description="What the agent reports of itself (e.g. planted deficits).")
+    agent_info: dict[str, Any] = Field(
+        default_factory=dict, description="What the agent reports of itself (e.g. planted deficits)."
+    )
 
     @property
     def success(self) -> bool:

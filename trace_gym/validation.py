@@ -236,8 +236,16 @@ class _Context:
                 observations.append(obs)
                 if hasattr(agent, "observe"):
                     agent.observe(obs, step_info)
-            episode = Episode(agent_name, seed, reward, terminated, truncated, env.unwrapped.steps,
-                              observations=observations, reward_info=step_info.get("reward_info") or {})
+            episode = Episode(
+                agent_name,
+                seed,
+                reward,
+                terminated,
+                truncated,
+                env.unwrapped.steps,
+                observations=observations,
+                reward_info=step_info.get("reward_info") or {},
+            )
         except TraceGymError as exc:
             episode = Episode(agent_name, seed, None, False, False, 0, error=str(exc))
             if not env.unwrapped.worker.alive:  # it hung or died: decisive; a fresh worker for the next check
@@ -289,19 +297,31 @@ def validate(
         except TraceGymError as exc:
             result = CheckResult(check.__name__.removeprefix("check_"), False, f"error: {exc}")
         except _CheckStopped as exc:
-            result = CheckResult(check.__name__.removeprefix("check_"), False, f"stopped at the first decisive failure: {exc}")
+            result = CheckResult(
+                check.__name__.removeprefix("check_"), False, f"stopped at the first decisive failure: {exc}"
+            )
         except _TimeBudgetExhausted as exc:
-            result = CheckResult(check.__name__.removeprefix("check_"), False,
-                                 f"the validation's time budget ({config.time_budget_s:g}s) ran out during this check ({exc}): the env is too slow to judge")
+            result = CheckResult(
+                check.__name__.removeprefix("check_"),
+                False,
+                f"the validation's time budget ({config.time_budget_s:g}s) ran out during this check ({exc}): the env is too slow to judge",
+            )
             stop = "skipped: the validation's time budget ran out"
         except Exception as exc:  # noqa: BLE001 - a reply no check foresaw still ends as a FAIL with evidence
-            result = CheckResult(check.__name__.removeprefix("check_"), False,
-                                 f"error: the env's answers broke this check ({type(exc).__name__}: {str(exc)[:300]})",
-                                 {"traceback": traceback.format_exc()[-4000:]})
+            result = CheckResult(
+                check.__name__.removeprefix("check_"),
+                False,
+                f"error: the env's answers broke this check ({type(exc).__name__}: {str(exc)[:300]})",
+                {"traceback": traceback.format_exc()[-4000:]},
+            )
             _revive_quietly(ctx)
         result.seconds = round(time.perf_counter() - t0, 3)
         results.append(result)
-        if result.passed is False and check in (check_static_gate, check_contract_shape, check_interface_fidelity) and ctx.env is None:
+        if (
+            result.passed is False
+            and check in (check_static_gate, check_contract_shape, check_interface_fidelity)
+            and ctx.env is None
+        ):
             stop = stop or True
     if ctx.env is not None:
         ctx.env.close()
@@ -352,7 +372,9 @@ def check_static_gate(ctx: _Context) -> CheckResult:
 
     findings = check_source(ctx.source)
     if findings:
-        return CheckResult("static_gate", False, "; ".join(str(f) for f in findings[:5]), {"findings": [str(f) for f in findings]})
+        return CheckResult(
+            "static_gate", False, "; ".join(str(f) for f in findings[:5]), {"findings": [str(f) for f in findings]}
+        )
     return CheckResult("static_gate", True, f"{len(ctx.source.splitlines())} lines, only allowed imports and names")
 
 
@@ -370,7 +392,10 @@ def check_contract_shape(ctx: _Context) -> CheckResult:
     for method in ("reset", "step", "reward", "oracle"):
         if env_class is not None and method not in methods:
             problems.append(f"Environment has no {method}()")
-    if not any(isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "TOOLS" for t in n.targets) for n in tree.body):
+    if not any(
+        isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "TOOLS" for t in n.targets)
+        for n in tree.body
+    ):
         problems.append("no module-level TOOLS list")
     if problems:
         return CheckResult("contract_shape", False, "; ".join(problems))
@@ -404,7 +429,10 @@ def check_interface_fidelity(ctx: _Context) -> CheckResult:
         try:
             env.reset(seed=ctx.seeds("probe", len(env.tools))[i])
             info = env.step(format_tool_call(tool_name(schema), arguments))[4]
-            answers += [(f"probe {r['name']}({json.dumps(arguments)[:60]})", r["name"], r["content"]) for r in info.get("tool_results", [])]
+            answers += [
+                (f"probe {r['name']}({json.dumps(arguments)[:60]})", r["name"], r["content"])
+                for r in info.get("tool_results", [])
+            ]
         except TraceGymError as exc:
             hung, env = _note_crash(ctx, crashes, f"{tool_name(schema)}({json.dumps(arguments)[:80]})", exc), ctx.env
             if hung:
@@ -436,19 +464,29 @@ def check_interface_fidelity(ctx: _Context) -> CheckResult:
         for where, tool, text in answers:
             problems = result_problems(ctx.result_shapes, tool, text)
             if problems:
-                misshapen.setdefault((tool, problems[0]), f"{where}: {tool} answered unlike {ctx.entry.target}: {problems[0]}")
+                misshapen.setdefault(
+                    (tool, problems[0]), f"{where}: {tool} answered unlike {ctx.entry.target}: {problems[0]}"
+                )
     wrong = list(misshapen.values())
     if crashes or bad_oracle_calls or wrong:
         evidence = "; ".join((wrong + crashes + bad_oracle_calls)[:4])
-        return CheckResult("interface_fidelity", False, evidence,
-                           {"results": wrong[:20], "crashes": crashes, "oracle_calls": bad_oracle_calls[:20]})
+        return CheckResult(
+            "interface_fidelity",
+            False,
+            evidence,
+            {"results": wrong[:20], "crashes": crashes, "oracle_calls": bad_oracle_calls[:20]},
+        )
     evidence = f"TOOLS {names} ⊆ the target's, shown with its frozen schemas; oracle calls fit them; "
     if ctx.result_shapes is None:
-        evidence += (f"tool results NOT checked: {ctx.entry.target} has no frozen results.json "
-                     f"(trace-gym envs freeze-tools {ctx.entry.target})")
+        evidence += (
+            f"tool results NOT checked: {ctx.entry.target} has no frozen results.json "
+            f"(trace-gym envs freeze-tools {ctx.entry.target})"
+        )
     else:
-        evidence += (f"{len(answers)} tool results (a probe of each tool, the oracle's episodes of "
-                     f"{min(ctx.config.fidelity_seeds, ctx.config.seeds)} seeds) have {ctx.entry.target}'s result shapes or error style")
+        evidence += (
+            f"{len(answers)} tool results (a probe of each tool, the oracle's episodes of "
+            f"{min(ctx.config.fidelity_seeds, ctx.config.seeds)} seeds) have {ctx.entry.target}'s result shapes or error style"
+        )
     return CheckResult("interface_fidelity", True, evidence, {"results_checked": len(answers)})
 
 
@@ -464,7 +502,9 @@ def check_reset_every_seed(ctx: _Context) -> CheckResult:
             break  # the first failing seed decides: no time-out per seed
     ctx.openings = openings
     if failures:
-        return CheckResult("reset_every_seed", False, f"{failures[0]} (stopped at the first failing seed)", {"failures": failures})
+        return CheckResult(
+            "reset_every_seed", False, f"{failures[0]} (stopped at the first failing seed)", {"failures": failures}
+        )
     return CheckResult("reset_every_seed", True, f"{ctx.config.seeds} seeds reset without error")
 
 
@@ -473,7 +513,11 @@ def check_seed_diversity(ctx: _Context) -> CheckResult:
     if not openings:
         return CheckResult("seed_diversity", False, "no seed could be reset")
     if len(openings) < ctx.config.seeds:
-        return CheckResult("seed_diversity", None, f"not judged: reset_every_seed stopped after {len(openings)} of {ctx.config.seeds} seeds")
+        return CheckResult(
+            "seed_diversity",
+            None,
+            f"not judged: reset_every_seed stopped after {len(openings)} of {ctx.config.seeds} seeds",
+        )
     share = len(set(openings.values())) / ctx.config.seeds
     evidence = f"{len(set(openings.values()))} distinct openings over {ctx.config.seeds} seeds ({share:.0%}; need {ctx.config.diversity_min:.0%})"
     return CheckResult("seed_diversity", share >= ctx.config.diversity_min, evidence, {"share": share})
@@ -490,11 +534,23 @@ def check_determinism(ctx: _Context) -> CheckResult:
             finally:
                 env.close()
         if runs[0] != runs[1]:
-            first = next(i for i, (a, b) in enumerate(zip(runs[0], runs[1])) if a != b) if len(runs[0]) == len(runs[1]) else "length"
+            first = (
+                next(i for i, (a, b) in enumerate(zip(runs[0], runs[1])) if a != b)
+                if len(runs[0]) == len(runs[1])
+                else "length"
+            )
             differences.append(f"seed {seed} differs at item {first}")
     if differences:
-        return CheckResult("determinism", False, "the same seed and actions gave different results in two fresh workers: " + "; ".join(differences[:3]))
-    return CheckResult("determinism", True, f"{ctx.config.determinism_seeds} seeds replayed identically (oracle and random actions) in fresh workers")
+        return CheckResult(
+            "determinism",
+            False,
+            "the same seed and actions gave different results in two fresh workers: " + "; ".join(differences[:3]),
+        )
+    return CheckResult(
+        "determinism",
+        True,
+        f"{ctx.config.determinism_seeds} seeds replayed identically (oracle and random actions) in fresh workers",
+    )
 
 
 def check_solvable(ctx: _Context) -> CheckResult:
@@ -531,7 +587,9 @@ def check_reward_range(ctx: _Context) -> CheckResult:
     levels = sorted({round(r, 6) for r in rewards})
     if bad:
         return CheckResult("reward_range", False, f"rewards out of [0, 1]: {bad[:5]}")
-    evidence = f"{len(rewards)} episodes, rewards in [0, 1], levels {levels[:8]} (need >= {ctx.config.min_reward_levels})"
+    evidence = (
+        f"{len(rewards)} episodes, rewards in [0, 1], levels {levels[:8]} (need >= {ctx.config.min_reward_levels})"
+    )
     return CheckResult("reward_range", len(levels) >= ctx.config.min_reward_levels, evidence, {"levels": levels})
 
 
@@ -545,9 +603,13 @@ def check_termination(ctx: _Context) -> CheckResult:
     cap = ctx.config.max_episode_steps
     declared = getattr(ctx.env, "declared_max_steps", None)
     if isinstance(declared, int) and not isinstance(declared, bool) and declared > cap:
-        problems.append(f"the env declares max_steps {declared}, above the validator's cap of {cap} steps (episodes were cut there)")
+        problems.append(
+            f"the env declares max_steps {declared}, above the validator's cap of {cap} steps (episodes were cut there)"
+        )
     if never_ended:
-        problems.append(f"oracle episodes reach max_steps ({ctx.env.max_steps}) without the env ending them (seeds {never_ended[:5]})")
+        problems.append(
+            f"oracle episodes reach max_steps ({ctx.env.max_steps}) without the env ending them (seeds {never_ended[:5]})"
+        )
     env = ctx.env
     env.reset(seed=ctx.seeds("main", 1)[0])
     actions = env.worker.call("oracle") or []
@@ -565,7 +627,11 @@ def check_termination(ctx: _Context) -> CheckResult:
         _revive(ctx)
     if problems:
         return CheckResult("termination", False, "; ".join(problems))
-    return CheckResult("termination", True, f"{len(oracle)} oracle episodes end by themselves within max_steps {ctx.env.max_steps}; a step after the end is answered")
+    return CheckResult(
+        "termination",
+        True,
+        f"{len(oracle)} oracle episodes end by themselves within max_steps {ctx.env.max_steps}; a step after the end is answered",
+    )
 
 
 def check_robustness(ctx: _Context) -> CheckResult:
@@ -580,7 +646,7 @@ def check_robustness(ctx: _Context) -> CheckResult:
     from trace_gym.sandbox.env import parse_reward
 
     env = ctx.env
-    probes = ["", "{\"name\": 1}" * 50, format_tool_call("no_such_tool", {})]
+    probes = ["", '{"name": 1}' * 50, format_tool_call("no_such_tool", {})]
     for i, schema in enumerate(env.tools):
         params = tool_parameters(schema)
         valid = _valid_arguments(params, i)
@@ -602,12 +668,16 @@ def check_robustness(ctx: _Context) -> CheckResult:
             env = ctx.env
     details = {"crashes": crashes, "tool_exceptions": answered[:20]}
     if crashes:
-        return CheckResult("robustness", False, f"{len(crashes)}/{len(probes)} bad actions crash the env: {crashes[0]}", details)
+        return CheckResult(
+            "robustness", False, f"{len(crashes)}/{len(probes)} bad actions crash the env: {crashes[0]}", details
+        )
     evidence = f"{len(probes)} bad actions (wrongly typed values for every argument of every tool, odd messages) each get an observation and a reward"
     if answered:
         first = answered[0]
-        evidence += (f"; {len(answered)} raised inside a tool and were answered as {ctx.entry.target} answers "
-                     f"(first: {first['tool']} raised {first['exception']}: {first['message'][:80]}; tracebacks in details)")
+        evidence += (
+            f"; {len(answered)} raised inside a tool and were answered as {ctx.entry.target} answers "
+            f"(first: {first['tool']} raised {first['exception']}: {first['message'][:80]}; tracebacks in details)"
+        )
     return CheckResult("robustness", True, evidence, details)
 
 
@@ -630,7 +700,9 @@ def check_hints(ctx: _Context) -> CheckResult:
         if hinted["system_prompt"] == plain["system_prompt"]:
             unchanged += 1
         per_seed.append((seed, hint_text.lower(), known.lower(), {v.lower() for v in _oracle_values(oracle)}))
-        numbers.append((seed, stated_numbers(hint_text), stated_numbers(known), stated_numbers(" ".join(_oracle_messages(oracle)))))
+        numbers.append(
+            (seed, stated_numbers(hint_text), stated_numbers(known), stated_numbers(" ".join(_oracle_messages(oracle))))
+        )
     leaks = []
     for seed, in_hint, in_known, answers in numbers:
         for value in sorted(answers & in_hint - in_known):
@@ -645,14 +717,20 @@ def check_hints(ctx: _Context) -> CheckResult:
                     leaks.append(f"seed {seed}: the hint spells out '{value}'")
     problems = []
     if changed_user:
-        problems.append(f"hint=True changes the user message on {changed_user} seeds (it may change only the system prompt)")
+        problems.append(
+            f"hint=True changes the user message on {changed_user} seeds (it may change only the system prompt)"
+        )
     if unchanged == len(seeds):
         problems.append("hint=True changes nothing")
     if leaks:
         problems.append("; ".join(leaks[:3]))
     if problems:
         return CheckResult("hints", False, "; ".join(problems), {"leaks": leaks[:20]})
-    return CheckResult("hints", True, f"hint=True changes only the system prompt on {len(seeds)} seeds and spells out none of the oracle's values")
+    return CheckResult(
+        "hints",
+        True,
+        f"hint=True changes only the system prompt on {len(seeds)} seeds and spells out none of the oracle's values",
+    )
 
 
 def check_step_time(ctx: _Context) -> CheckResult:
@@ -684,20 +762,37 @@ def check_calibration(ctx: _Context) -> CheckResult:
         f"mean reward {mean:.2f} in [{low}, {high}]": low <= mean <= high,
         f"success rate {success:.2f} in [{low}, {high}]": low <= success <= high,
         f"constant groups {constant:.2f} <= {cfg.max_constant_groups}": constant <= cfg.max_constant_groups,
-        f"informative groups {informative:.2f} >= {cfg.min_informative_groups}": informative >= cfg.min_informative_groups,
+        f"informative groups {informative:.2f} >= {cfg.min_informative_groups}": informative
+        >= cfg.min_informative_groups,
         f"all-zero groups {all_zero:.2f} <= {cfg.max_all_zero_groups}": all_zero <= cfg.max_all_zero_groups,
-        f"all-success groups {all_success:.2f} <= {cfg.max_all_success_groups}": all_success <= cfg.max_all_success_groups,
+        f"all-success groups {all_success:.2f} <= {cfg.max_all_success_groups}": all_success
+        <= cfg.max_all_success_groups,
     }
     failed = [rule for rule, ok in rules.items() if not ok]
     pass_table = ", ".join(f"pass@{k} {v:.2f}" for k, v in pass_at.items())
-    evidence = f"{cfg.policy}, {n} groups x K={cfg.k}: " + ("; ".join(failed) if failed else "all rules hold") + f"; {pass_table}"
+    evidence = (
+        f"{cfg.policy}, {n} groups x K={cfg.k}: "
+        + ("; ".join(failed) if failed else "all rules hold")
+        + f"; {pass_table}"
+    )
     return CheckResult("calibration", not failed, evidence, {"groups": groups, "pass_at_k": pass_at, "rules": rules})
 
 
 CHECKS = [
-    check_static_gate, check_contract_shape, check_interface_fidelity, check_reset_every_seed,
-    check_seed_diversity, check_determinism, check_solvable, check_not_trivial, check_reward_range,
-    check_termination, check_robustness, check_hints, check_step_time, check_calibration,
+    check_static_gate,
+    check_contract_shape,
+    check_interface_fidelity,
+    check_reset_every_seed,
+    check_seed_diversity,
+    check_determinism,
+    check_solvable,
+    check_not_trivial,
+    check_reward_range,
+    check_termination,
+    check_robustness,
+    check_hints,
+    check_step_time,
+    check_calibration,
 ]
 
 
@@ -745,7 +840,13 @@ def _replay(env, seed: int) -> list[Any]:
     rng = random.Random(seed)
     for _ in range(2):  # then schema-valid random calls, as the host would let through
         schema = rng.choice(env.tools)
-        actions.append({"type": "tool_call", "name": tool_name(schema), "arguments": _valid_arguments(tool_parameters(schema), rng.randrange(10**6))})
+        actions.append(
+            {
+                "type": "tool_call",
+                "name": tool_name(schema),
+                "arguments": _valid_arguments(tool_parameters(schema), rng.randrange(10**6)),
+            }
+        )
     out.append(env.worker.call("reset", seed=seed, hint=False))
     for action in actions:
         result = env.worker.call("step", action=action)
@@ -800,9 +901,14 @@ def hint_leaks(worker: Any, seed: int, other: int) -> list[str]:
     _, _, oracle, hint, known = _hinted_reset(worker, seed)
     hint, known = hint.lower(), known.lower()
     elsewhere = worker.call("reset", seed=other, hint=True)["system_prompt"].lower()
-    leaks = [f"the hint spells out '{value}'" for value in sorted({v.lower() for v in _oracle_values(oracle)})
-             if value in hint and value not in known and value not in elsewhere]
-    numbers = stated_numbers(hint) & stated_numbers(" ".join(_oracle_messages(oracle))) - stated_numbers(known) - stated_numbers(elsewhere)
+    leaks = [
+        f"the hint spells out '{value}'"
+        for value in sorted({v.lower() for v in _oracle_values(oracle)})
+        if value in hint and value not in known and value not in elsewhere
+    ]
+    numbers = stated_numbers(hint) & stated_numbers(" ".join(_oracle_messages(oracle))) - stated_numbers(
+        known
+    ) - stated_numbers(elsewhere)
     return leaks + [f"the hint states {n}, a number the oracle's messages give as the answer" for n in sorted(numbers)]
 
 

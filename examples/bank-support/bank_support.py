@@ -6,6 +6,7 @@ system prompt, the OpenAI tool schemas and the task id in ``info``; a reward in
 ``oracle_actions()`` is optional (reference solutions: the oracle agent, the
 generic analyst, validation of envs written for this target use it).
 """
+
 import json
 import random
 import string
@@ -14,11 +15,21 @@ import gymnasium as gym
 
 from trace_gym.actions import parse_action  # optional: the same parser the agents' formats follow
 
-TOOLS = [{"type": "function", "function": {"name": name, "description": text, "parameters": {
-    "type": "object", "properties": {arg: {"type": "string"}}, "required": [arg]}}}
-    for name, text, arg in [("get_account", "The account's holder and cards.", "account_id"),
-                            ("get_card", "A card's status and last four digits.", "card_id"),
-                            ("freeze_card", "Freeze a card so that it cannot be used.", "card_id")]]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": text,
+            "parameters": {"type": "object", "properties": {arg: {"type": "string"}}, "required": [arg]},
+        },
+    }
+    for name, text, arg in [
+        ("get_account", "The account's holder and cards.", "account_id"),
+        ("get_card", "A card's status and last four digits.", "card_id"),
+        ("freeze_card", "Freeze a card so that it cannot be used.", "card_id"),
+    ]
+]
 SPLITS = {"train": range(0, 14), "test": range(14, 20)}
 
 
@@ -39,8 +50,10 @@ class BankSupportEnv(gym.Env):
         self.lost = rng.choice(sorted(self.cards))
         self.frozen, self.steps, self.task = set(), 0, task
         prompt = "You are a bank's support agent. Use the tools; freeze only the card the customer lost."
-        return (f"Hi, my account is {self.account}. I lost my card ending in {self.cards[self.lost]}; please freeze it.",
-                {"system_prompt": prompt, "tools": TOOLS, "task_id": task})
+        return (
+            f"Hi, my account is {self.account}. I lost my card ending in {self.cards[self.lost]}; please freeze it.",
+            {"system_prompt": prompt, "tools": TOOLS, "task_id": task},
+        )
 
     def step(self, action):
         self.steps += 1
@@ -53,7 +66,9 @@ class BankSupportEnv(gym.Env):
             elif call.name in ("get_card", "freeze_card") and value in self.cards:
                 if call.name == "freeze_card":
                     self.frozen.add(value)
-                observation = json.dumps({"card_id": value, "last_four": self.cards[value], "frozen": value in self.frozen})
+                observation = json.dumps(
+                    {"card_id": value, "last_four": self.cards[value], "frozen": value in self.frozen}
+                )
             else:
                 observation = "Error: not found"
             done = False
@@ -67,5 +82,9 @@ class BankSupportEnv(gym.Env):
 
     def oracle_actions(self):
         call = lambda name, **args: json.dumps({"name": name, "arguments": args})  # noqa: E731
-        return [call("get_account", account_id=self.account), *[call("get_card", card_id=c) for c in sorted(self.cards)],
-                call("freeze_card", card_id=self.lost), "Your card is frozen."]
+        return [
+            call("get_account", account_id=self.account),
+            *[call("get_card", card_id=c) for c in sorted(self.cards)],
+            call("freeze_card", card_id=self.lost),
+            "Your card is frozen.",
+        ]

@@ -118,8 +118,11 @@ def get_method(name: str) -> Method:
 
 
 def _adapter_cost(records: list[AdapterRecord], *, analyst_calls: int = 0, extra_wall_s: float = 0.0) -> dict[str, Any]:
-    return {"train_rollouts": sum(a.rollouts for a in records), "analyst_calls": analyst_calls,
-            "wall_s": sum(a.wall_s or 0 for a in records) + extra_wall_s}
+    return {
+        "train_rollouts": sum(a.rollouts for a in records),
+        "analyst_calls": analyst_calls,
+        "wall_s": sum(a.wall_s or 0 for a in records) + extra_wall_s,
+    }
 
 
 def build_router(ctx: EvalContext, records: list[AdapterRecord], *, control: bool = False) -> Any:
@@ -161,7 +164,9 @@ class RoutedAdapters(Method):
         if not records:
             raise Unavailable(self.missing)
         names = [a.capability or a.name for a in records]
-        return BuiltAgent("routed", {"router": build_router(ctx, records, control=self.kind == "control")}, names, names)
+        return BuiltAgent(
+            "routed", {"router": build_router(ctx, records, control=self.kind == "control")}, names, names
+        )
 
     def cost(self, ctx: EvalContext) -> dict[str, Any]:
         return _adapter_cost(ctx.adapters.of_kind(self.kind))  # type: ignore[arg-type]
@@ -174,8 +179,9 @@ class Trace(RoutedAdapters):
     missing = "no capability adapter was trained"
 
     def cost(self, ctx: EvalContext) -> dict[str, Any]:
-        return _adapter_cost(ctx.adapters.of_kind("capability"), analyst_calls=ctx.analyst_calls,
-                             extra_wall_s=ctx.pre_training_wall_s)
+        return _adapter_cost(
+            ctx.adapters.of_kind("capability"), analyst_calls=ctx.analyst_calls, extra_wall_s=ctx.pre_training_wall_s
+        )
 
 
 class TrainedBaseline(Method):
@@ -210,8 +216,9 @@ class Merged(TrainedBaseline):
 
     def cost(self, ctx: EvalContext) -> dict[str, Any]:  # it needed identification and synthesis too
         record = ctx.adapters.named(self.name)
-        return _adapter_cost([record] if record else [], analyst_calls=ctx.analyst_calls,
-                             extra_wall_s=ctx.pre_training_wall_s)
+        return _adapter_cost(
+            [record] if record else [], analyst_calls=ctx.analyst_calls, extra_wall_s=ctx.pre_training_wall_s
+        )
 
 
 @register_method
@@ -224,8 +231,10 @@ class Summed(Method):
         if len(records) < 2:
             raise Unavailable("summing needs two or more capability adapters")
         if not hasattr(ctx.backend, "add_summed_adapter"):
-            raise Unavailable("adding adapters' weights needs a local policy (hf: or the embedded model); a server "
-                              "must serve the sum itself")
+            raise Unavailable(
+                "adding adapters' weights needs a local policy (hf: or the embedded model); a server "
+                "must serve the sum itself"
+            )
         names = [a.name for a in records]
         ctx.backend.add_summed_adapter(self.name, names)
         return BuiltAgent("llm", {"adapter": self.name}, targets=names)
@@ -254,8 +263,11 @@ class GEPA(Method):
 
     def cost(self, ctx: EvalContext) -> dict[str, Any]:
         g = ctx.gepa or {}
-        return {"train_rollouts": g.get("rollouts", 0), "analyst_calls": g.get("reflection_calls", 0),
-                "wall_s": g.get("wall_s", 0.0)}
+        return {
+            "train_rollouts": g.get("rollouts", 0),
+            "analyst_calls": g.get("reflection_calls", 0),
+            "wall_s": g.get("wall_s", 0.0),
+        }
 
 
 def policy_backend(model: str, adapters: AdapterSet) -> Any:
@@ -270,8 +282,9 @@ def policy_backend(model: str, adapters: AdapterSet) -> Any:
     return backend
 
 
-def build_methods(names: list[str], ctx: EvalContext, say: Callable[[str], None] = print
-                  ) -> list[tuple[str, BuiltAgent, dict[str, Any]]]:
+def build_methods(
+    names: list[str], ctx: EvalContext, say: Callable[[str], None] = print
+) -> list[tuple[str, BuiltAgent, dict[str, Any]]]:
     """(name, agent, cost) of each method that this run can build, in ``names``
     order; the others are said and left out."""
     out = []

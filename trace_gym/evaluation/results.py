@@ -74,7 +74,9 @@ class MethodResult:
 RESULTS_FILE = "results.json"
 
 
-def capability_groups(base: Iterable[Trajectory], capabilities: Iterable[str], analyst: Any = None) -> dict[str, set[str]]:
+def capability_groups(
+    base: Iterable[Trajectory], capabilities: Iterable[str], analyst: Any = None
+) -> dict[str, set[str]]:
     """Task ids where the base model's episode LACKS each capability (gold labels)."""
     from ..identification.gold import GoldActionAnalyst
 
@@ -88,8 +90,14 @@ def capability_groups(base: Iterable[Trajectory], capabilities: Iterable[str], a
     return groups
 
 
-def method_result(method: str, trajectories: list[Trajectory], *, groups: dict[str, set[str]] | None = None,
-                  routed_capabilities: list[str] | None = None, cost: dict[str, Any] | None = None) -> MethodResult:
+def method_result(
+    method: str,
+    trajectories: list[Trajectory],
+    *,
+    groups: dict[str, set[str]] | None = None,
+    routed_capabilities: list[str] | None = None,
+    cost: dict[str, Any] | None = None,
+) -> MethodResult:
     from ..rollout import summarize
 
     summary = summarize(trajectories, env_id=trajectories[0].env_id if trajectories else "", agent=method)
@@ -114,10 +122,16 @@ def method_result(method: str, trajectories: list[Trajectory], *, groups: dict[s
         if groups and set(routed_capabilities) <= set(groups):
             result.routing = routing_accuracy(trajectories, groups, routed_capabilities)
         else:  # nothing says which route was right: count the routes, claim no accuracy
-            routes = [((t.agent_info or {}).get("route") or {}).get("capability") or NO_CAPABILITY for t in trajectories]
-            result.routing = {"accuracy": None, "episodes": 0, "routed": {c: routes.count(c) for c in sorted(set(routes))},
-                              "note": "no truth to measure routing against: base's episodes were not labelled for every "
-                                      "routed capability by a rule-based analyst (gold, milestone, reference)"}
+            routes = [
+                ((t.agent_info or {}).get("route") or {}).get("capability") or NO_CAPABILITY for t in trajectories
+            ]
+            result.routing = {
+                "accuracy": None,
+                "episodes": 0,
+                "routed": {c: routes.count(c) for c in sorted(set(routes))},
+                "note": "no truth to measure routing against: base's episodes were not labelled for every "
+                "routed capability by a rule-based analyst (gold, milestone, reference)",
+            }
     return result
 
 
@@ -131,14 +145,19 @@ def lacking_rates(labels: Iterable[Any], capabilities: Iterable[str]) -> dict[st
         mine = [x for x in labels if x.capability == capability]
         applicable = [x for x in mine if x.label != NOT_APPLICABLE]
         lacking = sum(x.label == LACKING for x in applicable)
-        out[capability] = {"episodes": len(applicable), "lacking": lacking, "not_applicable": len(mine) - len(applicable),
-                           "rate": lacking / len(applicable) if applicable else None,
-                           "ci": list(wilson(lacking, len(applicable))) if applicable else None}
+        out[capability] = {
+            "episodes": len(applicable),
+            "lacking": lacking,
+            "not_applicable": len(mine) - len(applicable),
+            "rate": lacking / len(applicable) if applicable else None,
+            "ci": list(wilson(lacking, len(applicable))) if applicable else None,
+        }
     return out
 
 
 def task_flips(base: list[Trajectory], method: list[Trajectory]) -> dict[str, list[str]]:
     """Tasks the method solves more often than base (``gained``) and less often (``lost``)."""
+
     def rates(trajectories: list[Trajectory]) -> dict[str, float]:
         by_task: dict[str, list[bool]] = {}
         for t in trajectories:
@@ -156,14 +175,21 @@ def specificity(base: MethodResult, method: MethodResult, targeted: Iterable[str
     targeted = set(targeted)
 
     def mean_change(names: list[str]) -> float | None:
-        changes = [method.lacking[c]["rate"] - base.lacking[c]["rate"] for c in names
-                   if c in base.lacking and c in method.lacking
-                   and base.lacking[c]["rate"] is not None and method.lacking[c]["rate"] is not None]
+        changes = [
+            method.lacking[c]["rate"] - base.lacking[c]["rate"]
+            for c in names
+            if c in base.lacking
+            and c in method.lacking
+            and base.lacking[c]["rate"] is not None
+            and method.lacking[c]["rate"] is not None
+        ]
         return sum(changes) / len(changes) if changes else None
 
     names = sorted(method.lacking)
-    return {"targeted": mean_change([c for c in names if c in targeted]),
-            "untargeted": mean_change([c for c in names if c not in targeted])}
+    return {
+        "targeted": mean_change([c for c in names if c in targeted]),
+        "untargeted": mean_change([c for c in names if c not in targeted]),
+    }
 
 
 def load_results(path: str | Path) -> list[MethodResult]:
@@ -188,8 +214,9 @@ def gold_route(task_id: str | None, groups: dict[str, set[str]], routed_capabili
     return lacking or {NO_CAPABILITY}
 
 
-def routing_accuracy(trajectories: list[Trajectory], groups: dict[str, set[str]],
-                     routed_capabilities: list[str]) -> dict[str, Any]:
+def routing_accuracy(
+    trajectories: list[Trajectory], groups: dict[str, set[str]], routed_capabilities: list[str]
+) -> dict[str, Any]:
     """Share of episodes whose routed capability is one the base model lacked on that
     task (or none when it lacked none), and a confusion matrix keyed by the first gold
     route (in ``routed_capabilities`` order) against the chosen one."""
@@ -206,7 +233,12 @@ def routing_accuracy(trajectories: list[Trajectory], groups: dict[str, set[str]]
         confusion[first][chosen if chosen in confusion[first] else NO_CAPABILITY] += 1
         right += chosen in gold
         counted += 1
-    return {"accuracy": right / counted if counted else None, "episodes": counted, "labels": order, "confusion": confusion}
+    return {
+        "accuracy": right / counted if counted else None,
+        "episodes": counted,
+        "labels": order,
+        "confusion": confusion,
+    }
 
 
 def results_table(results: list[MethodResult]) -> str:
@@ -214,35 +246,77 @@ def results_table(results: list[MethodResult]) -> str:
     were measured, their LACKING rates and pass^1 on the tasks base lacked them on."""
     ks = sorted({k for r in results for k in r.pass_k if k > 1})
     has_flips = any(r.flips for r in results)
-    head = ["method", "episodes", "pass^1", "95% CI", *[f"pass^{k}" for k in ks], "mean reward",
-            *(["tasks +/- vs base"] if has_flips else []), "routing acc.", "train rollouts", "analyst calls", "wall s"]
+    head = [
+        "method",
+        "episodes",
+        "pass^1",
+        "95% CI",
+        *[f"pass^{k}" for k in ks],
+        "mean reward",
+        *(["tasks +/- vs base"] if has_flips else []),
+        "routing acc.",
+        "train rollouts",
+        "analyst calls",
+        "wall s",
+    ]
     rows = [head, ["---"] * len(head)]
     for r in results:
         acc = r.routing.get("accuracy") if r.routing else None
         routing = "-" if r.routing is None else _fmt(acc) if acc is not None else "n/a"
-        rows.append([
-            r.method, str(r.episodes), f"{r.pass_1:.3f}", f"[{r.pass_1_ci[0]:.2f}, {r.pass_1_ci[1]:.2f}]",
-            *[f"{r.pass_k[k]:.3f}" if k in r.pass_k else "-" for k in ks], f"{r.mean_reward:.3f}",
-            *([f"+{len(r.flips.get('gained', []))} / -{len(r.flips.get('lost', []))}" if r.flips else "-"] if has_flips else []),
-            routing, str(r.cost.get("train_rollouts", "-")), str(r.cost.get("analyst_calls", "-")),
-            f"{r.cost['wall_s']:.0f}" if isinstance(r.cost.get("wall_s"), (int, float)) else "-",
-        ])
+        rows.append(
+            [
+                r.method,
+                str(r.episodes),
+                f"{r.pass_1:.3f}",
+                f"[{r.pass_1_ci[0]:.2f}, {r.pass_1_ci[1]:.2f}]",
+                *[f"{r.pass_k[k]:.3f}" if k in r.pass_k else "-" for k in ks],
+                f"{r.mean_reward:.3f}",
+                *(
+                    [f"+{len(r.flips.get('gained', []))} / -{len(r.flips.get('lost', []))}" if r.flips else "-"]
+                    if has_flips
+                    else []
+                ),
+                routing,
+                str(r.cost.get("train_rollouts", "-")),
+                str(r.cost.get("analyst_calls", "-")),
+                f"{r.cost['wall_s']:.0f}" if isinstance(r.cost.get("wall_s"), (int, float)) else "-",
+            ]
+        )
     text = _markdown(rows)
     capabilities = sorted({c for r in results for c in (*r.lacking, *r.by_capability)})
     if capabilities:
-        head = ["method", *[f"{c}: LACKING (95% CI)" for c in capabilities if any(c in r.lacking for r in results)],
-                *[f"{c}: pass^1 where base lacked it (n={_group_size(results, c)})" for c in capabilities
-                  if any(c in r.by_capability for r in results)],
-                *(["LACKING change: targeted / other"] if any(r.specificity for r in results) else [])]
+        head = [
+            "method",
+            *[f"{c}: LACKING (95% CI)" for c in capabilities if any(c in r.lacking for r in results)],
+            *[
+                f"{c}: pass^1 where base lacked it (n={_group_size(results, c)})"
+                for c in capabilities
+                if any(c in r.by_capability for r in results)
+            ],
+            *(["LACKING change: targeted / other"] if any(r.specificity for r in results) else []),
+        ]
         rows = [head, ["---"] * len(head)]
         for r in results:
-            rows.append([
-                r.method,
-                *[_rate(r.lacking.get(c)) for c in capabilities if any(c in x.lacking for x in results)],
-                *[_fmt(r.by_capability.get(c, {}).get("pass_1")) for c in capabilities if any(c in x.by_capability for x in results)],
-                *([f"{_signed(r.specificity.get('targeted'))} / {_signed(r.specificity.get('untargeted'))}"
-                   if r.specificity else "-"] if any(x.specificity for x in results) else []),
-            ])
+            rows.append(
+                [
+                    r.method,
+                    *[_rate(r.lacking.get(c)) for c in capabilities if any(c in x.lacking for x in results)],
+                    *[
+                        _fmt(r.by_capability.get(c, {}).get("pass_1"))
+                        for c in capabilities
+                        if any(c in x.by_capability for x in results)
+                    ],
+                    *(
+                        [
+                            f"{_signed(r.specificity.get('targeted'))} / {_signed(r.specificity.get('untargeted'))}"
+                            if r.specificity
+                            else "-"
+                        ]
+                        if any(x.specificity for x in results)
+                        else []
+                    ),
+                ]
+            )
         text += "\n" + _markdown(rows)
     return text
 
@@ -272,7 +346,9 @@ def _fmt(value: float | None) -> str:
     return f"{value:.3f}"
 
 
-def write_results(results: list[MethodResult], out_dir: str | Path, *, reward_curves: dict[str, Path] | None = None) -> list[Path]:
+def write_results(
+    results: list[MethodResult], out_dir: str | Path, *, reward_curves: dict[str, Path] | None = None
+) -> list[Path]:
     """``results.json``, ``results.md`` and the plots, in ``out_dir``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

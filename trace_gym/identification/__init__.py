@@ -37,8 +37,18 @@ from .stats import (
 )
 
 __all__ = [
-    "identify", "IdentificationResult", "SelectionConfig", "GoldActionAnalyst", "GOLD_CAPABILITIES",
-    "DegenerateInputError", "IncompleteLabelsError", "Label", "contrast", "select", "cohen_kappa", "make_analyst",
+    "identify",
+    "IdentificationResult",
+    "SelectionConfig",
+    "GoldActionAnalyst",
+    "GOLD_CAPABILITIES",
+    "DegenerateInputError",
+    "IncompleteLabelsError",
+    "Label",
+    "contrast",
+    "select",
+    "cohen_kappa",
+    "make_analyst",
 ]
 
 
@@ -76,9 +86,16 @@ def make_analyst(spec: str, **kwargs: Any):
     raise TraceGymError(f"unknown analyst '{spec}'; use gold, milestone, reference or openai:<model>")
 
 
-def identify(trajectories: list[Trajectory], analyst: Any, out_dir: str | Path | None = None, *,
-             config: SelectionConfig | None = None, seed: int = 0, compare_gold: bool = False,
-             progress: Callable[[str], None] | None = None) -> IdentificationResult:
+def identify(
+    trajectories: list[Trajectory],
+    analyst: Any,
+    out_dir: str | Path | None = None,
+    *,
+    config: SelectionConfig | None = None,
+    seed: int = 0,
+    compare_gold: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> IdentificationResult:
     config = config or SelectionConfig()
     if config.runs < 1 or not 1 <= config.min_runs <= config.runs:
         raise TraceGymError(f"need 1 <= K <= N runs, got K={config.min_runs}, N={config.runs}")
@@ -113,10 +130,14 @@ def identify(trajectories: list[Trajectory], analyst: Any, out_dir: str | Path |
         except DegenerateInputError:
             continue  # a bootstrap sample with no failures (tiny inputs): that run cannot vote; counted below
     if not runs:
-        raise DegenerateInputError(f"none of the {config.runs} bootstrap runs drew both successes and failures; add trajectories")
+        raise DegenerateInputError(
+            f"none of the {config.runs} bootstrap runs drew both successes and failures; add trajectories"
+        )
     if len(runs) < config.runs:
-        say(f"{config.runs - len(runs)} of {config.runs} bootstrap runs drew no successes or no failures and were skipped; "
-            f"selection is over the {len(runs)} runs made")
+        say(
+            f"{config.runs - len(runs)} of {config.runs} bootstrap runs drew no successes or no failures and were skipped; "
+            f"selection is over the {len(runs)} runs made"
+        )
     task_of = {t.episode_id: t.task_id for t in trajectories}
     examples: dict[str, list[str]] = {}
     for label in labels:
@@ -125,11 +146,20 @@ def identify(trajectories: list[Trajectory], analyst: Any, out_dir: str | Path |
             if task_of[label.episode_id] not in bucket:
                 bucket.append(task_of[label.episode_id])
     chosen = select(runs, candidates, examples, config)
-    info = {"analyst": getattr(analyst, "name", type(analyst).__name__), "calls": getattr(analyst, "calls", 0),
-            "tokens": getattr(analyst, "tokens", 0), "trajectories": len(trajectories),
-            "successes": sum(success.values()), "failures": len(success) - sum(success.values()),
-            "tasks": len(clusters), "runs_requested": config.runs, "runs_made": len(runs),
-            "runs_required": min(config.min_runs, len(runs)), "config": asdict(config), "seed": seed}
+    info = {
+        "analyst": getattr(analyst, "name", type(analyst).__name__),
+        "calls": getattr(analyst, "calls", 0),
+        "tokens": getattr(analyst, "tokens", 0),
+        "trajectories": len(trajectories),
+        "successes": sum(success.values()),
+        "failures": len(success) - sum(success.values()),
+        "tasks": len(clusters),
+        "runs_requested": config.runs,
+        "runs_made": len(runs),
+        "runs_required": min(config.min_runs, len(runs)),
+        "config": asdict(config),
+        "seed": seed,
+    }
     result = IdentificationResult(chosen, runs, labels, agreement, info)
     if out_dir is not None:
         write_outputs(result, Path(out_dir))

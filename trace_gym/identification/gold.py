@@ -51,7 +51,9 @@ class GoldActionAnalyst:
             self._tasks[domain] = {t.id: t for t in registry.get_tasks_loader(domain)(None)}
         task = self._tasks[domain].get(trajectory.task_id)
         if task is None:
-            raise TraceGymError(f"{trajectory.env_id} has no task '{trajectory.task_id}' (episode {trajectory.episode_id})")
+            raise TraceGymError(
+                f"{trajectory.env_id} has no task '{trajectory.task_id}' (episode {trajectory.episode_id})"
+            )
         return task
 
     def label(self, trajectory: Trajectory) -> list[Label]:
@@ -64,9 +66,18 @@ def label_against(trajectory: Trajectory, gold: list[tuple[str, dict[str, Any]]]
     """The dictionary's labels of one episode against a reference solution: its tool calls
     (name, arguments), in order, and what it must tell the user (``info``)."""
     gold_writes = [g for g in gold if changes_state(g[0])]
-    calls = [(i, c) for i, m in enumerate(trajectory.messages) if m.role == "assistant" and m.tool_calls and m.requestor == "assistant" for c in m.tool_calls]
+    calls = [
+        (i, c)
+        for i, m in enumerate(trajectory.messages)
+        if m.role == "assistant" and m.tool_calls and m.requestor == "assistant"
+        for c in m.tool_calls
+    ]
     writes = [(i, c) for i, c in calls if changes_state(c.name)]
-    said = " ".join((m.content or "") for m in trajectory.messages if m.role == "assistant" and not m.tool_calls).lower().replace(",", "")
+    said = (
+        " ".join((m.content or "") for m in trajectory.messages if m.role == "assistant" and not m.tool_calls)
+        .lower()
+        .replace(",", "")
+    )
     labels: dict[str, tuple[str, str]] = {}
 
     if not gold_writes:
@@ -80,31 +91,50 @@ def label_against(trajectory: Trajectory, gold: list[tuple[str, dict[str, Any]]]
             labels["precise_arguments"] = (NOT_APPLICABLE, "no gold write was attempted")
         elif wrong:
             g, cands = wrong[0]
-            labels["precise_arguments"] = (LACKING, f"message {cands[0][0]}: {g[0]} called with {_short(cands[0][1].arguments)}, gold {_short(g[1])}")
+            labels["precise_arguments"] = (
+                LACKING,
+                f"message {cands[0][0]}: {g[0]} called with {_short(cands[0][1].arguments)}, gold {_short(g[1])}",
+            )
         else:
             labels["precise_arguments"] = (PRESENT, "every attempted gold write has the gold arguments")
         missing = [g[0] for g, cands in matched if not cands]
-        labels["complete_actions"] = (LACKING, f"never called: {', '.join(missing)}") if missing else (PRESENT, "every gold write was made")
+        labels["complete_actions"] = (
+            (LACKING, f"never called: {', '.join(missing)}") if missing else (PRESENT, "every gold write was made")
+        )
 
     if not info:
         labels["communicates_required_info"] = (NOT_APPLICABLE, "nothing must be communicated")
     else:
         unsaid = [s for s in info if s.lower() not in said]
-        labels["communicates_required_info"] = (LACKING, f"never said: {', '.join(unsaid)}") if unsaid else (PRESENT, "all required information was said")
+        labels["communicates_required_info"] = (
+            (LACKING, f"never said: {', '.join(unsaid)}") if unsaid else (PRESENT, "all required information was said")
+        )
 
     if not writes:
         labels["read_before_write"] = (NOT_APPLICABLE, "the agent made no state-changing call")
     else:
         first_write = writes[0][0]
         read_first = any(is_read(c.name) for i, c in calls if i < first_write)
-        labels["read_before_write"] = (PRESENT, "a read precedes the first write") if read_first else (LACKING, f"message {first_write}: {writes[0][1].name} with no read before it")
+        labels["read_before_write"] = (
+            (PRESENT, "a read precedes the first write")
+            if read_first
+            else (LACKING, f"message {first_write}: {writes[0][1].name} with no read before it")
+        )
 
     malformed = [i for i, m in enumerate(trajectory.messages) if m.role == "assistant" and m.error]
-    labels["well_formed_calls"] = (LACKING, f"message {malformed[0]}: {(trajectory.messages[malformed[0]].raw or '')[:80]!r}") if malformed else (PRESENT, "every action parsed")
+    labels["well_formed_calls"] = (
+        (LACKING, f"message {malformed[0]}: {(trajectory.messages[malformed[0]].raw or '')[:80]!r}")
+        if malformed
+        else (PRESENT, "every action parsed")
+    )
 
     gold_names = {g[0] for g in gold_writes}
     extra = [(i, c) for i, c in writes if c.name not in gold_names]
-    labels["no_unrequested_writes"] = (LACKING, f"message {extra[0][0]}: {extra[0][1].name} is not needed") if extra else (PRESENT, "no unneeded write")
+    labels["no_unrequested_writes"] = (
+        (LACKING, f"message {extra[0][0]}: {extra[0][1].name} is not needed")
+        if extra
+        else (PRESENT, "no unneeded write")
+    )
     return [Label(trajectory.episode_id, cap, label, evidence) for cap, (label, evidence) in labels.items()]
 
 

@@ -132,9 +132,19 @@ class AnswerCache:
 
 
 class LLMAnalyst:
-    def __init__(self, spec: str, *, per_trajectory: bool = False, cache_dir: str | Path | None = None,
-                 batch_size: int = 50, budget_chars: int = 120_000, max_retries: int = 2, concurrency: int = 4,
-                 base_url: str | None = None, api_key: str | None = None):
+    def __init__(
+        self,
+        spec: str,
+        *,
+        per_trajectory: bool = False,
+        cache_dir: str | Path | None = None,
+        batch_size: int = 50,
+        budget_chars: int = 120_000,
+        max_retries: int = 2,
+        concurrency: int = 4,
+        base_url: str | None = None,
+        api_key: str | None = None,
+    ):
         from trace_gym.llm.openai_compat import OpenAICompatible
 
         self.name = spec
@@ -159,8 +169,9 @@ class LLMAnalyst:
             batch = random.Random(f"{seed}|discovery|{r}").sample(failures, min(self.batch_size, len(failures)))
             per = max(400, self.budget_chars // len(batch))
             text = "\n\n".join(compact(t, budget=per) for t in batch)
-            pooled += self.ask(render("discovery", agent=_agent(batch), count=len(batch), trajectories=text),
-                               DiscoveryAnswer).capabilities
+            pooled += self.ask(
+                render("discovery", agent=_agent(batch), count=len(batch), trajectories=text), DiscoveryAnswer
+            ).capabilities
         return self.merge(pooled)
 
     def merge(self, pooled: list[Candidate]) -> dict[str, str]:
@@ -168,8 +179,11 @@ class LLMAnalyst:
         if len(unique) <= 1:
             return {snake(c.name): c.description for c in unique}
         listing = "\n".join(f"{i}. {c.name}: {c.description}" for i, c in enumerate(unique))
-        answer = self.ask(render("merge", candidates=listing), MergeAnswer,
-                          check=lambda a: sorted(m for g in a.groups for m in g.members) == list(range(len(unique))))
+        answer = self.ask(
+            render("merge", candidates=listing),
+            MergeAnswer,
+            check=lambda a: sorted(m for g in a.groups for m in g.members) == list(range(len(unique))),
+        )
         return {snake(g.name): g.description for g in answer.groups}
 
     # --- labelling ----------------------------------------------------------------------
@@ -178,20 +192,37 @@ class LLMAnalyst:
             if self.per_trajectory:
                 chunks = pool.map(lambda t: self._label_trajectory(t, candidates), trajectories)
             else:
-                chunks = pool.map(lambda pair: [self._label_pair(*pair)],
-                                  [(t, name, desc) for t in trajectories for name, desc in candidates.items()])
+                chunks = pool.map(
+                    lambda pair: [self._label_pair(*pair)],
+                    [(t, name, desc) for t in trajectories for name, desc in candidates.items()],
+                )
             return [label for chunk in chunks for label in chunk]
 
     def _label_pair(self, trajectory: Trajectory, name: str, description: str) -> Label:
-        answer = self.ask(render("label_pair", agent=_agent([trajectory]), name=name, description=description,
-                                 trajectory=compact(trajectory, 12_000)), PairLabel)
+        answer = self.ask(
+            render(
+                "label_pair",
+                agent=_agent([trajectory]),
+                name=name,
+                description=description,
+                trajectory=compact(trajectory, 12_000),
+            ),
+            PairLabel,
+        )
         return Label(trajectory.episode_id, name, answer.label, _evidence(answer.evidence))
 
     def _label_trajectory(self, trajectory: Trajectory, candidates: dict[str, str]) -> list[Label]:
         listing = "\n".join(f'- "{n}": {d}' for n, d in candidates.items())
-        answer = self.ask(render("label_trajectory", agent=_agent([trajectory]), capabilities=listing,
-                                 trajectory=compact(trajectory, 12_000)), TrajectoryLabels,
-                          check=lambda a: {x.capability for x in a.labels} >= set(candidates))
+        answer = self.ask(
+            render(
+                "label_trajectory",
+                agent=_agent([trajectory]),
+                capabilities=listing,
+                trajectory=compact(trajectory, 12_000),
+            ),
+            TrajectoryLabels,
+            check=lambda a: {x.capability for x in a.labels} >= set(candidates),
+        )
         by_name = {x.capability: x for x in answer.labels}
         return [Label(trajectory.episode_id, n, by_name[n].label, _evidence(by_name[n].evidence)) for n in candidates]
 
@@ -228,11 +259,15 @@ class LLMAnalyst:
                 continue
             self.cache.put(key, answer.model_dump_json())
             return answer
-        raise AnalystError(f"{self.name} gave no valid answer in {self.max_retries + 1} tries (last problem: {problem})")
+        raise AnalystError(
+            f"{self.name} gave no valid answer in {self.max_retries + 1} tries (last problem: {problem})"
+        )
 
 
-RETRY_PROMPT = ("Your answer could not be used: {problem}. Answer the same question again with only the JSON "
-                "object described above, no prose.")
+RETRY_PROMPT = (
+    "Your answer could not be used: {problem}. Answer the same question again with only the JSON "
+    "object described above, no prose."
+)
 
 
 def _first_problem(exc: Exception) -> str:
@@ -262,8 +297,11 @@ def extract_json(text: str) -> str:
             if isinstance(value, dict):
                 return text[start:end]
         start = text.find("{", start + 1)
-    raise ValueError(f"no complete JSON object in the answer ({first_error.msg} at character {first_error.pos})"
-                     if first_error else "no JSON object in the answer")
+    raise ValueError(
+        f"no complete JSON object in the answer ({first_error.msg} at character {first_error.pos})"
+        if first_error
+        else "no JSON object in the answer"
+    )
 
 
 def _evidence(evidence: Evidence) -> str:

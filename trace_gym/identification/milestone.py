@@ -64,8 +64,11 @@ class MilestoneAnalyst:
         categories = set(details.get("categories") or [])
         labels: dict[str, tuple[str, str]] = {}
 
-        for capability, prefix in (("right_tool_calls", "tool_call:"), ("reaches_required_state", "state:"),
-                                   ("reports_result_to_user", "message_to_user")):
+        for capability, prefix in (
+            ("right_tool_calls", "tool_call:"),
+            ("reaches_required_state", "state:"),
+            ("reports_result_to_user", "message_to_user"),
+        ):
             labels[capability] = _milestones_of_kind(milestones, prefix)
 
         if not minefields:
@@ -73,8 +76,12 @@ class MilestoneAnalyst:
         else:
             hit = [m for m in minefields if m["similarity"] > 0]
             labels["avoids_unwarranted_actions"] = (
-                (LACKING, "hit " + "; ".join(f"minefield {m['index']} ({_kinds(m)}) at {m['similarity']:.2f}" for m in hit))
-                if hit else (PRESENT, f"no minefield of {len(minefields)} hit")
+                (
+                    LACKING,
+                    "hit " + "; ".join(f"minefield {m['index']} ({_kinds(m)}) at {m['similarity']:.2f}" for m in hit),
+                )
+                if hit
+                else (PRESENT, f"no minefield of {len(minefields)} hit")
             )
 
         unmet = [m for m in milestones if m["similarity"] < MET]
@@ -85,22 +92,29 @@ class MilestoneAnalyst:
             elif perfect:
                 labels[capability] = (PRESENT, f"a {category} scenario solved: every milestone met")
             else:
-                why = "; ".join(f"milestone {m['index']} ({_kinds(m)}) at {m['similarity']:.2f}" for m in unmet) or "a minefield hit"
+                why = (
+                    "; ".join(f"milestone {m['index']} ({_kinds(m)}) at {m['similarity']:.2f}" for m in unmet)
+                    or "a minefield hit"
+                )
                 labels[capability] = (LACKING, f"a {category} scenario not solved: {why}")
 
-        answered = [(i, m) for i, m in enumerate(trajectory.messages) if m.role == "tool" and m.requestor == "assistant"]
+        answered = [
+            (i, m) for i, m in enumerate(trajectory.messages) if m.role == "tool" and m.requestor == "assistant"
+        ]
         if not answered:
             labels["valid_tool_arguments"] = (NOT_APPLICABLE, "the agent made no tool call")
         else:
             failed = [(i, m) for i, m in answered if m.error]
             labels["valid_tool_arguments"] = (
-                (LACKING, f"message {failed[0][0]}: {(failed[0][1].content or '')[:100]!r}") if failed
+                (LACKING, f"message {failed[0][0]}: {(failed[0][1].content or '')[:100]!r}")
+                if failed
                 else (PRESENT, f"all {len(answered)} calls ran")
             )
 
         malformed = [i for i, m in enumerate(trajectory.messages) if m.role == "assistant" and m.error]
         labels["well_formed_calls"] = (
-            (LACKING, f"message {malformed[0]}: {(trajectory.messages[malformed[0]].raw or '')[:80]!r}") if malformed
+            (LACKING, f"message {malformed[0]}: {(trajectory.messages[malformed[0]].raw or '')[:80]!r}")
+            if malformed
             else (PRESENT, "every action parsed")
         )
         return [Label(trajectory.episode_id, cap, label, evidence) for cap, (label, evidence) in labels.items()]

@@ -45,8 +45,10 @@ class ReferenceAnalyst:
             env.reset(seed=trajectory.seed, options=options)
             actions = env.unwrapped.oracle_actions()
             if not actions:
-                raise TraceGymError(f"{trajectory.env_id} gave no reference solution for task {trajectory.task_id!r} "
-                                    "(oracle_actions() returned nothing)")
+                raise TraceGymError(
+                    f"{trajectory.env_id} gave no reference solution for task {trajectory.task_id!r} "
+                    "(oracle_actions() returned nothing)"
+                )
             calls, messages = [], []
             for text in actions:
                 parsed = parse_action(text)
@@ -64,8 +66,10 @@ class ReferenceAnalyst:
             env = make(env_id)
             if not callable(getattr(env.unwrapped, "oracle_actions", None)):
                 env.close()
-                raise TraceGymError(f"the reference analyst needs reference solutions: {env_id} has no oracle_actions() "
-                                    "(docs/targets.md); use an LLM analyst (openai:<model>)")
+                raise TraceGymError(
+                    f"the reference analyst needs reference solutions: {env_id} has no oracle_actions() "
+                    "(docs/targets.md); use an LLM analyst (openai:<model>)"
+                )
             self._envs[env_id] = env
         return self._envs[env_id]
 
@@ -79,4 +83,3 @@ class ReferenceAnalyst:
         for env in self._envs.values():
             env.close()
         self._envs.clear()
-

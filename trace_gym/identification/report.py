@@ -20,12 +20,19 @@ def write_report(result: Any, out: Path) -> None:
     pooled = _pooled(result)
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(names)), 4))
     xs = range(len(names))
-    for offset, key, colour, label in ((-0.2, "plus", "tab:green", "ER+ (successes)"), (0.2, "minus", "tab:red", "ER- (failures)")):
+    for offset, key, colour, label in (
+        (-0.2, "plus", "tab:green", "ER+ (successes)"),
+        (0.2, "minus", "tab:red", "ER- (failures)"),
+    ):
         # An unknown rate (never applicable in that group) is drawn as no bar and marked "?".
         values = [pooled[n][key][0] or 0.0 for n in names]
         # The Wilson interval is not centred on the rate; a rate at 0 can sit just outside it.
-        lows = [max(0.0, v - pooled[n][key][1][0]) if pooled[n][key][0] is not None else 0.0 for v, n in zip(values, names)]
-        highs = [max(0.0, pooled[n][key][1][1] - v) if pooled[n][key][0] is not None else 0.0 for v, n in zip(values, names)]
+        lows = [
+            max(0.0, v - pooled[n][key][1][0]) if pooled[n][key][0] is not None else 0.0 for v, n in zip(values, names)
+        ]
+        highs = [
+            max(0.0, pooled[n][key][1][1] - v) if pooled[n][key][0] is not None else 0.0 for v, n in zip(values, names)
+        ]
         ax.bar([x + offset for x in xs], values, width=0.4, color=colour, label=label, yerr=[lows, highs], capsize=3)
         for x, n in zip(xs, names):
             if pooled[n][key][0] is None:
@@ -64,35 +71,61 @@ def write_report(result: Any, out: Path) -> None:
     made = len(result.runs)
     required = min(config.min_runs, made)
     lines = [
-        "# Capability identification", "",
+        "# Capability identification",
+        "",
         f"Analyst **{info['analyst']}** on {info['trajectories']} trajectories of {info.get('tasks', '?')} tasks "
         f"({info['successes']} successes, {info['failures']} failures). "
         f"{made} of {config.runs} bootstrap runs made (each draws tasks with replacement and keeps all their episodes)"
         + (f"; {config.runs - made} drew no successes or no failures and were skipped" if made < config.runs else "")
         + f". A capability is kept when gap >= {config.delta} and coverage >= {config.rho} in at least "
-        f"{required} of the {made} runs made" + (f" (K = {config.min_runs} asked)" if required < config.min_runs else "")
-        + f". Analyst calls: {info['calls']}, tokens: {info['tokens']}.", "",
-        "## Selected", "",
+        f"{required} of the {made} runs made"
+        + (f" (K = {config.min_runs} asked)" if required < config.min_runs else "")
+        + f". Analyst calls: {info['calls']}, tokens: {info['tokens']}.",
+        "",
+        "## Selected",
+        "",
     ]
     selected = [c for c in caps if c.selected]
     lines += [f"- **{c.name}**: {c.description}" for c in selected] or ["- none"]
-    lines += ["", "## All candidates", "",
-              "| capability | ER+ | ER- | gap (mean ± std) | coverage | runs passed | selected |",
-              "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [
+        "",
+        "## All candidates",
+        "",
+        "| capability | ER+ | ER- | gap (mean ± std) | coverage | runs passed | selected |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     unknown = []
     for c in caps:
         gap = "unknown" if c.gap_mean is None else f"{c.gap_mean:.2f} ± {c.gap_std:.2f}"
-        lines.append(f"| {c.name} | {_rate(c.er_plus_mean)} | {_rate(c.er_minus_mean)} | {gap} | "
-                     f"{c.coverage_mean:.2f} | {c.runs_passed}/{c.runs} | {'yes' if c.selected else 'no'} |")
+        lines.append(
+            f"| {c.name} | {_rate(c.er_plus_mean)} | {_rate(c.er_minus_mean)} | {gap} | "
+            f"{c.coverage_mean:.2f} | {c.runs_passed}/{c.runs} | {'yes' if c.selected else 'no'} |"
+        )
         if c.runs_gap_unknown:
-            unknown.append(f"- **{c.name}**: ER+ or ER- unknown in {c.runs_gap_unknown} of {c.runs} runs (it never applied in "
-                           "a success, or in a failure, of that sample), so the gap was unknown and those runs could not keep it.")
+            unknown.append(
+                f"- **{c.name}**: ER+ or ER- unknown in {c.runs_gap_unknown} of {c.runs} runs (it never applied in "
+                "a success, or in a failure, of that sample), so the gap was unknown and those runs could not keep it."
+            )
     if unknown:
         lines += ["", "## Unknown rates", "", *unknown]
     if result.agreement:
-        lines += ["", "## Agreement with the gold-action analyst (Cohen's κ)", "", "| capability | κ |", "| --- | --- |"]
+        lines += [
+            "",
+            "## Agreement with the gold-action analyst (Cohen's κ)",
+            "",
+            "| capability | κ |",
+            "| --- | --- |",
+        ]
         lines += [f"| {k} | {'n/a' if v is None else f'{v:.2f}'} |" for k, v in result.agreement.items()]
-    lines += ["", "![error rates](error_rates.png)", "", "![coverage](coverage.png)", "", "![stability](stability.png)", ""]
+    lines += [
+        "",
+        "![error rates](error_rates.png)",
+        "",
+        "![coverage](coverage.png)",
+        "",
+        "![stability](stability.png)",
+        "",
+    ]
     (out / "report.md").write_text("\n".join(lines))
 
 

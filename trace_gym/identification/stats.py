@@ -81,7 +81,9 @@ class SelectionConfig:
         if self.min_runs is None:
             self.min_runs = max(1, round(0.8 * self.runs)) if isinstance(self.runs, int) else 1
         if not (isinstance(self.runs, int) and isinstance(self.min_runs, int) and 1 <= self.min_runs <= self.runs):
-            raise SelectionError(f"selection needs 1 <= K <= N runs, got K (min_runs) = {self.min_runs}, N (runs) = {self.runs}")
+            raise SelectionError(
+                f"selection needs 1 <= K <= N runs, got K (min_runs) = {self.min_runs}, N (runs) = {self.runs}"
+            )
 
 
 class SelectionError(TraceGymError, ValueError):
@@ -105,12 +107,16 @@ def check_contrastable(outcomes: list[bool]) -> None:
     if len(outcomes) < 2:
         raise DegenerateInputError(f"{len(outcomes)} trajectory: a contrast needs successes and failures")
     if failures == len(outcomes):
-        raise DegenerateInputError(f"all {len(outcomes)} trajectories failed: no successes to contrast with (ER+ is undefined)")
+        raise DegenerateInputError(
+            f"all {len(outcomes)} trajectories failed: no successes to contrast with (ER+ is undefined)"
+        )
     if failures == 0:
         raise DegenerateInputError(f"all {len(outcomes)} trajectories succeeded: there are no failures to explain")
 
 
-def labels_by_episode(labels: Iterable[Label], episode_ids: Iterable[str], capabilities: list[str]) -> dict[str, dict[str, str]]:
+def labels_by_episode(
+    labels: Iterable[Label], episode_ids: Iterable[str], capabilities: list[str]
+) -> dict[str, dict[str, str]]:
     """Every episode's label per capability; a missing pair or an unknown label is an error that counts them."""
     by_episode: dict[str, dict[str, str]] = {}
     bad_values = []
@@ -120,20 +126,28 @@ def labels_by_episode(labels: Iterable[Label], episode_ids: Iterable[str], capab
         by_episode.setdefault(label.episode_id, {})[label.capability] = label.label
     if bad_values:
         x = bad_values[0]
-        raise IncompleteLabelsError(f"{len(bad_values)} labels are not one of {', '.join(LABELS)} "
-                                    f"(e.g. {x.label!r} for {x.capability} in {x.episode_id})")
+        raise IncompleteLabelsError(
+            f"{len(bad_values)} labels are not one of {', '.join(LABELS)} "
+            f"(e.g. {x.label!r} for {x.capability} in {x.episode_id})"
+        )
     episodes = list(dict.fromkeys(episode_ids))
     missing = [(e, c) for e in episodes for c in capabilities if c not in by_episode.get(e, {})]
     if missing:
         e, c = missing[0]
         raise IncompleteLabelsError(
             f"{len(missing)} of {len(episodes) * len(capabilities)} (trajectory, capability) pairs have no label "
-            f"(e.g. {c} in {e}); the analyst must label every pair, NOT_APPLICABLE included")
+            f"(e.g. {c} in {e}); the analyst must label every pair, NOT_APPLICABLE included"
+        )
     return by_episode
 
 
-def contrast(labels: Iterable[Label] | dict[str, dict[str, str]], sample: list[str], success: dict[str, bool],
-             capabilities: list[str], config: SelectionConfig) -> list[CapabilityStats]:
+def contrast(
+    labels: Iterable[Label] | dict[str, dict[str, str]],
+    sample: list[str],
+    success: dict[str, bool],
+    capabilities: list[str],
+    config: SelectionConfig,
+) -> list[CapabilityStats]:
     """The statistics of one run over ``sample`` (episode ids; repeats count, as in a bootstrap).
 
     ``labels`` is a list of labels or what :func:`labels_by_episode` made of one."""
@@ -155,9 +169,18 @@ def contrast(labels: Iterable[Label] | dict[str, dict[str, str]], sample: list[s
         er_minus = e_minus / n_minus if n_minus else None
         gap = None if er_plus is None or er_minus is None else er_minus - er_plus
         stats = CapabilityStats(
-            capability=c, n_plus=n_plus, e_plus=e_plus, n_minus=n_minus, e_minus=e_minus, failures=failures,
-            er_plus=er_plus, er_minus=er_minus, gap=gap, coverage=e_minus / failures,
-            er_plus_ci=wilson(e_plus, n_plus), er_minus_ci=wilson(e_minus, n_minus),
+            capability=c,
+            n_plus=n_plus,
+            e_plus=e_plus,
+            n_minus=n_minus,
+            e_minus=e_minus,
+            failures=failures,
+            er_plus=er_plus,
+            er_minus=er_minus,
+            gap=gap,
+            coverage=e_minus / failures,
+            er_plus_ci=wilson(e_plus, n_plus),
+            er_minus_ci=wilson(e_minus, n_minus),
         )
         stats.kept = gap is not None and gap >= config.delta and stats.coverage >= config.rho
         out.append(stats)
@@ -189,8 +212,12 @@ class SelectedCapability:
         return asdict(self)
 
 
-def select(runs: list[list[CapabilityStats]], descriptions: dict[str, str], examples: dict[str, list[str]],
-           config: SelectionConfig) -> list[SelectedCapability]:
+def select(
+    runs: list[list[CapabilityStats]],
+    descriptions: dict[str, str],
+    examples: dict[str, list[str]],
+    config: SelectionConfig,
+) -> list[SelectedCapability]:
     """K-of-N selection over the runs made; every candidate is returned, sorted by mean gap.
 
     When fewer than K runs were made (degenerate bootstrap samples are
@@ -206,15 +233,24 @@ def select(runs: list[list[CapabilityStats]], descriptions: dict[str, str], exam
         plus = [r.er_plus for r in rows if r.er_plus is not None]
         minus = [r.er_minus for r in rows if r.er_minus is not None]
         passed = sum(r.kept for r in rows)
-        out.append(SelectedCapability(
-            name=name, description=descriptions.get(name, ""),
-            gap_mean=statistics.fmean(gaps) if gaps else None, gap_std=statistics.pstdev(gaps) if gaps else None,
-            coverage_mean=statistics.fmean(coverages), coverage_std=statistics.pstdev(coverages),
-            er_plus_mean=statistics.fmean(plus) if plus else None, er_minus_mean=statistics.fmean(minus) if minus else None,
-            runs_passed=passed, runs=len(runs), selected=passed >= required,
-            example_failed_task_ids=examples.get(name, [])[:5],
-            runs_gap_unknown=len(rows) - len(gaps), runs_required=required,
-        ))
+        out.append(
+            SelectedCapability(
+                name=name,
+                description=descriptions.get(name, ""),
+                gap_mean=statistics.fmean(gaps) if gaps else None,
+                gap_std=statistics.pstdev(gaps) if gaps else None,
+                coverage_mean=statistics.fmean(coverages),
+                coverage_std=statistics.pstdev(coverages),
+                er_plus_mean=statistics.fmean(plus) if plus else None,
+                er_minus_mean=statistics.fmean(minus) if minus else None,
+                runs_passed=passed,
+                runs=len(runs),
+                selected=passed >= required,
+                example_failed_task_ids=examples.get(name, [])[:5],
+                runs_gap_unknown=len(rows) - len(gaps),
+                runs_required=required,
+            )
+        )
     return sorted(out, key=lambda c: (c.gap_mean is not None, c.gap_mean or 0.0), reverse=True)
 
 

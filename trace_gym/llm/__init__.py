@@ -20,5 +20,13 @@ from __future__ import annotations
 from .base import Completion, GenerationRequest, LLMBackend, LLMError, TokenEpisode, TokenTurn
 from .registry import EMBEDDED_DEFAULT, make_backend
 
-__all__ = ["Completion", "GenerationRequest", "LLMBackend", "LLMError", "TokenEpisode", "TokenTurn", "EMBEDDED_DEFAULT",
-           "make_backend"]
+__all__ = [
+    "Completion",
+    "GenerationRequest",
+    "LLMBackend",
+    "LLMError",
+    "TokenEpisode",
+    "TokenTurn",
+    "EMBEDDED_DEFAULT",
+    "make_backend",
+]

@@ -32,8 +32,16 @@ class LLMError(TraceGymError):
 # OpenAI-compatible server: vLLM renders the template and parses these as control
 # ids). A local model uses its own tokenizer's added tokens instead.
 CONTROL_STRINGS = (
-    "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
-    "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|python_tag|>",
 )
 _JOINER = "\u2060"  # WORD JOINER: invisible, and no tokenizer merges it into a control token
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -73,8 +81,11 @@ def _walk(value: Any, pattern: re.Pattern[str]) -> Any:
     return value
 
 
-def plain_messages(messages: list[dict[str, Any]], pattern: re.Pattern[str] = _DEFAULT_PATTERN,
-                   turn_pattern: re.Pattern[str] | None = None) -> list[dict[str, Any]]:
+def plain_messages(
+    messages: list[dict[str, Any]],
+    pattern: re.Pattern[str] = _DEFAULT_PATTERN,
+    turn_pattern: re.Pattern[str] | None = None,
+) -> list[dict[str, Any]]:
     """A copy of ``messages`` (or tool schemas) with every string in them, keys
     included, made ``plain_text``: what a system prompt, a user (or its simulator),
     a tool or an env wrote. The ``role`` of each message is the template's. An
@@ -215,21 +226,36 @@ class Completion:
     def from_tool_calls(cls, content: str | None, calls: list[dict[str, Any]], **usage: Any) -> "Completion":
         """Native tool calls as text; arguments that were not valid JSON are kept as
         written, so the env's parser reports them as the model's mistake."""
+
         def block(call: dict[str, Any]) -> str:
             arguments = call["arguments"]
             rendered = json.dumps(arguments, ensure_ascii=False) if isinstance(arguments, dict) else str(arguments)
             return f'<tool_call>{{"name": {json.dumps(call["name"])}, "arguments": {rendered}}}</tool_call>'
 
         blocks = "".join(block(c) for c in calls)
-        return cls(text=((content or "").strip() + "\n" + blocks).strip() if calls else (content or ""), tool_calls=calls, **usage)
+        return cls(
+            text=((content or "").strip() + "\n" + blocks).strip() if calls else (content or ""),
+            tool_calls=calls,
+            **usage,
+        )
 
 
-def requests_for(conversations: list[list[dict[str, Any]]], *, tools: list[dict[str, Any]] | None = None,
-                 max_new_tokens: int = 256, temperature: float = 0.0, seed: int | None = None,
-                 adapter: str | None = None) -> list[GenerationRequest]:
+def requests_for(
+    conversations: list[list[dict[str, Any]]],
+    *,
+    tools: list[dict[str, Any]] | None = None,
+    max_new_tokens: int = 256,
+    temperature: float = 0.0,
+    seed: int | None = None,
+    adapter: str | None = None,
+) -> list[GenerationRequest]:
     """Conversations that share one set of settings, as requests (``generate``'s path)."""
-    return [GenerationRequest(messages=c, tools=tools, max_new_tokens=max_new_tokens, temperature=temperature,
-                              seed=seed, adapter=adapter) for c in conversations]
+    return [
+        GenerationRequest(
+            messages=c, tools=tools, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, adapter=adapter
+        )
+        for c in conversations
+    ]
 
 
 class Generates:
@@ -238,11 +264,26 @@ class Generates:
     def complete(self, requests: list[GenerationRequest]) -> list[Completion]:
         raise NotImplementedError
 
-    def generate(self, conversations: list[list[dict[str, Any]]], *, tools: list[dict[str, Any]] | None = None,
-                 max_new_tokens: int = 256, temperature: float = 0.0, seed: int | None = None,
-                 adapter: str | None = None) -> list[Completion]:
-        return self.complete(requests_for(conversations, tools=tools, max_new_tokens=max_new_tokens,
-                                          temperature=temperature, seed=seed, adapter=adapter))
+    def generate(
+        self,
+        conversations: list[list[dict[str, Any]]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        adapter: str | None = None,
+    ) -> list[Completion]:
+        return self.complete(
+            requests_for(
+                conversations,
+                tools=tools,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                seed=seed,
+                adapter=adapter,
+            )
+        )
 
 
 class RemoteRequests(Generates):
@@ -282,6 +323,12 @@ class LLMBackend(Protocol):
     ) -> list[Completion]:
         """One completion per conversation (OpenAI chat messages), shared settings."""
 
-    def score(self, conversation: list[dict[str, Any]], labels: list[str], *, tools: list[dict[str, Any]] | None = None,
-              adapter: str | None = None) -> dict[str, float]:
+    def score(
+        self,
+        conversation: list[dict[str, Any]],
+        labels: list[str],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        adapter: str | None = None,
+    ) -> dict[str, float]:
         """The log-probability of each label as the model's next reply to ``conversation``."""

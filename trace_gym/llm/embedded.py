@@ -30,7 +30,7 @@ TOOL_CHAT_TEMPLATE = (
     "{{- '<|im_start|>system\\n' + system -}}"
     "{%- if tools -%}"
     "{{- '\\n\\nYou can call these tools. To call one, reply with only "
-    "<tool_call>{\"name\": <tool name>, \"arguments\": <JSON object>}</tool_call>.\\n<tools>\\n' -}}"
+    '<tool_call>{"name": <tool name>, "arguments": <JSON object>}</tool_call>.\\n<tools>\\n\' -}}'
     "{%- for tool in tools -%}{{- (tool | tojson) + '\\n' -}}{%- endfor -%}"
     "{{- '</tools>' -}}"
     "{%- endif -%}"
@@ -96,8 +96,11 @@ def ensure_embedded_model() -> Path:
 
 def _convert(target: Path) -> Path:
     source = gguf_path()
-    print(f"trace-gym: converting the embedded {EMBEDDED_NAME} from {source.name} to safetensors (once, ~30 s)...",
-          file=sys.stderr, flush=True)
+    print(
+        f"trace-gym: converting the embedded {EMBEDDED_NAME} from {source.name} to safetensors (once, ~30 s)...",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
         import gguf  # noqa: F401
         import torch
@@ -139,8 +142,13 @@ def save_model_folder(model, tokenizer, target: Path, files: dict[str, str] | No
     return target
 
 
-def merge_adapter(base: Path, adapter: Path | list[Path], target: Path, chat_template: str | None = None,
-                  files: dict[str, str] | None = None) -> Path:
+def merge_adapter(
+    base: Path,
+    adapter: Path | list[Path],
+    target: Path,
+    chat_template: str | None = None,
+    files: dict[str, str] | None = None,
+) -> Path:
     """The model at ``base`` with the LoRA at ``adapter`` (or each of a list, in
     order) merged in, in float32, saved as a local model folder at ``target`` with
     the base's tokenizer (and ``chat_template``, if given): a policy usable
@@ -165,7 +173,7 @@ def merge_adapter(base: Path, adapter: Path | list[Path], target: Path, chat_tem
 WARM_STARTS_DIR = Path(__file__).with_name("warm_starts")
 WARM_STARTS = {
     "smollm2-135m-tau2-retail-sft": "the embedded model warm-started (LoRA SFT) on τ²-retail's oracle (train split), "
-                                    "then on six reference envs' oracles",
+    "then on six reference envs' oracles",
 }
 """Name -> what it is. Each has ``warm_starts/<name>/``: one folder per stage, a PEFT
 adapter each, merged in name order over the embedded model (each stage was trained on the
@@ -194,8 +202,12 @@ def ensure_warm_start(name: str) -> Path:
     stages = sorted(p.parent for p in (WARM_STARTS_DIR / name).glob("*/adapter_model.safetensors"))
     if not stages:
         raise LLMError(f"the warm start {name} is not installed (no adapter under {WARM_STARTS_DIR / name})")
-    digest = hashlib.sha256(b"".join(p.name.encode() + (p / "adapter_model.safetensors").read_bytes()
-                                     + (p / "adapter_config.json").read_bytes() for p in stages)).hexdigest()
+    digest = hashlib.sha256(
+        b"".join(
+            p.name.encode() + (p / "adapter_model.safetensors").read_bytes() + (p / "adapter_config.json").read_bytes()
+            for p in stages
+        )
+    ).hexdigest()
     target = cache_dir().parent / name
     stamp = target / "adapter.sha256"
 
@@ -209,5 +221,9 @@ def ensure_warm_start(name: str) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if current():
             return target
-        print(f"trace-gym: merging the warm start {name} into the embedded model (once, ~10 s)...", file=sys.stderr, flush=True)
+        print(
+            f"trace-gym: merging the warm start {name} into the embedded model (once, ~10 s)...",
+            file=sys.stderr,
+            flush=True,
+        )
         return merge_adapter(base, stages, target, TOOL_CHAT_TEMPLATE, {"adapter.sha256": digest + "\n"})

@@ -60,8 +60,8 @@ def _write_right_aligned(keys: Any, values: Any, row: int, segments: list[tuple[
     """Copy a row's segments into slots ``..end`` of a batch cache layer (left padding before them)."""
     at = end - sum(k.shape[2] for k, _ in segments)
     for k, v in segments:
-        keys[row, :, at:at + k.shape[2]] = k[0]
-        values[row, :, at:at + k.shape[2]] = v[0]
+        keys[row, :, at : at + k.shape[2]] = k[0]
+        values[row, :, at : at + k.shape[2]] = v[0]
         at += k.shape[2]
 
 
@@ -141,27 +141,39 @@ class KVStore:
 
 class LocalHF(TokenTemplate, Generates):
     """Args:
-        path: a local model folder (``from_model`` takes a model object instead).
-        adapters: LoRA adapters to load, name -> folder.
-        max_batch: rows per batched generation.
-        kv_cache: reuse keys and values across turns and episodes (off: every
-            prompt is prefilled from scratch, as a baseline).
-        cache_bytes: the cap on cached keys and values.
-        shared_prefix_attention: attend to a shared prefix once per batch instead of
-            once per row (exact; off: every row's cache holds its own copy).
-        chat_template: replaces the tokenizer's own.
-        template: which template to play with (``templates.choose``): ``auto`` keeps
-            one that appends turn for turn, else takes TRL's training template for the
-            family; ``stock`` keeps the tokenizer's; or a TRL template name or
-            ``.jinja`` path. ``template_note`` says what was chosen and why.
+    path: a local model folder (``from_model`` takes a model object instead).
+    adapters: LoRA adapters to load, name -> folder.
+    max_batch: rows per batched generation.
+    kv_cache: reuse keys and values across turns and episodes (off: every
+        prompt is prefilled from scratch, as a baseline).
+    cache_bytes: the cap on cached keys and values.
+    shared_prefix_attention: attend to a shared prefix once per batch instead of
+        once per row (exact; off: every row's cache holds its own copy).
+    chat_template: replaces the tokenizer's own.
+    template: which template to play with (``templates.choose``): ``auto`` keeps
+        one that appends turn for turn, else takes TRL's training template for the
+        family; ``stock`` keeps the tokenizer's; or a TRL template name or
+        ``.jinja`` path. ``template_note`` says what was chosen and why.
     """
 
     token_level = True
 
-    def __init__(self, path: str | None = None, *, name: str | None = None, adapters: dict[str, str] | None = None,
-                 device: str | None = None, max_batch: int = 8, kv_cache: bool = True,
-                 cache_bytes: int = DEFAULT_CACHE_BYTES, chat_template: str | None = None, template: str = "auto",
-                 model: Any = None, tokenizer: Any = None, shared_prefix_attention: bool = True):
+    def __init__(
+        self,
+        path: str | None = None,
+        *,
+        name: str | None = None,
+        adapters: dict[str, str] | None = None,
+        device: str | None = None,
+        max_batch: int = 8,
+        kv_cache: bool = True,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
+        chat_template: str | None = None,
+        template: str = "auto",
+        model: Any = None,
+        tokenizer: Any = None,
+        shared_prefix_attention: bool = True,
+    ):
         try:
             import torch
             from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -194,7 +206,9 @@ class LocalHF(TokenTemplate, Generates):
             dtype = torch.bfloat16 if self.device == "cuda" else torch.float32
             self.model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype).to(self.device)
             self.model.eval()
-        self._set_template(chat_template, template, getattr(getattr(self.model, "generation_config", None), "eos_token_id", None))
+        self._set_template(
+            chat_template, template, getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        )
         self.shared_prefix = shared_prefix_attention and shared_prefix.supported(getattr(self.model, "config", None))
         self.context_size: int | None = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
         for adapter_name, adapter_path in (adapters or {}).items():
@@ -233,8 +247,9 @@ class LocalHF(TokenTemplate, Generates):
         if len(sources) < 2:
             raise LLMError(f"summing adapters needs at least two, got {sources}")
         with self._lock:
-            self.model.add_weighted_adapter(adapters=list(sources), weights=[1.0] * len(sources), adapter_name=name,
-                                            combination_type="cat")
+            self.model.add_weighted_adapter(
+                adapters=list(sources), weights=[1.0] * len(sources), adapter_name=name, combination_type="cat"
+            )
             self.model.eval()
             self.adapters[name] = "sum of " + " + ".join(sources)
             self._drop_adapter_cache(name)
@@ -289,8 +304,13 @@ class LocalHF(TokenTemplate, Generates):
             self.store.drop(("session", session))
 
     def cache_stats(self) -> dict[str, Any]:
-        return {"entries": len(self.store.entries), "bytes": self.store.nbytes, "max_bytes": self.store.max_bytes,
-                "hits": self.store.hits, "misses": self.store.misses}
+        return {
+            "entries": len(self.store.entries),
+            "bytes": self.store.nbytes,
+            "max_bytes": self.store.max_bytes,
+            "hits": self.store.hits,
+            "misses": self.store.misses,
+        }
 
     # --- generation -----------------------------------------------------------------
     def complete(self, requests: list[GenerationRequest]) -> list[Completion]:
@@ -302,15 +322,24 @@ class LocalHF(TokenTemplate, Generates):
                 raise LLMError(f"max_new_tokens must be at least 1, got {request.max_new_tokens}")
             length = len(request.prompt_ids) if request.prompt_ids is not None else None
             if length is not None and self.context_size and length + request.max_new_tokens > self.context_size:
-                raise LLMError(f"a prompt of {length} tokens with max_new_tokens {request.max_new_tokens} passes "
-                               f"{self.name}'s context of {self.context_size} tokens")
+                raise LLMError(
+                    f"a prompt of {length} tokens with max_new_tokens {request.max_new_tokens} passes "
+                    f"{self.name}'s context of {self.context_size} tokens"
+                )
         out: list[Completion] = []
         # prefill_tokens: computed for these prompts (prefix_tokens of them: a shared prefix computed for the
         # first time); cached_tokens: reused from the cache.
-        stats = {"prefill_tokens": 0, "prefix_tokens": 0, "cached_tokens": 0, "decode_tokens": 0, "ttft_s": 0.0, "total_s": 0.0}
+        stats = {
+            "prefill_tokens": 0,
+            "prefix_tokens": 0,
+            "cached_tokens": 0,
+            "decode_tokens": 0,
+            "ttft_s": 0.0,
+            "total_s": 0.0,
+        }
         with self._lock, self._inference():
             for start in range(0, len(requests), self.max_batch):
-                out += self._complete_batch(requests[start:start + self.max_batch], stats)
+                out += self._complete_batch(requests[start : start + self.max_batch], stats)
         self.last_stats = stats
         return out
 
@@ -339,10 +368,12 @@ class LocalHF(TokenTemplate, Generates):
             if len(set(adapters)) == 1 and adapters[0] is not None and active == [adapters[0]]:
                 return self.model(**inputs, use_cache=True)
             if own:
-                raise LLMError(f"{self.name} holds its adapters through transformers' own peft integration, which "
-                               f"runs only the active one ({', '.join(active) or 'none'}); asked for "
-                               f"{', '.join(sorted({str(a) for a in adapters}))}. Wrap the base model in "
-                               "peft.PeftModel to choose an adapter (or the base model) per request")
+                raise LLMError(
+                    f"{self.name} holds its adapters through transformers' own peft integration, which "
+                    f"runs only the active one ({', '.join(active) or 'none'}); asked for "
+                    f"{', '.join(sorted({str(a) for a in adapters}))}. Wrap the base model in "
+                    "peft.PeftModel to choose an adapter (or the base model) per request"
+                )
             inputs["adapter_names"] = [a if a is not None else "__base__" for a in adapters]
         return self.model(**inputs, use_cache=True)
 
@@ -362,8 +393,9 @@ class LocalHF(TokenTemplate, Generates):
         shared prefix, if it has one) and the last logits."""
         return self._prefill_rows([(ids, start, adapter)])[0]
 
-    def _prefill_rows(self, items: list[tuple[list[int], _KV | None, str | None]],
-                      stats: dict[str, Any] | None = None) -> list[tuple[_KV, Any]]:
+    def _prefill_rows(
+        self, items: list[tuple[list[int], _KV | None, str | None]], stats: dict[str, Any] | None = None
+    ) -> list[tuple[_KV, Any]]:
         """``_prefill`` for each (ids, start, adapter). Rows that continue a cached
         entry run together, up to ``PREFILL_TOKENS`` new tokens and
         ``PREFILL_SLOTS`` key slots (padded) per forward (a row larger than that
@@ -419,16 +451,28 @@ class LocalHF(TokenTemplate, Generates):
         base = (start if start.shared else start.base) if start is not None else None
         new = torch.tensor([ids[done:]], device=self.device)
         positions = torch.arange(done, len(ids), device=self.device).unsqueeze(0)
-        cache = DynamicCache(ddp_cache_data=[start.full(i) for i in range(len(start.layers))]) if start else DynamicCache()
+        cache = (
+            DynamicCache(ddp_cache_data=[start.full(i) for i in range(len(start.layers))]) if start else DynamicCache()
+        )
         mask = torch.ones(1, len(ids), dtype=torch.long, device=self.device)
-        output = self._forward([adapter], input_ids=new, attention_mask=mask, position_ids=positions,
-                               past_key_values=cache, logits_to_keep=1)
+        output = self._forward(
+            [adapter],
+            input_ids=new,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            logits_to_keep=1,
+        )
         layers = [(layer.keys, layer.values) for layer in output.past_key_values.layers]
         entry = _KV(list(ids), adapter, layers)
         if base is not None:  # keep only this episode's own tokens beside the shared prefix
             cut = len(base.ids)
-            entry = _KV(entry.ids, adapter, [(k[:, :, cut:].contiguous(), v[:, :, cut:].contiguous()) for k, v in layers],
-                        base=base)
+            entry = _KV(
+                entry.ids,
+                adapter,
+                [(k[:, :, cut:].contiguous(), v[:, :, cut:].contiguous()) for k, v in layers],
+                base=base,
+            )
         return entry, output.logits[0, -1].float()
 
     def _prefill_batch(self, items: list[tuple[list[int], _KV, str | None]]) -> list[tuple[_KV, Any]]:
@@ -442,17 +486,21 @@ class LocalHF(TokenTemplate, Generates):
         torch = self.torch
         starts = [start for _, start, _ in items]
         bases = [start if start.shared else start.base for start in starts]
-        news = [ids[len(start.ids):] for ids, start, _ in items]
+        news = [ids[len(start.ids) :] for ids, start, _ in items]
         n_layers = len(starts[0].layers)
-        owns = [[_own_segments(start, base is not None, layer) for layer in range(n_layers)]
-                for start, base in zip(starts, bases)]
+        owns = [
+            [_own_segments(start, base is not None, layer) for layer in range(n_layers)]
+            for start, base in zip(starts, bases)
+        ]
         held = [sum(k.shape[2] for k, _ in own[0]) for own in owns]
         h, q, rows = max(held), max(map(len, news)), len(items)
         lead = [q - len(n) for n in news]  # padding before each row's new tokens
         pad = self.tokenizer.pad_token_id
         input_ids = torch.tensor([[pad] * n + new for n, new in zip(lead, news)], device=self.device)
-        positions = (torch.tensor([len(s.ids) - n for s, n in zip(starts, lead)], device=self.device)[:, None]
-                     + torch.arange(q, device=self.device)[None, :]).clamp(min=0)
+        positions = (
+            torch.tensor([len(s.ids) - n for s, n in zip(starts, lead)], device=self.device)[:, None]
+            + torch.arange(q, device=self.device)[None, :]
+        ).clamp(min=0)
         own_slots = shared_prefix.own_mask(rows, q, h, [h - n for n in held], [h - 1] * rows, self.device)
         new_slots = shared_prefix.own_mask(rows, q, q, lead, [0] * rows, self.device)
         new_slots |= torch.eye(q, dtype=torch.bool, device=self.device)  # (a padding query: its own slot)
@@ -470,14 +518,21 @@ class LocalHF(TokenTemplate, Generates):
             cache = DynamicCache(ddp_cache_data=layers)
         extra = _in_place(bases)
         with shared_prefix.use_shared_prefix(self.model.config) if extra else contextlib.nullcontext():
-            output = self._forward([adapter for _, _, adapter in items], input_ids=input_ids, attention_mask=mask,
-                                   position_ids=positions, past_key_values=cache, logits_to_keep=1, **extra)
+            output = self._forward(
+                [adapter for _, _, adapter in items],
+                input_ids=input_ids,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=cache,
+                logits_to_keep=1,
+                **extra,
+            )
         out_layers = [(layer.keys, layer.values) for layer in output.past_key_values.layers]
         results = []
         for i, (ids, _, adapter) in enumerate(items):
             mine = [*range(h - held[i], h), *range(h + lead[i], h + q)]  # the row's own and new slots
             index = torch.tensor(mine, device=self.device)
-            layers = [(k[i:i + 1].index_select(2, index), v[i:i + 1].index_select(2, index)) for k, v in out_layers]
+            layers = [(k[i : i + 1].index_select(2, index), v[i : i + 1].index_select(2, index)) for k, v in out_layers]
             results.append((_KV(list(ids), adapter, layers, base=bases[i]), output.logits[i, -1].float()))
         return results
 
@@ -489,8 +544,12 @@ class LocalHF(TokenTemplate, Generates):
         if self.kv_cache:
             if request.session is not None:
                 session = self.store.get(("session", request.session))
-                if (session is not None and session.adapter == request.adapter and len(session.ids) < len(ids)
-                        and ids[: len(session.ids)] == session.ids):
+                if (
+                    session is not None
+                    and session.adapter == request.adapter
+                    and len(session.ids) < len(ids)
+                    and ids[: len(session.ids)] == session.ids
+                ):
                     start = session
             if start is None and 0 < request.prefix_len < len(ids):
                 start = self._prefix_entry(ids[: request.prefix_len], request.adapter, stats)
@@ -545,16 +604,19 @@ class LocalHF(TokenTemplate, Generates):
             t = torch.tensor([temperatures[i] if temperatures[i] > 0 else 1.0 for i in live], device=rows_logits.device)
             logp = torch.log_softmax(rows_logits / t[:, None], dim=-1)
             if not bool(torch.isfinite(logp.amax(dim=-1)).all()):  # a NaN or +inf logit spoils its whole row
-                raise LLMError(f"{self.name} produced non-finite logits (overflow in its weights or dtype); "
-                               "cannot sample from them")
+                raise LLMError(
+                    f"{self.name} produced non-finite logits (overflow in its weights or dtype); "
+                    "cannot sample from them"
+                )
             chosen = logp.argmax(dim=-1)
             sampling = [j for j, i in enumerate(live) if temperatures[i] > 0]
             if sampling:
                 at = torch.tensor(sampling, device=logp.device)
                 wide = torch.float32 if logp.device.type == "mps" else torch.float64  # (MPS has no float64)
                 cdf = logp[at].to(wide).exp().cumsum(dim=-1)
-                u = torch.cat([torch.rand(1, generator=generators[live[j]], device=self.device, dtype=wide)
-                               for j in sampling])
+                u = torch.cat(
+                    [torch.rand(1, generator=generators[live[j]], device=self.device, dtype=wide) for j in sampling]
+                )
                 drawn = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
                 chosen[at] = drawn.clamp(max=logp.shape[-1] - 1)
             picked = logp.gather(1, chosen[:, None]).squeeze(1).tolist()
@@ -586,11 +648,14 @@ class LocalHF(TokenTemplate, Generates):
                 if layer_index >= n_layers:
                     break
                 k0, v0 = rows[0][0].layers[layer_index]
-                layer.lazy_initialization(k0.new_zeros((len(rows), k0.shape[1], 1, k0.shape[3])),
-                                          v0.new_zeros((len(rows), v0.shape[1], 1, v0.shape[3])))
+                layer.lazy_initialization(
+                    k0.new_zeros((len(rows), k0.shape[1], 1, k0.shape[3])),
+                    v0.new_zeros((len(rows), v0.shape[1], 1, v0.shape[3])),
+                )
                 for i, (entry, _) in enumerate(rows):  # left padding before each row's tokens, masked out
-                    _write_right_aligned(layer.keys, layer.values, i, _own_segments(entry, bases[i] is not None, layer_index),
-                                         longest)
+                    _write_right_aligned(
+                        layer.keys, layer.values, i, _own_segments(entry, bases[i] is not None, layer_index), longest
+                    )
                 layer.cumulative_length.fill_(longest)
             adapters = [r.adapter for r in requests]
             first = [longest - n for n in held]  # left padding before, masked out
@@ -599,12 +664,19 @@ class LocalHF(TokenTemplate, Generates):
                     if all(finished):
                         break
                     # this step's token is written at slot longest + step; nothing after it is visible
-                    mask = shared_prefix.own_mask(len(rows), 1, longest + steps, first, [longest + step] * len(rows),
-                                                  self.device)
+                    mask = shared_prefix.own_mask(
+                        len(rows), 1, longest + steps, first, [longest + step] * len(rows), self.device
+                    )
                     positions = torch.tensor([[n + step] for n in lengths], device=self.device)
-                    output = self._forward(adapters, input_ids=torch.tensor([[t] for t in tokens], device=self.device),
-                                           attention_mask=mask, position_ids=positions,
-                                           past_key_values=cache, logits_to_keep=1, **extra)
+                    output = self._forward(
+                        adapters,
+                        input_ids=torch.tensor([[t] for t in tokens], device=self.device),
+                        attention_mask=mask,
+                        position_ids=positions,
+                        past_key_values=cache,
+                        logits_to_keep=1,
+                        **extra,
+                    )
                     tokens = sample(output.logits[:, -1])
             decoded_layers = [(layer.keys, layer.values) for layer in cache.layers[:n_layers]]
         else:
@@ -616,9 +688,13 @@ class LocalHF(TokenTemplate, Generates):
             if request.session is not None and self.kv_cache:
                 fed = len(sampled[i]) - 1  # the last sampled token has not been through the model
                 if fed > 0 and decoded_layers:
-                    layers = [(torch.cat([k, dk[i:i + 1, :, longest:longest + fed]], dim=2),
-                               torch.cat([v, dv[i:i + 1, :, longest:longest + fed]], dim=2))
-                              for (k, v), (dk, dv) in zip(entry.layers, decoded_layers)]
+                    layers = [
+                        (
+                            torch.cat([k, dk[i : i + 1, :, longest : longest + fed]], dim=2),
+                            torch.cat([v, dv[i : i + 1, :, longest : longest + fed]], dim=2),
+                        )
+                        for (k, v), (dk, dv) in zip(entry.layers, decoded_layers)
+                    ]
                     entry = _KV([*ids, *sampled[i][:fed]], entry.adapter, layers, base=entry.base)
                 self.store.put(("session", request.session), entry)
             completions.append(self._completion(ids, sampled[i], logprobs[i]))
@@ -626,8 +702,14 @@ class LocalHF(TokenTemplate, Generates):
         return completions
 
     # --- label scoring --------------------------------------------------------------
-    def score(self, conversation: list[dict[str, Any]], labels: list[str], *, tools: list[dict[str, Any]] | None = None,
-              adapter: str | None = None) -> dict[str, float]:
+    def score(
+        self,
+        conversation: list[dict[str, Any]],
+        labels: list[str],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        adapter: str | None = None,
+    ) -> dict[str, float]:
         """``{label: log p(label | conversation)}``: the logprob of each label's
         whole token sequence as the start of the model's next reply."""
         if not labels:
@@ -637,7 +719,9 @@ class LocalHF(TokenTemplate, Generates):
         ids, prefix_len = self.encode_conversation(conversation, tools)
         out: dict[str, float] = {}
         with self._lock, self._inference():
-            start = self._prefix_entry(ids[:prefix_len], adapter) if self.kv_cache and 0 < prefix_len < len(ids) else None
+            start = (
+                self._prefix_entry(ids[:prefix_len], adapter) if self.kv_cache and 0 < prefix_len < len(ids) else None
+            )
             prompt, last_logits = self._prefill(ids, start, adapter)
             first = torch.log_softmax(last_logits, dim=-1)
             for label in labels:
@@ -658,9 +742,13 @@ class LocalHF(TokenTemplate, Generates):
         n = len(prompt.ids)
         cache = DynamicCache(ddp_cache_data=[prompt.full(i) for i in range(len(prompt.layers))])
         fed = label_ids[:-1]
-        output = self._forward([adapter], input_ids=torch.tensor([fed], device=self.device),
-                               attention_mask=torch.ones(1, n + len(fed), dtype=torch.long, device=self.device),
-                               position_ids=torch.arange(n, n + len(fed), device=self.device).unsqueeze(0),
-                               past_key_values=cache, logits_to_keep=len(fed))
+        output = self._forward(
+            [adapter],
+            input_ids=torch.tensor([fed], device=self.device),
+            attention_mask=torch.ones(1, n + len(fed), dtype=torch.long, device=self.device),
+            position_ids=torch.arange(n, n + len(fed), device=self.device).unsqueeze(0),
+            past_key_values=cache,
+            logits_to_keep=len(fed),
+        )
         logp = torch.log_softmax(output.logits[0].float(), dim=-1)
         return None, float(sum(logp[j, label_ids[j + 1]] for j in range(len(fed))))

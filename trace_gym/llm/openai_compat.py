@@ -30,8 +30,17 @@ from .base import Completion, GenerationRequest, LLMError, RemoteRequests, plain
 class OpenAICompatible(RemoteRequests):
     token_level = False
 
-    def __init__(self, model: str, *, base_url: str | None = None, api_key: str | None = None, timeout: float = 60.0,
-                 max_retries: int = 3, backoff_s: float = 0.5, concurrency: int = 8):
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        timeout: float = 60.0,
+        max_retries: int = 3,
+        backoff_s: float = 0.5,
+        concurrency: int = 8,
+    ):
         try:
             import openai
         except ImportError:
@@ -40,8 +49,12 @@ class OpenAICompatible(RemoteRequests):
         self.model = model
         self.name = f"openai:{model}"
         self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
-        self.client = openai.OpenAI(base_url=self.base_url, api_key=api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY",
-                                    timeout=timeout, max_retries=0)
+        self.client = openai.OpenAI(
+            base_url=self.base_url,
+            api_key=api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY",
+            timeout=timeout,
+            max_retries=0,
+        )
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self.concurrency = max(1, concurrency)
@@ -49,8 +62,12 @@ class OpenAICompatible(RemoteRequests):
         self._lock = threading.Lock()
 
     def _one(self, r: GenerationRequest) -> Completion:
-        request: dict[str, Any] = {"model": r.adapter or self.model, "messages": plain_messages(r.messages), "max_tokens": r.max_new_tokens,
-                                   "temperature": r.temperature}
+        request: dict[str, Any] = {
+            "model": r.adapter or self.model,
+            "messages": plain_messages(r.messages),
+            "max_tokens": r.max_new_tokens,
+            "temperature": r.temperature,
+        }
         if r.tools:
             request["tools"] = plain_messages(r.tools)
         if r.seed is not None:
@@ -66,32 +83,56 @@ class OpenAICompatible(RemoteRequests):
                 arguments = call.function.arguments  # kept as written: the env will say what is wrong
             calls.append({"id": call.id, "name": call.function.name, "arguments": arguments})
         return Completion.from_tool_calls(
-            choice.message.content, calls, prompt_tokens=getattr(usage, "prompt_tokens", None),
-            completion_tokens=getattr(usage, "completion_tokens", None), finish_reason=choice.finish_reason,
+            choice.message.content,
+            calls,
+            prompt_tokens=getattr(usage, "prompt_tokens", None),
+            completion_tokens=getattr(usage, "completion_tokens", None),
+            finish_reason=choice.finish_reason,
         )
 
-    def score(self, conversation: list[dict[str, Any]], labels: list[str], *, tools: list[dict[str, Any]] | None = None,
-              adapter: str | None = None, top_logprobs: int = 20) -> dict[str, float]:
+    def score(
+        self,
+        conversation: list[dict[str, Any]],
+        labels: list[str],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        adapter: str | None = None,
+        top_logprobs: int = 20,
+    ) -> dict[str, float]:
         """``{label: logprob of its first token}`` from ``top_logprobs`` on the reply's first token."""
         if not labels:
             raise LLMError("score needs at least one label")
-        request: dict[str, Any] = {"model": adapter or self.model, "messages": plain_messages(conversation), "max_tokens": 1,
-                                   "temperature": 0.0, "logprobs": True, "top_logprobs": top_logprobs}
+        request: dict[str, Any] = {
+            "model": adapter or self.model,
+            "messages": plain_messages(conversation),
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "logprobs": True,
+            "top_logprobs": top_logprobs,
+        }
         if tools:
             request["tools"] = plain_messages(tools)
         choice = self._create(request).choices[0]
         content = getattr(getattr(choice, "logprobs", None), "content", None)
         if not content or not content[0].top_logprobs:
-            raise LLMError(f"{self.base_url} returned no top_logprobs for model '{request['model']}': this server offers "
-                           "neither first-token top_logprobs nor per-label logprobs, so it cannot score labels")
+            raise LLMError(
+                f"{self.base_url} returned no top_logprobs for model '{request['model']}': this server offers "
+                "neither first-token top_logprobs nor per-label logprobs, so it cannot score labels"
+            )
         top = {entry.token: entry.logprob for entry in content[0].top_logprobs}
         out: dict[str, float] = {}
         owners: dict[str, str] = {}
         for label in labels:
-            best = max((t for t in top if t.strip() and label.startswith(t.strip())), key=lambda t: len(t.strip()), default=None)
+            best = max(
+                (t for t in top if t.strip() and label.startswith(t.strip())),
+                key=lambda t: len(t.strip()),
+                default=None,
+            )
             if best is not None and best in owners:
-                raise LLMError(f"labels {owners[best]!r} and {label!r} share their first token {best!r}: first-token "
-                               "logprobs cannot tell them apart")
+                raise LLMError(
+                    f"labels {owners[best]!r} and {label!r} share their first token {best!r}: first-token "
+                    "logprobs cannot tell them apart"
+                )
             if best is not None:
                 owners[best] = label
             out[label] = top[best] if best is not None else -math.inf
@@ -110,10 +151,17 @@ class OpenAICompatible(RemoteRequests):
                 raise LLMError(f"the API key was refused by {self.base_url} ({_short(exc)})") from None
             except errors.NotFoundError as exc:
                 raise LLMError(f"unknown model '{model}' at {self.base_url} ({_short(exc)})") from None
-            except (errors.APIConnectionError, errors.APITimeoutError, errors.RateLimitError, errors.InternalServerError) as exc:
+            except (
+                errors.APIConnectionError,
+                errors.APITimeoutError,
+                errors.RateLimitError,
+                errors.InternalServerError,
+            ) as exc:
                 if attempt == self.max_retries:
-                    raise LLMError(f"no answer from {self.base_url} after {attempt + 1} tries ({_short(exc)})") from None
-                time.sleep(self.backoff_s * (2 ** attempt))
+                    raise LLMError(
+                        f"no answer from {self.base_url} after {attempt + 1} tries ({_short(exc)})"
+                    ) from None
+                time.sleep(self.backoff_s * (2**attempt))
             except errors.APIStatusError as exc:
                 raise LLMError(f"{self.base_url} refused the request ({_short(exc)})") from None
         return response

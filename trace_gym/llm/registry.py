@@ -35,8 +35,10 @@ def with_template(spec: str, template: str | None) -> str:
     if current not in ("auto", template):
         raise LLMError(f"model '{spec}' already names chat template '{current}', not '{template}'")
     if model.startswith("openai:"):
-        raise LLMError(f"{model}: an OpenAI-compatible server renders conversations with its own chat template; "
-                       "set it on the server (vLLM: --chat-template), or use vllm:<model> to render here")
+        raise LLMError(
+            f"{model}: an OpenAI-compatible server renders conversations with its own chat template; "
+            "set it on the server (vLLM: --chat-template), or use vllm:<model> to render here"
+        )
     return f"{model}{TEMPLATE_OPTION}{template}"
 
 
@@ -53,10 +55,14 @@ def local_folder(spec: str) -> tuple[str, str | None]:
 
         return str(local_model(spec)), TOOL_CHAT_TEMPLATE
     if spec.startswith(REMOTE_PREFIXES):
-        raise LLMError(f"{spec} is a model behind a server, not a local folder; use {EMBEDDED_NAME} or hf:<local folder>")
+        raise LLMError(
+            f"{spec} is a model behind a server, not a local folder; use {EMBEDDED_NAME} or hf:<local folder>"
+        )
     folder = spec.removeprefix("hf:")
     if not Path(folder).is_dir():
-        raise LLMError(f"no local model folder at {folder}: trace-gym loads local models only and never downloads weights")
+        raise LLMError(
+            f"no local model folder at {folder}: trace-gym loads local models only and never downloads weights"
+        )
     return folder, None
 
 
@@ -79,5 +85,7 @@ def make_backend(spec: str, **kwargs: Any) -> LLMBackend:
         from .vllm_tokens import VLLMTokens
 
         return VLLMTokens(model.removeprefix("vllm:"), **kwargs)
-    raise LLMError(f"unknown model '{spec}'; use {', '.join(EMBEDDED_MODELS)}, openai:<model>, hf:<local path> or "
-                   "vllm:<model> (a vLLM server's token-id completions)")
+    raise LLMError(
+        f"unknown model '{spec}'; use {', '.join(EMBEDDED_MODELS)}, openai:<model>, hf:<local path> or "
+        "vllm:<model> (a vLLM server's token-id completions)"
+    )

@@ -38,9 +38,17 @@ _switch_lock = threading.Lock()
 _switched: dict[int, list] = {}  # id(config) -> [blocks inside, the setting to restore]
 
 
-def shared_prefix_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
-                            dropout: float = 0.0, scaling: float | None = None, shared_prefix: Any = None,
-                            **kwargs: Any) -> tuple[Any, None]:
+def shared_prefix_attention(
+    module: Any,
+    query: Any,
+    key: Any,
+    value: Any,
+    attention_mask: Any,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    shared_prefix: Any = None,
+    **kwargs: Any,
+) -> tuple[Any, None]:
     """Attention of ``query`` [B, H, Q, D] over a shared prefix + each row's own
     ``key``/``value`` [B, KVH, S, D]; ``attention_mask`` [B, 1, Q, S] (bool, True =
     visible) covers the own tokens. ``shared_prefix`` is a list of groups
@@ -50,8 +58,9 @@ def shared_prefix_attention(module: Any, query: Any, key: Any, value: Any, atten
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if shared_prefix is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     layer = module.layer_idx
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     groups = [(prefix[layer] if prefix is not None else None, rows) for prefix, rows in shared_prefix]
@@ -66,14 +75,20 @@ def _attend(query: Any, key: Any, value: Any, attention_mask: Any, groups: list[
     matrix products (``_attend_matmul``)."""
     import torch
 
-    if (CPU_KERNEL and not torch.is_grad_enabled() and query.device.type == "cpu"
-            and query.dtype in (torch.float32, torch.bfloat16)
-            and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")):
+    if (
+        CPU_KERNEL
+        and not torch.is_grad_enabled()
+        and query.device.type == "cpu"
+        and query.dtype in (torch.float32, torch.bfloat16)
+        and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+    ):
         return _attend_cpu(query, key, value, attention_mask, groups, scale)
     return _attend_matmul(query, key, value, attention_mask, groups, scale)
 
 
-def _attend_cpu(query: Any, key: Any, value: Any, attention_mask: Any, groups: list[tuple[Any, Any]], scale: float) -> Any:
+def _attend_cpu(
+    query: Any, key: Any, value: Any, attention_mask: Any, groups: list[tuple[Any, Any]], scale: float
+) -> Any:
     """``_attend`` with PyTorch's fused CPU attention, which returns each query's
     log-sum-exp beside its output: the rows' own tokens in one call, each group's
     prefix in one call for its rows, and each row's two parts joined by their
@@ -103,8 +118,14 @@ def _attend_cpu(query: Any, key: Any, value: Any, attention_mask: Any, groups: l
         index = slice(None) if rows is None else torch.tensor(rows, device=q.device)
         q_rows = q[index]
         count = q_rows.shape[0]
-        part, part_lse = flash(q_rows.transpose(0, 1).reshape(1, kv_heads, count * n, dim), prefix[0].to(query.dtype),
-                               prefix[1].to(query.dtype), 0.0, False, scale=scale)[:2]
+        part, part_lse = flash(
+            q_rows.transpose(0, 1).reshape(1, kv_heads, count * n, dim),
+            prefix[0].to(query.dtype),
+            prefix[1].to(query.dtype),
+            0.0,
+            False,
+            scale=scale,
+        )[:2]
         part = part.float().view(kv_heads, count, n, dim).transpose(0, 1)
         part_lse = part_lse.float().view(kv_heads, count, n).transpose(0, 1)
         own_lse = lse[index]
@@ -123,7 +144,9 @@ def _grouped_visible(attention_mask: Any, batch: int, n: int, q_len: int) -> Any
     return visible[:, :, None].expand(batch, 1, n // q_len, q_len, visible.shape[-1]).reshape(batch, 1, n, -1)
 
 
-def _attend_matmul(query: Any, key: Any, value: Any, attention_mask: Any, groups: list[tuple[Any, Any]], scale: float) -> Any:
+def _attend_matmul(
+    query: Any, key: Any, value: Any, attention_mask: Any, groups: list[tuple[Any, Any]], scale: float
+) -> Any:
     """``_attend`` in plain matrix products (any device, differentiable): one softmax over each row's prefix (shared by the rows of its
     group, read once per group) and the row's own ``key``/``value`` under
     ``attention_mask``. The two parts are summed with a common running maximum

@@ -31,14 +31,21 @@ PROBE = [
     {"role": "system", "content": "You are an agent."},
     {"role": "user", "content": "Where is my order #W1?"},
     {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", **_CALL}]},
-    {"role": "tool", "tool_call_id": "c1", "name": "get_order", "content": "{\"status\": \"shipped\"}"},
+    {"role": "tool", "tool_call_id": "c1", "name": "get_order", "content": '{"status": "shipped"}'},
     {"role": "assistant", "content": "It has shipped."},
     {"role": "user", "content": "Thanks."},
 ]
 """A conversation with the turns an episode has: a tool call, its result, a message, a user reply."""
-TOOLS = [{"type": "function", "function": {"name": "get_order", "description": "An order's details.",
-                                           "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}},
-                                                          "required": ["order_id"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_order",
+            "description": "An order's details.",
+            "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]},
+        },
+    }
+]
 
 
 def template_kwargs(template: str | None) -> dict[str, Any]:
@@ -103,10 +110,14 @@ def choose(tokenizer: Any, choice: str = "auto") -> tuple[str | None, str]:
         return stock, "the tokenizer's own (stock)"
     if choice != "auto":
         path = Path(choice).expanduser()
-        template = path.read_text(encoding="utf-8") if path.suffix == ".jinja" and path.is_file() else trl_template(choice)
+        template = (
+            path.read_text(encoding="utf-8") if path.suffix == ".jinja" and path.is_file() else trl_template(choice)
+        )
         if not appends_turns(_renderer(tokenizer, template)):
-            raise LLMError(f"chat template '{choice}' re-renders earlier turns, so the episode loop cannot append a "
-                           "turn token for token; use a prefix-preserving one (TRL's *_training templates are)")
+            raise LLMError(
+                f"chat template '{choice}' re-renders earlier turns, so the episode loop cannot append a "
+                "turn token for token; use a prefix-preserving one (TRL's *_training templates are)"
+            )
         return template, f"'{choice}'"
     if not stock:
         return stock, "none (the tokenizer has no chat template)"
@@ -123,15 +134,22 @@ def choose(tokenizer: Any, choice: str = "auto") -> tuple[str | None, str]:
     return stock, "the tokenizer's own, " + CANNOT_APPEND
 
 
-CANNOT_APPEND = ("although it re-renders earlier turns: every episode ends at its second turn (choose a "
-                  "prefix-preserving template)")
+CANNOT_APPEND = (
+    "although it re-renders earlier turns: every episode ends at its second turn (choose a prefix-preserving template)"
+)
 
 
 def _renderer(tokenizer: Any, template: str) -> Callable[[list[dict[str, Any]], bool], str]:
     extra = template_kwargs(template)
 
     def render(messages: list[dict[str, Any]], generation_prompt: bool) -> str:
-        return tokenizer.apply_chat_template(messages, tools=TOOLS, chat_template=template, tokenize=False,
-                                             add_generation_prompt=generation_prompt, **extra)
+        return tokenizer.apply_chat_template(
+            messages,
+            tools=TOOLS,
+            chat_template=template,
+            tokenize=False,
+            add_generation_prompt=generation_prompt,
+            **extra,
+        )
 
     return render

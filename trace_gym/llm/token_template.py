@@ -51,12 +51,17 @@ class TokenTemplate:
         self.stop_ids = self._stop_ids(generation_eos)
         self._prefix_ids: dict[str, list[int]] = {}
 
-    def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, generation_prompt: bool) -> str:
+    def _render(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, generation_prompt: bool
+    ) -> str:
         try:
-            return self.tokenizer.apply_chat_template(plain_messages(messages, self._control, self._turns),
-                                                      tools=plain_messages(tools, self._control) if tools else None,
-                                                      add_generation_prompt=generation_prompt, tokenize=False,
-                                                      **self._template_kwargs)
+            return self.tokenizer.apply_chat_template(
+                plain_messages(messages, self._control, self._turns),
+                tools=plain_messages(tools, self._control) if tools else None,
+                add_generation_prompt=generation_prompt,
+                tokenize=False,
+                **self._template_kwargs,
+            )
         except Exception as exc:  # jinja errors: the template refuses this conversation
             raise LLMError(f"the chat template of {self.name} cannot render this conversation ({exc})") from None
 
@@ -70,7 +75,9 @@ class TokenTemplate:
             text = self._render([*head, {"role": "assistant", "content": _SENTINEL}], None, False)
         except LLMError:
             return self.tokenizer.eos_token or ""
-        return text[text.rindex(_SENTINEL) + len(_SENTINEL):] if _SENTINEL in text else (self.tokenizer.eos_token or "")
+        return (
+            text[text.rindex(_SENTINEL) + len(_SENTINEL) :] if _SENTINEL in text else (self.tokenizer.eos_token or "")
+        )
 
     def _stop_ids(self, generation_eos: Any = None) -> set[int]:
         ids: set[int] = set()
@@ -84,7 +91,9 @@ class TokenTemplate:
             ids.add(close[0])  # the template's end-of-turn token (<|im_end|>, <|eot_id|>, ...)
         return ids
 
-    def encode_conversation(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> tuple[list[int], int]:
+    def encode_conversation(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> tuple[list[int], int]:
         """A conversation's first prompt as ids, and how many leading ids are its
         shareable prefix (the system turn with the tool schemas)."""
         full = self._render(messages, tools, True)
@@ -102,10 +111,11 @@ class TokenTemplate:
             prefix = self._prefix_ids[key] = self._encode(system)
             if len(self._prefix_ids) > 64:
                 self._prefix_ids.pop(next(iter(self._prefix_ids)))
-        return [*prefix, *self._encode(full[len(system):])], len(prefix)
+        return [*prefix, *self._encode(full[len(system) :])], len(prefix)
 
-    def encode_continuation(self, last_assistant: dict[str, Any], new_messages: list[dict[str, Any]],
-                            completion_ids: list[int]) -> list[int]:
+    def encode_continuation(
+        self, last_assistant: dict[str, Any], new_messages: list[dict[str, Any]], completion_ids: list[int]
+    ) -> list[int]:
         """The ids to append after ``completion_ids`` (the model's last turn, recorded
         as ``last_assistant``) for ``new_messages``, ending with the generation
         prompt: the rest of the template's turn close (the part the model did not
@@ -118,16 +128,18 @@ class TokenTemplate:
         before = self._render(head, None, False)
         after = self._render([*head, *new_messages], None, True)
         if not after.startswith(before):
-            raise LLMError(f"the chat template of {self.name} re-renders earlier turns, so a turn cannot be appended "
-                           "token for token")
+            raise LLMError(
+                f"the chat template of {self.name} re-renders earlier turns, so a turn cannot be appended "
+                "token for token"
+            )
         close = self._close
         if completion_ids and completion_ids[-1] in self.stop_ids:
             sampled = self.tokenizer.decode([completion_ids[-1]])
             if close.startswith(sampled):
-                close = close[len(sampled):]
+                close = close[len(sampled) :]
         elif not before.endswith(close):
             close = ""
-        return self._encode(close + after[len(before):])
+        return self._encode(close + after[len(before) :])
 
     def encode_reply(self, message: dict[str, Any]) -> list[int]:
         """The ids the model would sample to write ``message`` (an assistant turn,
@@ -138,12 +150,14 @@ class TokenTemplate:
         before = self._render(head, None, True)
         after = self._render([*head, message], None, False)
         if not after.startswith(before):
-            raise LLMError(f"the chat template of {self.name} renders an assistant turn differently after a generation "
-                           "prompt, so a demonstration cannot be written as sampled tokens")
-        text = after[len(before):]
+            raise LLMError(
+                f"the chat template of {self.name} renders an assistant turn differently after a generation "
+                "prompt, so a demonstration cannot be written as sampled tokens"
+            )
+        text = after[len(before) :]
         close = self._close
         if close and text.endswith(close):
-            text = text[:-len(close)]
+            text = text[: -len(close)]
         ids = self._encode(text)
         stop = self._encode(close)[:1] if close else []
         if stop and stop[0] in self.stop_ids:
@@ -155,6 +169,10 @@ class TokenTemplate:
         stopped = bool(sampled) and sampled[-1] in self.stop_ids
         text_ids = sampled[:-1] if stopped else sampled
         text = self.tokenizer.decode(text_ids, skip_special_tokens=True).strip()
-        return Completion(text=text, prompt_tokens=len(prompt), completion_tokens=len(sampled),
-                          finish_reason="stop" if stopped else "length",
-                          tokens=TokenTurn(prompt_ids=list(prompt), completion_ids=list(sampled), logprobs=list(logprobs)))
+        return Completion(
+            text=text,
+            prompt_tokens=len(prompt),
+            completion_tokens=len(sampled),
+            finish_reason="stop" if stopped else "length",
+            tokens=TokenTurn(prompt_ids=list(prompt), completion_ids=list(sampled), logprobs=list(logprobs)),
+        )

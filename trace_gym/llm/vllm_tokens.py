@@ -35,8 +35,14 @@ from .base import Completion, GenerationRequest, LLMError, RemoteRequests
 from .token_template import TokenTemplate
 
 _TOKEN_ID = "token_id:"
-NEUTRAL_SAMPLING = {"top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
-                    "frequency_penalty": 0.0}
+NEUTRAL_SAMPLING = {
+    "top_p": 1.0,
+    "top_k": -1,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+}
 """Sent with every request: vLLM fills any sampling setting a request leaves out from the model's
 generation_config.json (``--generation-config auto``, its default), e.g. Qwen2.5's top_p 0.8 and
 repetition penalty 1.05; the local model samples from the plain tempered softmax."""
@@ -45,9 +51,19 @@ repetition penalty 1.05; the local model samples from the plain tempered softmax
 class VLLMTokens(TokenTemplate, RemoteRequests):
     token_level = True
 
-    def __init__(self, model: str, *, tokenizer: str | None = None, base_url: str | None = None,
-                 api_key: str | None = None, timeout: float = 120.0, concurrency: int = 8, template: str = "auto",
-                 max_retries: int = 3, backoff_s: float = 0.5):
+    def __init__(
+        self,
+        model: str,
+        *,
+        tokenizer: str | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        timeout: float = 120.0,
+        concurrency: int = 8,
+        template: str = "auto",
+        max_retries: int = 3,
+        backoff_s: float = 0.5,
+    ):
         try:
             from transformers import AutoConfig, AutoTokenizer
             from transformers.utils import logging as hf_logging
@@ -100,12 +116,23 @@ class VLLMTokens(TokenTemplate, RemoteRequests):
         else:
             ids, prefix_len = self.encode_conversation(request.messages, request.tools)
         if self.context_size and len(ids) + request.max_new_tokens > self.context_size:
-            raise LLMError(f"a prompt of {len(ids)} tokens with max_new_tokens {request.max_new_tokens} passes "
-                           f"{self.name}'s context of {self.context_size} tokens")
-        body = {"model": request.adapter or self.model, "prompt": ids, "max_tokens": request.max_new_tokens,
-                "temperature": request.temperature, **NEUTRAL_SAMPLING, "logprobs": 0,
-                "return_tokens_as_token_ids": True, "return_token_ids": True, "skip_special_tokens": False,
-                "stop_token_ids": sorted(self.stop_ids), "prefix_len": prefix_len}
+            raise LLMError(
+                f"a prompt of {len(ids)} tokens with max_new_tokens {request.max_new_tokens} passes "
+                f"{self.name}'s context of {self.context_size} tokens"
+            )
+        body = {
+            "model": request.adapter or self.model,
+            "prompt": ids,
+            "max_tokens": request.max_new_tokens,
+            "temperature": request.temperature,
+            **NEUTRAL_SAMPLING,
+            "logprobs": 0,
+            "return_tokens_as_token_ids": True,
+            "return_token_ids": True,
+            "skip_special_tokens": False,
+            "stop_token_ids": sorted(self.stop_ids),
+            "prefix_len": prefix_len,
+        }
         if request.seed is not None:
             body["seed"] = request.seed
         answer = self._post("/completions", body)
@@ -117,8 +144,10 @@ class VLLMTokens(TokenTemplate, RemoteRequests):
                 sampled = [int(t.removeprefix(_TOKEN_ID)) for t in choice["logprobs"]["tokens"]]
             sampled = [int(i) for i in sampled]
         except (KeyError, IndexError, TypeError, ValueError, AttributeError):
-            raise LLMError(f"{self.base_url}/completions gave no sampled token ids with logprobs (a vLLM server "
-                           "answers them to return_tokens_as_token_ids and logprobs)") from None
+            raise LLMError(
+                f"{self.base_url}/completions gave no sampled token ids with logprobs (a vLLM server "
+                "answers them to return_tokens_as_token_ids and logprobs)"
+            ) from None
         if len(sampled) != len(logprobs):
             raise LLMError(f"{self.base_url}/completions gave {len(sampled)} token ids and {len(logprobs)} logprobs")
         return self._completion(ids, sampled, logprobs)
@@ -127,8 +156,12 @@ class VLLMTokens(TokenTemplate, RemoteRequests):
         data = json.dumps(body).encode("utf-8")
         url = self.base_url + path
         for attempt in range(self.max_retries + 1):
-            request = urllib.request.Request(url, data=data, method="POST", headers={
-                "Content-Type": "application/json", "Authorization": f"Bearer {self.api_key}"})
+            request = urllib.request.Request(
+                url,
+                data=data,
+                method="POST",
+                headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.api_key}"},
+            )
             try:
                 with urllib.request.urlopen(request, timeout=self.timeout) as response:
                     raw = response.read().decode("utf-8")
@@ -171,6 +204,8 @@ def _tokenizer_folder(spec: str) -> tuple[str, str | None]:
     except LLMError:
         folder, template = spec.removeprefix("hf:"), None
     if not (Path(folder) / "tokenizer_config.json").exists():
-        raise LLMError(f"vllm:{spec}: no tokenizer at {folder}; the client renders conversations itself, so it needs "
-                       "the model's tokenizer here (tokenizer=<local folder> or an embedded model's name)")
+        raise LLMError(
+            f"vllm:{spec}: no tokenizer at {folder}; the client renders conversations itself, so it needs "
+            "the model's tokenizer here (tokenizer=<local folder> or an embedded model's name)"
+        )
     return folder, template

@@ -24,8 +24,17 @@ from .loop import Outcome, SynthesisConfig, SynthesisError, Synthesizer, extract
 from .prompt import TEMPLATE_VERSION, Capability, target_context, template_hash
 
 __all__ = [
-    "synthesize", "SynthesisConfig", "SynthesisResult", "SynthesisError", "Outcome", "Capability",
-    "load_capabilities", "serving_envs", "extract_code", "TEMPLATE_VERSION", "template_hash",
+    "synthesize",
+    "SynthesisConfig",
+    "SynthesisResult",
+    "SynthesisError",
+    "Outcome",
+    "Capability",
+    "load_capabilities",
+    "serving_envs",
+    "extract_code",
+    "TEMPLATE_VERSION",
+    "template_hash",
 ]
 
 
@@ -45,21 +54,36 @@ class SynthesisResult:
         for o in self.outcomes:
             lines.append(f"  {o.status.upper():<16} {o.capability}: {o.message}")
         counts = {s: sum(o.status == s for o in self.outcomes) for s in dict.fromkeys(o.status for o in self.outcomes)}
-        lines.append(f"{len(self.outcomes)} capabilities for {self.target}: "
-                     + ", ".join(f"{n} {s}" for s, n in counts.items())
-                     + f"; {sum(len(o.attempts) for o in self.outcomes)} attempts; analyst {self.analyst}: "
-                     f"{self.calls} calls, {self.tokens} tokens, {self.cache_hits} cached answers")
+        lines.append(
+            f"{len(self.outcomes)} capabilities for {self.target}: "
+            + ", ".join(f"{n} {s}" for s, n in counts.items())
+            + f"; {sum(len(o.attempts) for o in self.outcomes)} attempts; analyst {self.analyst}: "
+            f"{self.calls} calls, {self.tokens} tokens, {self.cache_hits} cached answers"
+        )
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"target": self.target, "analyst": self.analyst, "registry_dir": self.registry_dir,
-                "calls": self.calls, "tokens": self.tokens, "cache_hits": self.cache_hits, "notes": self.notes,
-                "outcomes": [o.as_dict() for o in self.outcomes]}
+        return {
+            "target": self.target,
+            "analyst": self.analyst,
+            "registry_dir": self.registry_dir,
+            "calls": self.calls,
+            "tokens": self.tokens,
+            "cache_hits": self.cache_hits,
+            "notes": self.notes,
+            "outcomes": [o.as_dict() for o in self.outcomes],
+        }
 
 
-def load_capabilities(path: str | Path, *, only: list[str] | None = None, trajectories: str | Path | None = None,
-                      evidence_per_capability: int = 6, trajectories_per_capability: int = 3) -> list[Capability]:
+def load_capabilities(
+    path: str | Path,
+    *,
+    only: list[str] | None = None,
+    trajectories: str | Path | None = None,
+    evidence_per_capability: int = 6,
+    trajectories_per_capability: int = 3,
+) -> list[Capability]:
     """The selected capabilities of ``capabilities.json`` (identify's output; a list of
     ``{name, description}`` also works), with the LACKING evidence of ``labels.jsonl``
     beside it and, given the trajectories file, a few compacted failed trajectories."""
@@ -73,8 +97,12 @@ def load_capabilities(path: str | Path, *, only: list[str] | None = None, trajec
         labels = identified.labels
     else:  # a user's own list of {name, description}, with labels.jsonl beside it if any
         rows = data.get("selected", data.get("capabilities")) if isinstance(data, dict) else data
-        if not isinstance(rows, list) or not all(isinstance(r, dict) and r.get("name") and r.get("description") for r in rows):
-            raise TraceGymError(f"{path} must hold a list of capabilities with name and description (identify's 'selected')")
+        if not isinstance(rows, list) or not all(
+            isinstance(r, dict) and r.get("name") and r.get("description") for r in rows
+        ):
+            raise TraceGymError(
+                f"{path} must hold a list of capabilities with name and description (identify's 'selected')"
+            )
         labels = read_labels(path.parent / Identification.LABELS)
     lacking: dict[str, list[tuple[str, str]]] = {}
     for label in labels:
@@ -83,7 +111,9 @@ def load_capabilities(path: str | Path, *, only: list[str] | None = None, trajec
     if only:
         unknown = sorted(set(only) - {r["name"] for r in rows})
         if unknown:
-            raise TraceGymError(f"--only {', '.join(unknown)}: not in {path} (it has {', '.join(r['name'] for r in rows) or 'none'})")
+            raise TraceGymError(
+                f"--only {', '.join(unknown)}: not in {path} (it has {', '.join(r['name'] for r in rows) or 'none'})"
+            )
         rows = [r for r in rows if r["name"] in only]
     by_episode = {}
     if trajectories:
@@ -109,7 +139,11 @@ def serving_envs(capability: str, target: str) -> list[Any]:
     out = []
     for entry in discover().values():
         served = entry.capability.get("serves") or []
-        if entry.kind == "synthesized" and entry.target == target and (capability in served or entry.capability.get("name") == capability):
+        if (
+            entry.kind == "synthesized"
+            and entry.target == target
+            and (capability in served or entry.capability.get("name") == capability)
+        ):
             out.append(entry)
     return out
 
@@ -120,36 +154,63 @@ def default_registry_dir() -> Path:
     return registry_dirs()[0]
 
 
-def synthesize(capabilities: str | Path | list[Capability], target: str, *, analyst: str = "registry",
-               registry_dir: str | Path | None = None, config: SynthesisConfig | None = None,
-               only: list[str] | None = None, trajectories: str | Path | None = None,
-               cache_dir: str | Path | None = None, base_url: str | None = None, api_key: str | None = None,
-               progress: Callable[[str], None] | None = None) -> SynthesisResult:
+def synthesize(
+    capabilities: str | Path | list[Capability],
+    target: str,
+    *,
+    analyst: str = "registry",
+    registry_dir: str | Path | None = None,
+    config: SynthesisConfig | None = None,
+    only: list[str] | None = None,
+    trajectories: str | Path | None = None,
+    cache_dir: str | Path | None = None,
+    base_url: str | None = None,
+    api_key: str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> SynthesisResult:
     """Synthesize (or, offline, find) one env per capability for ``target``."""
     from trace_gym.registry import get_entry, register_all
 
     entry = get_entry(target)
     if entry.kind != "target":
         raise TraceGymError(f"{target} is not a target; synthesis trains for a target such as trace/tau2-retail-v0")
-    caps = capabilities if isinstance(capabilities, list) else load_capabilities(capabilities, only=only, trajectories=trajectories)
+    caps = (
+        capabilities
+        if isinstance(capabilities, list)
+        else load_capabilities(capabilities, only=only, trajectories=trajectories)
+    )
     say = progress or (lambda message: None)
     registry = Path(registry_dir) if registry_dir else default_registry_dir()
     result = SynthesisResult(entry.id, analyst, str(registry))
     from trace_gym.registry import add_registry_dir
 
     if add_registry_dir(registry):
-        result.notes.append(f"{registry} is not on the registry path: set TRACE_GYM_REGISTRY_PATH={registry} "
-                            "for other processes to see its envs")
+        result.notes.append(
+            f"{registry} is not on the registry path: set TRACE_GYM_REGISTRY_PATH={registry} "
+            "for other processes to see its envs"
+        )
     if analyst == "registry":
         for cap in caps:
             served = serving_envs(cap.name, entry.id)
             if served:
                 ids = ", ".join(f"{e.id} ({e.validation_status()})" for e in served)
-                result.outcomes.append(Outcome(cap.name, "served", f"served by the registry env {ids}; nothing was synthesized",
-                                               env_id=served[0].id, path=str(served[0].path)))
+                result.outcomes.append(
+                    Outcome(
+                        cap.name,
+                        "served",
+                        f"served by the registry env {ids}; nothing was synthesized",
+                        env_id=served[0].id,
+                        path=str(served[0].path),
+                    )
+                )
             else:
-                result.outcomes.append(Outcome(cap.name, "not_synthesized",
-                                               f"no registry env serves it for {entry.id}; run with --analyst openai:<model>"))
+                result.outcomes.append(
+                    Outcome(
+                        cap.name,
+                        "not_synthesized",
+                        f"no registry env serves it for {entry.id}; run with --analyst openai:<model>",
+                    )
+                )
             say(f"{cap.name}: {result.outcomes[-1].message}")
         return result
     from .analyst import SynthesisAnalyst
@@ -159,7 +220,9 @@ def synthesize(capabilities: str | Path | list[Capability], target: str, *, anal
     if trajectories:
         from trace_gym.store import read_trajectories
 
-        trajectories_list = [t for t in read_trajectories(trajectories) if t.env_id.removeprefix("trace_gym:") == entry.id]
+        trajectories_list = [
+            t for t in read_trajectories(trajectories) if t.env_id.removeprefix("trace_gym:") == entry.id
+        ]
     say(f"reading {entry.id}: tool schemas, policy and sample results")
     context = target_context(entry, trajectories_list)
     say("context: " + "; ".join(context.sources))
@@ -173,5 +236,3 @@ def synthesize(capabilities: str | Path | list[Capability], target: str, *, anal
         say(f"{cap.name}: {outcome.message}")
     result.calls, result.tokens, result.cache_hits = client.calls, client.tokens, client.cache_hits
     return result
-
-

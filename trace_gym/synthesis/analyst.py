@@ -16,8 +16,16 @@ from trace_gym.errors import TraceGymError
 
 
 class SynthesisAnalyst:
-    def __init__(self, spec: str, *, cache_dir: str | Path | None = None, base_url: str | None = None,
-                 api_key: str | None = None, max_new_tokens: int = 8192, temperature: float = 0.0):
+    def __init__(
+        self,
+        spec: str,
+        *,
+        cache_dir: str | Path | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        max_new_tokens: int = 8192,
+        temperature: float = 0.0,
+    ):
         from trace_gym.identification.llm_analyst import AnswerCache, LLMAnalyst
 
         if not spec.startswith("openai:") or spec == "openai:":
@@ -42,8 +50,9 @@ class SynthesisAnalyst:
         if cached is not None:
             self.cache_hits += 1
             return cached
-        [completion] = self._client.backend.generate([messages], max_new_tokens=self.max_new_tokens,
-                                                      temperature=self.temperature)
+        [completion] = self._client.backend.generate(
+            [messages], max_new_tokens=self.max_new_tokens, temperature=self.temperature
+        )
         self.calls += 1
         self.tokens += (completion.prompt_tokens or 0) + (completion.completion_tokens or 0)
         text = completion.text or ""

@@ -116,8 +116,15 @@ def extract_code(answer: str) -> str:
 class Synthesizer:
     """Synthesizes envs for one target into one registry dir with one analyst."""
 
-    def __init__(self, analyst: Any, target: EnvEntry, context: TargetContext, registry_dir: str | Path,
-                 config: SynthesisConfig | None = None, progress: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        analyst: Any,
+        target: EnvEntry,
+        context: TargetContext,
+        registry_dir: str | Path,
+        config: SynthesisConfig | None = None,
+        progress: Callable[[str], None] | None = None,
+    ):
         if target.kind != "target" or not target.tools_path.exists():
             raise SynthesisError(f"{target.id} is not a target with frozen tool schemas (tools.json)")
         self.analyst = analyst
@@ -150,10 +157,12 @@ class Synthesizer:
     def _run(self, capability: Capability, env_id: str, staging: Path, folder: Path) -> Outcome:
         # one seed for the run's validations: the final re-validation replays the seeds the candidate passed on
         # (fresh seeds there would judge a borderline env anew, not its determinism)
-        self._validation_seed = self.config.validation.seed if self.config.validation.seed is not None \
-            else secrets.randbits(31)
-        validation_config = ValidationConfig(**{**asdict(self.config.validation), "policy": self.config.policy,
-                                                "seed": self._validation_seed})
+        self._validation_seed = (
+            self.config.validation.seed if self.config.validation.seed is not None else secrets.randbits(31)
+        )
+        validation_config = ValidationConfig(
+            **{**asdict(self.config.validation), "policy": self.config.policy, "seed": self._validation_seed}
+        )
         messages = [{"role": "user", "content": generation_prompt(capability, self.context)}]
         attempts: list[Attempt] = []
         best: tuple[str, ValidationReport, dict[str, Any] | None] | None = None
@@ -169,12 +178,20 @@ class Synthesizer:
                 attempt, code, report = self._try(number, kind, answer, env_id, capability, staging, validation_config)
                 attempts.append(attempt)
                 last_report = (f"attempt {number} refused by {attempt.stopped_by}:\n" if not attempt.passed else "") + (
-                    report.table() if report else _evidence_text(attempt.evidence))
+                    report.table() if report else _evidence_text(attempt.evidence)
+                )
                 if attempt.passed:
                     valid = (code, report, attempt.calibration)
                     break
-                self.say(f"{capability.name}: attempt {number} refused by {attempt.stopped_by}: {', '.join(attempt.failing_checks)}")
-                messages.append({"role": "user", "content": render("repair", attempt=number, evidence=_evidence_text(attempt.evidence))})
+                self.say(
+                    f"{capability.name}: attempt {number} refused by {attempt.stopped_by}: {', '.join(attempt.failing_checks)}"
+                )
+                messages.append(
+                    {
+                        "role": "user",
+                        "content": render("repair", attempt=number, evidence=_evidence_text(attempt.evidence)),
+                    }
+                )
                 kind = "repair"
             if valid is None:
                 break  # this variant never validated: keep the previous valid one, if any
@@ -187,28 +204,67 @@ class Synthesizer:
             direction, reason, advice = calibration_request(calibration, validation_config)
             kind = direction
             self.say(f"{capability.name}: calibration out of band ({reason}); asking for a {direction} variant")
-            messages.append({"role": "user", "content": render(
-                "calibrate", policy=self.config.policy, figures=calibration["evidence"], reason=reason,
-                direction=direction, advice=advice)})
+            messages.append(
+                {
+                    "role": "user",
+                    "content": render(
+                        "calibrate",
+                        policy=self.config.policy,
+                        figures=calibration["evidence"],
+                        reason=reason,
+                        direction=direction,
+                        advice=advice,
+                    ),
+                }
+            )
         if best is None:
             last = attempts[-1]
-            return Outcome(capability.name, "failed", f"no valid env after {len(attempts)} attempts (the last refused by "
-                           f"{last.stopped_by}: {', '.join(last.failing_checks)}); nothing was registered",
-                           attempts=attempts, last_report=last_report)
+            return Outcome(
+                capability.name,
+                "failed",
+                f"no valid env after {len(attempts)} attempts (the last refused by "
+                f"{last.stopped_by}: {', '.join(last.failing_checks)}); nothing was registered",
+                attempts=attempts,
+                last_report=last_report,
+            )
         code, report, calibration = best
         try:
             self._write(capability, env_id, staging, folder, code, attempts, calibration)
         except SynthesisError as exc:
-            return Outcome(capability.name, "failed", f"{exc}; nothing was registered", attempts=attempts, last_report=last_report)
-        in_band = "" if calibration is None else (" (calibration in band)" if calibration["in_band"] else
-                                                  " (WARNING: calibration still out of band after "
-                                                  f"{self.config.max_calibration_rounds} rounds; the closest variant was kept)")
+            return Outcome(
+                capability.name, "failed", f"{exc}; nothing was registered", attempts=attempts, last_report=last_report
+            )
+        in_band = (
+            ""
+            if calibration is None
+            else (
+                " (calibration in band)"
+                if calibration["in_band"]
+                else " (WARNING: calibration still out of band after "
+                f"{self.config.max_calibration_rounds} rounds; the closest variant was kept)"
+            )
+        )
         note = "" if self.config.policy else " (calibration skipped: no --policy)"
-        return Outcome(capability.name, "registered", f"registered {env_id} after {len(attempts)} attempts{in_band}{note}",
-                       env_id=env_id, path=str(folder), attempts=attempts, last_report=report.table())
+        return Outcome(
+            capability.name,
+            "registered",
+            f"registered {env_id} after {len(attempts)} attempts{in_band}{note}",
+            env_id=env_id,
+            path=str(folder),
+            attempts=attempts,
+            last_report=report.table(),
+        )
 
-    def _try(self, number: int, kind: str, answer: str, env_id: str, capability: Capability, staging: Path,
-             validation_config: ValidationConfig) -> tuple[Attempt, str | None, ValidationReport | None]:
+    def _try(
+        self,
+        number: int,
+        kind: str,
+        answer: str,
+        env_id: str,
+        capability: Capability,
+        staging: Path,
+        validation_config: ValidationConfig,
+    ) -> tuple[Attempt, str | None, ValidationReport | None]:
         from trace_gym.sandbox import check_source
 
         try:
@@ -221,17 +277,33 @@ class Synthesizer:
             evidence = {"static_gate": "; ".join(str(f) for f in findings[:8])}
             return Attempt(number, kind, False, ["static_gate"], evidence, "static gate", sha), code, None
         (staging / "env.py").write_text(code, encoding="utf-8")
-        (staging / "manifest.toml").write_text(manifest_text(env_id, self.target.id, capability, None), encoding="utf-8")
+        (staging / "manifest.toml").write_text(
+            manifest_text(env_id, self.target.id, capability, None), encoding="utf-8"
+        )
         report = validate(staging, backend=self.config.backend, config=validation_config, write=False)
         failed = [c for c in report.checks if c.passed is False and c.name != "calibration"]
         calibration = _calibration(report)
         if failed:
             evidence = {c.name: c.evidence for c in failed}
-            return Attempt(number, kind, False, [c.name for c in failed], evidence, stopping_layer(failed), sha, calibration), code, report
+            return (
+                Attempt(
+                    number, kind, False, [c.name for c in failed], evidence, stopping_layer(failed), sha, calibration
+                ),
+                code,
+                report,
+            )
         return Attempt(number, kind, True, [], {}, None, sha, calibration), code, report
 
-    def _write(self, capability: Capability, env_id: str, staging: Path, folder: Path, code: str,
-               attempts: list[Attempt], calibration: dict[str, Any] | None) -> None:
+    def _write(
+        self,
+        capability: Capability,
+        env_id: str,
+        staging: Path,
+        folder: Path,
+        code: str,
+        attempts: list[Attempt],
+        calibration: dict[str, Any] | None,
+    ) -> None:
         """Final files in the staging folder, a final validation of exactly them, then one rename."""
         (staging / "env.py").write_text(code, encoding="utf-8")
         provenance = {
@@ -242,21 +314,40 @@ class Synthesizer:
             "env_sha256": hashlib.sha256(code.encode()).hexdigest(),
             "synthesized_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "policy": self.config.policy or "",
-            "attempts": [{"number": a.number, "kind": a.kind, "passed": a.passed, "failing_checks": a.failing_checks,
-                          "stopped_by": a.stopped_by or "", "code_sha256": a.code_sha256 or ""} for a in attempts],
+            "attempts": [
+                {
+                    "number": a.number,
+                    "kind": a.kind,
+                    "passed": a.passed,
+                    "failing_checks": a.failing_checks,
+                    "stopped_by": a.stopped_by or "",
+                    "code_sha256": a.code_sha256 or "",
+                }
+                for a in attempts
+            ],
             "code_hash": "",  # filled in below: the hash leaves code_hash lines out
             "calibration": _calibration_figures(calibration),
         }
-        (staging / "manifest.toml").write_text(manifest_text(env_id, self.target.id, capability, provenance), encoding="utf-8")
-        final_config = ValidationConfig(**{**asdict(self.config.validation), "policy": None, "seed": self._validation_seed})
+        (staging / "manifest.toml").write_text(
+            manifest_text(env_id, self.target.id, capability, provenance), encoding="utf-8"
+        )
+        final_config = ValidationConfig(
+            **{**asdict(self.config.validation), "policy": None, "seed": self._validation_seed}
+        )
         report = validate(staging, backend=self.config.backend, config=final_config, write=True)
         if not report.passed:
-            raise SynthesisError(f"{env_id} passed validation but not its final re-validation (is it deterministic?): "
-                                 + ", ".join(report.failed()))
+            raise SynthesisError(
+                f"{env_id} passed validation but not its final re-validation (is it deterministic?): "
+                + ", ".join(report.failed())
+            )
         digest = code_hash(staging)
         text = (staging / "manifest.toml").read_text(encoding="utf-8")
-        (staging / "manifest.toml").write_text(text.replace('code_hash = ""', f'code_hash = "{digest}"', 1), encoding="utf-8")
-        (staging / "README.md").write_text(readme_text(env_id, self.target.id, capability, code, provenance, report), encoding="utf-8")
+        (staging / "manifest.toml").write_text(
+            text.replace('code_hash = ""', f'code_hash = "{digest}"', 1), encoding="utf-8"
+        )
+        (staging / "README.md").write_text(
+            readme_text(env_id, self.target.id, capability, code, provenance, report), encoding="utf-8"
+        )
         for path in staging.iterdir():  # on disk before the rename makes the folder visible
             with open(path, "rb") as fh:
                 os.fsync(fh.fileno())
@@ -269,13 +360,29 @@ class Synthesizer:
         entry = read_manifest(folder)
         recorded = entry.manifest.get("provenance", {}).get("code_hash")
         if not self.config.resume:
-            return Outcome(capability.name, "failed", f"{folder} already exists; pass --resume to keep it, or move it away to redo it",
-                           env_id=entry.id, path=str(folder))
+            return Outcome(
+                capability.name,
+                "failed",
+                f"{folder} already exists; pass --resume to keep it, or move it away to redo it",
+                env_id=entry.id,
+                path=str(folder),
+            )
         if recorded and recorded == code_hash(folder) and entry.validation_status() == "passed":
-            return Outcome(capability.name, "kept", f"{entry.id} is already registered with a matching code hash; not redone",
-                           env_id=entry.id, path=str(folder))
-        return Outcome(capability.name, "failed", f"{folder} exists but its code hash does not match its manifest "
-                       "(edited since synthesis, or never validated); move it away to redo it", env_id=entry.id, path=str(folder))
+            return Outcome(
+                capability.name,
+                "kept",
+                f"{entry.id} is already registered with a matching code hash; not redone",
+                env_id=entry.id,
+                path=str(folder),
+            )
+        return Outcome(
+            capability.name,
+            "failed",
+            f"{folder} exists but its code hash does not match its manifest "
+            "(edited since synthesis, or never validated); move it away to redo it",
+            env_id=entry.id,
+            path=str(folder),
+        )
 
     def _free_id(self, name: str) -> str:
         taken = set(discover())
@@ -312,19 +419,37 @@ def calibration_request(calibration: dict[str, Any], config: ValidationConfig) -
     low, high = config.calibration_band
     mean, success = calibration["mean_reward"], calibration["success_rate"]
     if mean > high or success > high or calibration["all_success_groups"] > config.max_all_success_groups:
-        reason = (f"the policy succeeds too often: mean reward {mean:.2f}, success rate {success:.2f}, "
-                  f"all-success groups {calibration['all_success_groups']:.2f} (band [{low}, {high}], "
-                  f"all-success groups <= {config.max_all_success_groups})")
-        return "harder", reason, ("more steps or facts to combine, look-alike distractors, and less of the answer "
-                                  "stated in the user message, so that success needs the capability")
+        reason = (
+            f"the policy succeeds too often: mean reward {mean:.2f}, success rate {success:.2f}, "
+            f"all-success groups {calibration['all_success_groups']:.2f} (band [{low}, {high}], "
+            f"all-success groups <= {config.max_all_success_groups})"
+        )
+        return (
+            "harder",
+            reason,
+            (
+                "more steps or facts to combine, look-alike distractors, and less of the answer "
+                "stated in the user message, so that success needs the capability"
+            ),
+        )
     if mean < low or success < low or calibration["all_zero_groups"] > config.max_all_zero_groups:
-        reason = (f"the policy rarely succeeds: mean reward {mean:.2f}, success rate {success:.2f}, "
-                  f"all-zero groups {calibration['all_zero_groups']:.2f} (band [{low}, {high}], "
-                  f"all-zero groups <= {config.max_all_zero_groups})")
-        return "easier", reason, ("fewer steps, clearer user requests and more partial credit for the first steps, "
-                                  "so that some rollouts succeed")
-    reason = (f"rewards do not vary within groups: constant groups {calibration['constant_groups']:.2f} "
-              f"(at most {config.max_constant_groups})")
+        reason = (
+            f"the policy rarely succeeds: mean reward {mean:.2f}, success rate {success:.2f}, "
+            f"all-zero groups {calibration['all_zero_groups']:.2f} (band [{low}, {high}], "
+            f"all-zero groups <= {config.max_all_zero_groups})"
+        )
+        return (
+            "easier",
+            reason,
+            (
+                "fewer steps, clearer user requests and more partial credit for the first steps, "
+                "so that some rollouts succeed"
+            ),
+        )
+    reason = (
+        f"rewards do not vary within groups: constant groups {calibration['constant_groups']:.2f} "
+        f"(at most {config.max_constant_groups})"
+    )
     return "more graded", reason, "reward components that separate partial from complete work within one seed"
 
 
@@ -344,7 +469,10 @@ def _calibration_figures(calibration: dict[str, Any] | None) -> dict[str, Any]:
     if calibration is None:
         return {"run": False}
     keys = ("in_band", "mean_reward", "success_rate", "all_success_groups", "all_zero_groups", "constant_groups")
-    figures: dict[str, Any] = {"run": True, **{k: (round(calibration[k], 4) if isinstance(calibration[k], float) else calibration[k]) for k in keys}}
+    figures: dict[str, Any] = {
+        "run": True,
+        **{k: (round(calibration[k], 4) if isinstance(calibration[k], float) else calibration[k]) for k in keys},
+    }
     figures["pass_at_k"] = {str(k): round(v, 4) for k, v in calibration["pass_at_k"].items()}
     figures["groups"] = len(calibration["groups"])
     return figures
@@ -353,11 +481,19 @@ def _calibration_figures(calibration: dict[str, Any] | None) -> dict[str, Any]:
 # --- evidence and layers -------------------------------------------------------------
 _RUNTIME_MARKERS = {
     "sandbox language layer (RestrictedPython guards)": ("refused by the language layer",),
-    "sandbox worker (restricted builtins and module proxies)": ("not available in the sandbox", "not an allowed module",
-                                                               "not allowed in the sandbox", "read-only in the sandbox"),
+    "sandbox worker (restricted builtins and module proxies)": (
+        "not available in the sandbox",
+        "not an allowed module",
+        "not allowed in the sandbox",
+        "read-only in the sandbox",
+    ),
     "sandbox seccomp filter": ("seccomp",),
-    "sandbox jail and limits (the worker was killed)": ("the worker exited", "the worker is gone", "container is gone",
-                                                         "the worker is no longer running"),
+    "sandbox jail and limits (the worker was killed)": (
+        "the worker exited",
+        "the worker is gone",
+        "container is gone",
+        "the worker is no longer running",
+    ),
     "sandbox time limit": ("no answer within",),
 }
 
@@ -423,24 +559,31 @@ def manifest_text(env_id: str, target: str, capability: Capability, provenance: 
     return "\n".join(lines) + "\n"
 
 
-def readme_text(env_id: str, target: str, capability: Capability, code: str, provenance: dict[str, Any],
-                report: ValidationReport) -> str:
+def readme_text(
+    env_id: str, target: str, capability: Capability, code: str, provenance: dict[str, Any], report: ValidationReport
+) -> str:
     import ast
 
     rationale = ast.get_docstring(ast.parse(code)) or ""
     attempts = provenance["attempts"]
-    history = "\n".join(f"- attempt {a['number']} ({a['kind']}): " + ("passed" if a["passed"] else
-                        f"refused by {a['stopped_by']} ({', '.join(a['failing_checks'])})") for a in attempts)
+    history = "\n".join(
+        f"- attempt {a['number']} ({a['kind']}): "
+        + ("passed" if a["passed"] else f"refused by {a['stopped_by']} ({', '.join(a['failing_checks'])})")
+        for a in attempts
+    )
     cal = provenance["calibration"]
-    calibration = ("not run (no --policy)" if not cal.get("run") else
-                   f"policy `{provenance['policy']}`: mean reward {cal['mean_reward']}, success rate {cal['success_rate']}, "
-                   f"{'in' if cal['in_band'] else 'OUT OF'} band")
+    calibration = (
+        "not run (no --policy)"
+        if not cal.get("run")
+        else f"policy `{provenance['policy']}`: mean reward {cal['mean_reward']}, success rate {cal['success_rate']}, "
+        f"{'in' if cal['in_band'] else 'OUT OF'} band"
+    )
     return f"""# {env_id}
 
 **Capability:** {capability.name}: {capability.description}
 
-**Target:** `{target}`. Synthesized by `{provenance['analyst']}` with prompt templates
-{provenance['template_version']} (sha256 {provenance['template_sha256'][:12]}).
+**Target:** `{target}`. Synthesized by `{provenance["analyst"]}` with prompt templates
+{provenance["template_version"]} (sha256 {provenance["template_sha256"][:12]}).
 
 ## What it trains
 {rationale}
@@ -450,7 +593,7 @@ def readme_text(env_id: str, target: str, capability: Capability, code: str, pro
 
 Calibration: {calibration}.
 
-Validation ({report.backend}): {'passed' if report.passed else 'FAILED'}, {len(report.checks)} checks; see `validation.json`.
+Validation ({report.backend}): {"passed" if report.passed else "FAILED"}, {len(report.checks)} checks; see `validation.json`.
 """
 
 

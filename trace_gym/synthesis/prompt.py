@@ -65,8 +65,9 @@ class TargetContext:
     """Where the policy and results came from (for the report)."""
 
 
-def target_context(entry: EnvEntry, trajectories: list[Any] | None = None, *, samples: int = 8,
-                   per_result: int = 700) -> TargetContext:
+def target_context(
+    entry: EnvEntry, trajectories: list[Any] | None = None, *, samples: int = 8, per_result: int = 700
+) -> TargetContext:
     """The target's frozen schemas, its policy text and real tool results.
 
     Policy and results come, in order of preference, from recorded trajectories
@@ -160,7 +161,9 @@ def _from_live_target(entry: EnvEntry, samples: int, per_result: int) -> tuple[s
                 call = parsed.tool_calls[0]
                 if shown.get(call.name, 0) < 2:  # a variety of tools rather than one tool's results again
                     shown[call.name] = shown.get(call.name, 0) + 1
-                    results.append(f"{call.name}({json.dumps(call.arguments, ensure_ascii=False)}) ->\n{obs[:per_result]}")
+                    results.append(
+                        f"{call.name}({json.dumps(call.arguments, ensure_ascii=False)}) ->\n{obs[:per_result]}"
+                    )
                 if terminated or truncated or len(results) >= samples:
                     break
             if len(results) >= samples:

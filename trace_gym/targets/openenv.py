@@ -45,13 +45,24 @@ from trace_gym.errors import TraceGymError
 class OpenEnvTarget(gym.Env):
     metadata = {"render_modes": []}
 
-    def __init__(self, base_url: str, splits: dict[str, Any], split: str = "train", max_steps: int = 30,
-                 action_field: str = "text", observation_field: str = "text", split_kwarg: str | None = None,
-                 system_prompt: str = "", tools: list[dict[str, Any]] | None = None,
-                 message_timeout_s: float = 300.0):
+    def __init__(
+        self,
+        base_url: str,
+        splits: dict[str, Any],
+        split: str = "train",
+        max_steps: int = 30,
+        action_field: str = "text",
+        observation_field: str = "text",
+        split_kwarg: str | None = None,
+        system_prompt: str = "",
+        tools: list[dict[str, Any]] | None = None,
+        message_timeout_s: float = 300.0,
+    ):
         if not isinstance(splits, dict) or split not in splits:
-            raise TraceGymError(f"OpenEnv target at {base_url}: no split {split!r} (its splits: "
-                                f"{', '.join(sorted(splits)) if isinstance(splits, dict) else 'none given'})")
+            raise TraceGymError(
+                f"OpenEnv target at {base_url}: no split {split!r} (its splits: "
+                f"{', '.join(sorted(splits)) if isinstance(splits, dict) else 'none given'})"
+            )
         self.base_url, self.split, self.max_steps = base_url, split, max_steps
         self.action_field, self.observation_field, self.split_kwarg = action_field, observation_field, split_kwarg
         self.system_prompt, self.default_tools = system_prompt, list(tools or [])
@@ -63,8 +74,10 @@ class OpenEnvTarget(gym.Env):
         elif not seeds and isinstance(chosen, list) and chosen and all(isinstance(t, str) for t in chosen):
             self._by_seed, self.task_ids = False, [str(t) for t in chosen]
         else:
-            raise TraceGymError(f"OpenEnv target at {base_url}: split {split!r} must be [first_seed, end_seed] or a "
-                                f"list of task ids, got {chosen!r}")
+            raise TraceGymError(
+                f"OpenEnv target at {base_url}: split {split!r} must be [first_seed, end_seed] or a "
+                f"list of task ids, got {chosen!r}"
+            )
         self.observation_space = self.action_space = gym.spaces.Text(1_000_000, charset=string.printable)
         self._client: Any = None
         self._steps = 0
@@ -75,7 +88,9 @@ class OpenEnvTarget(gym.Env):
             try:
                 from openenv.core import GenericEnvClient
             except ImportError as exc:
-                raise TraceGymError(f"an OpenEnv target needs openenv-core ({exc}); pip install 'trace-gym[openenv]'") from None
+                raise TraceGymError(
+                    f"an OpenEnv target needs openenv-core ({exc}); pip install 'trace-gym[openenv]'"
+                ) from None
             client = GenericEnvClient(base_url=self.base_url, message_timeout_s=self.message_timeout_s).sync()
             try:
                 client.connect()
@@ -90,13 +105,17 @@ class OpenEnvTarget(gym.Env):
         except TraceGymError:
             raise
         except Exception as exc:  # a server error frame (RuntimeError), a dropped connection
-            raise TraceGymError(f"OpenEnv server at {self.base_url}: {what} failed ({type(exc).__name__}: {exc})") from None
+            raise TraceGymError(
+                f"OpenEnv server at {self.base_url}: {what} failed ({type(exc).__name__}: {exc})"
+            ) from None
 
     def _text(self, observation: Any) -> str:
         if isinstance(observation, dict) and self.observation_field in observation:
             return str(observation[self.observation_field])
-        raise TraceGymError(f"OpenEnv server at {self.base_url}: its observation has no field "
-                            f"{self.observation_field!r} (it has {sorted(observation) if isinstance(observation, dict) else type(observation).__name__})")
+        raise TraceGymError(
+            f"OpenEnv server at {self.base_url}: its observation has no field "
+            f"{self.observation_field!r} (it has {sorted(observation) if isinstance(observation, dict) else type(observation).__name__})"
+        )
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
@@ -110,8 +129,11 @@ class OpenEnvTarget(gym.Env):
         result = self._call("reset", **kwargs)
         observation = result.observation if isinstance(result.observation, dict) else {}
         self._steps, self._done = 0, False
-        info: dict[str, Any] = {"system_prompt": observation.get("system_prompt") or self.system_prompt,
-                                "tools": observation.get("tools") or self.default_tools, "task_id": task}
+        info: dict[str, Any] = {
+            "system_prompt": observation.get("system_prompt") or self.system_prompt,
+            "tools": observation.get("tools") or self.default_tools,
+            "task_id": task,
+        }
         if observation.get("messages") is not None:
             info["messages"] = observation["messages"]
         return self._text(result.observation), info

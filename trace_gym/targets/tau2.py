@@ -198,7 +198,9 @@ class Tau2Env(TextEnv):
         prelude = [*from_tau2_messages(history), Message(role="assistant", content=GREETING)]
         first = self._user_turn(greeting, prelude)
         if first.done:  # a user that quits before saying anything: tau2 scores this too
-            raise UnknownTaskError(f"the user simulator ended task {task.id} before it began ({first.reason}): {first.content!r}")
+            raise UnknownTaskError(
+                f"the user simulator ended task {task.id} before it began ({first.reason}): {first.content!r}"
+            )
         instructions = AGENT_INSTRUCTION.format(tool_names=", ".join(self._tool_names))
         return Start(
             observation=first.content,
@@ -212,11 +214,16 @@ class Tau2Env(TextEnv):
         from tau2.data_model.message import AssistantMessage
         from tau2.data_model.message import ToolCall as Tau2ToolCall
 
-        tau2_calls = [Tau2ToolCall(id=cid, name=c.name, arguments=c.arguments, requestor="assistant") for c, cid in calls]
+        tau2_calls = [
+            Tau2ToolCall(id=cid, name=c.name, arguments=c.arguments, requestor="assistant") for c, cid in calls
+        ]
         self._tau2_messages.append(AssistantMessage(role="assistant", content=None, tool_calls=tau2_calls))
         judged = self._orchestrator_step(to_env=True)
         if judged:  # tau2 stops before the environment answers
-            return [ToolResult(content="Not run: the episode had ended.", error=True, done=True, reason=judged) for _ in calls]
+            return [
+                ToolResult(content="Not run: the episode had ended.", error=True, done=True, reason=judged)
+                for _ in calls
+            ]
         responses = [self._tau2_env.get_response(tau2_call) for tau2_call in tau2_calls]
         self._tau2_messages.extend(responses)
         if self._user is not None:
@@ -268,7 +275,11 @@ class Tau2Env(TextEnv):
             if returns is inspect.Signature.empty:
                 raise TargetUnavailableError(f"tau2 {self.domain} tool {name} has no return annotation to freeze")
             schema = TypeAdapter(returns).json_schema(mode="serialization")
-            free = schema.get("type") == "object" and "properties" not in schema and schema.get("additionalProperties", True) is True
+            free = (
+                schema.get("type") == "object"
+                and "properties" not in schema
+                and schema.get("additionalProperties", True) is True
+            )
             # str: sent as is. A free-form dict names no fields, and tau2's tools annotated so
             # do not always return one (telecom's enable_roaming returns a str): either form.
             shapes[name] = {"format": "text" if returns is str else "free" if free else "json", "schema": schema}
@@ -345,7 +356,9 @@ class Tau2Env(TextEnv):
                     Message(
                         role="user",
                         requestor="user",
-                        tool_calls=[ToolCallRecord(id=c.id, name=c.name, arguments=c.arguments) for c in user_message.tool_calls],
+                        tool_calls=[
+                            ToolCallRecord(id=c.id, name=c.name, arguments=c.arguments) for c in user_message.tool_calls
+                        ],
                     )
                 )
                 transcript.extend(
@@ -368,7 +381,9 @@ def from_tau2_messages(messages: list[Any]) -> list[Message]:
     out = []
     for m in messages:
         if m.role == "tool":
-            out.append(Message(role="tool", tool_call_id=m.id, content=m.content, error=bool(m.error), requestor=m.requestor))
+            out.append(
+                Message(role="tool", tool_call_id=m.id, content=m.content, error=bool(m.error), requestor=m.requestor)
+            )
         elif getattr(m, "tool_calls", None):
             calls = [ToolCallRecord(id=c.id, name=c.name, arguments=c.arguments) for c in m.tool_calls]
             requestor = "user" if m.role == "user" else "assistant"

@@ -148,7 +148,11 @@ class LLMUser:
                 return
             tool_messages = [self._env.get_response(call) for call in user_message.tool_calls]
             yield user_message, tool_messages
-            incoming = tool_messages[0] if len(tool_messages) == 1 else MultiToolMessage(role="tool", tool_messages=tool_messages)
+            incoming = (
+                tool_messages[0]
+                if len(tool_messages) == 1
+                else MultiToolMessage(role="tool", tool_messages=tool_messages)
+            )
         raise UserSimulatorError(f"the LLM user simulator made more than {MAX_USER_TOOL_ROUNDS} tool calls in a row")
 
 
@@ -182,5 +186,5 @@ def _keep_case(match: re.Match, repl: str) -> str:
     stripped = original.lstrip(" .!?;:")
     if stripped[:1].isupper() and not text[:1].isupper():
         prefix_len = len(original) - len(stripped)
-        return text[:prefix_len] + text[prefix_len:prefix_len + 1].upper() + text[prefix_len + 1:]
+        return text[:prefix_len] + text[prefix_len : prefix_len + 1].upper() + text[prefix_len + 1 :]
     return text

@@ -72,7 +72,9 @@ def import_tool_sandbox():
             import tool_sandbox.roles.execution_environment  # noqa: F401
             import tool_sandbox.scenarios  # noqa: F401
     except ImportError as exc:
-        raise TargetUnavailableError(f"the ToolSandbox target needs the tool_sandbox package ({exc}); {INSTALL_HINT}") from None
+        raise TargetUnavailableError(
+            f"the ToolSandbox target needs the tool_sandbox package ({exc}); {INSTALL_HINT}"
+        ) from None
     import tool_sandbox
 
     return tool_sandbox
@@ -144,7 +146,11 @@ def live_api_tools() -> set[str]:
     from tool_sandbox.common.tool_discovery import ToolBackend, find_tools_by_module
 
     module = importlib.import_module(LIVE_API_MODULE)
-    return {name for name, tool in find_tools_by_module(module, ToolBackend.DEFAULT).items() if tool.__module__ == LIVE_API_MODULE}
+    return {
+        name
+        for name, tool in find_tools_by_module(module, ToolBackend.DEFAULT).items()
+        if tool.__module__ == LIVE_API_MODULE
+    }
 
 
 def variant_of(scenario: Any) -> str:
@@ -154,8 +160,11 @@ def variant_of(scenario: Any) -> str:
     augmentations = scenario.starting_context.tool_augmentation_list
     if augmentations:
         return str(augmentations[0]).lower()
-    for category, name in ((C.ALL_TOOLS_AVAILABLE, "all_tools"), (C.TEN_DISTRACTION_TOOLS, "10_distraction_tools"),
-                           (C.THREE_DISTRACTION_TOOLS, "3_distraction_tools")):
+    for category, name in (
+        (C.ALL_TOOLS_AVAILABLE, "all_tools"),
+        (C.TEN_DISTRACTION_TOOLS, "10_distraction_tools"),
+        (C.THREE_DISTRACTION_TOOLS, "3_distraction_tools"),
+    ):
         if category in scenario.categories:
             return name
     return "base"
@@ -246,7 +255,9 @@ def _role_classes():
                 id="scripted_user_end", type="function", function=Function(name="end_conversation", arguments="{}")
             )
             code = openai_tool_call_to_python_code(call, set(tools), execution_facing_tool_name=None)
-            self.add_messages([TSMessage(sender=self.role_type, recipient=RoleType.EXECUTION_ENVIRONMENT, content=code)])
+            self.add_messages(
+                [TSMessage(sender=self.role_type, recipient=RoleType.EXECUTION_ENVIRONMENT, content=code)]
+            )
 
     return AgentSide, ScriptedUser
 
@@ -272,8 +283,9 @@ def llm_user(model: str | None, base_url: str | None, api_key: str | None):
     class EndpointUser(OpenAIAPIUser):
         def __init__(self) -> None:  # OpenAIAPIUser pins api.openai.com; this one is configurable
             self.model_name = model
-            self.openai_client = OpenAI(base_url=base_url, api_key=api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY",
-                                        max_retries=0)
+            self.openai_client = OpenAI(
+                base_url=base_url, api_key=api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY", max_retries=0
+            )
 
     return EndpointUser()
 
@@ -346,10 +358,13 @@ class ToolSandboxEnv(TextEnv):
         multi = len(self.excluded) - live
         parts = [f"{live} use live web APIs (RapidAPI) and are never called"] if live else []
         if multi:
-            parts.append(f"{multi} are multi-turn and need ToolSandbox's LLM user (user='llm', user_base_url, user_model)")
+            parts.append(
+                f"{multi} are multi-turn and need ToolSandbox's LLM user (user='llm', user_base_url, user_model)"
+            )
         warnings.warn(
             f"trace/toolsandbox-v0 split '{self.split}': playing {len(self._split_ids)} scenarios; left out "
-            + "; ".join(parts) + " (env.excluded lists them)",
+            + "; ".join(parts)
+            + " (env.excluded lists them)",
             ScenarioExclusionWarning,
             stacklevel=3,
         )
@@ -364,7 +379,9 @@ class ToolSandboxEnv(TextEnv):
         entry = self._catalogue.entries.get(task_id)
         if entry is None:
             sample = ", ".join(self._split_ids[:4])
-            raise UnknownTaskError(f"ToolSandbox has no scenario '{task_id}' ({len(self._catalogue.entries)} scenarios, e.g. {sample})")
+            raise UnknownTaskError(
+                f"ToolSandbox has no scenario '{task_id}' ({len(self._catalogue.entries)} scenarios, e.g. {sample})"
+            )
         reason = self.exclusion_reason(entry)
         if reason:
             raise UnknownTaskError(f"ToolSandbox scenario '{task_id}' is not playable here: {reason}")
@@ -384,7 +401,9 @@ class ToolSandboxEnv(TextEnv):
             name = str(options["task_id"])
         else:
             if not self._split_ids:
-                raise UnknownTaskError(f"ToolSandbox split '{self.split}' has no playable scenario with user='{self.user_kind}'")
+                raise UnknownTaskError(
+                    f"ToolSandbox split '{self.split}' has no playable scenario with user='{self.user_kind}'"
+                )
             name = self._split_ids[int(self.np_random.integers(len(self._split_ids)))]
         scenario = self.get_task(name)
         self._scenario, self._entry = scenario, self._catalogue.entries[name]
@@ -396,10 +415,14 @@ class ToolSandboxEnv(TextEnv):
             context = holder.context
             # As Scenario.play: the system's set-up code runs first, unanswered.
             first = context.max_sandbox_message_index
-            history = context.get_database(DatabaseNamespace.SANDBOX, drop_sandbox_message_index=False,
-                                           get_all_history_snapshots=True)
+            history = context.get_database(
+                DatabaseNamespace.SANDBOX, drop_sandbox_message_index=False, get_all_history_snapshots=True
+            )
             for index in range(first + 1):
-                if history["recipient"][index] == RoleType.EXECUTION_ENVIRONMENT and history["sender"][index] == RoleType.SYSTEM:
+                if (
+                    history["recipient"][index] == RoleType.EXECUTION_ENVIRONMENT
+                    and history["sender"][index] == RoleType.SYSTEM
+                ):
                     self._roles[RoleType.EXECUTION_ENVIRONMENT].respond(ending_index=index)
             self._message_limit = scenario.max_messages + first
             ended = self._advance()
@@ -412,14 +435,20 @@ class ToolSandboxEnv(TextEnv):
         opening = [m for m in agent if m.sender != RoleType.SYSTEM]
         if not opening or opening[-1].sender != RoleType.USER:
             raise UnknownTaskError(f"ToolSandbox scenario '{name}' does not open with a user message")
-        prelude = [Message(role="user" if m.sender == RoleType.USER else "assistant", content=m.content) for m in opening[:-1]]
+        prelude = [
+            Message(role="user" if m.sender == RoleType.USER else "assistant", content=m.content) for m in opening[:-1]
+        ]
         return Start(
             observation=opening[-1].content,
             system_prompt=system,
             task_id=name,
             prelude=prelude,
-            info={"variant": self._entry.variant, "categories": list(self._entry.categories),
-                  "multi_turn": self._entry.multi_turn, "user": self.user_kind},
+            info={
+                "variant": self._entry.variant,
+                "categories": list(self._entry.categories),
+                "multi_turn": self._entry.multi_turn,
+                "user": self.user_kind,
+            },
         )
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
@@ -439,7 +468,8 @@ class ToolSandboxEnv(TextEnv):
             outgoing = []
             for call, call_id in calls:
                 tool_call = ChatCompletionMessageToolCall(
-                    id=call_id, type="function",
+                    id=call_id,
+                    type="function",
                     function=Function(name=call.name, arguments=json.dumps(call.arguments, ensure_ascii=False)),
                 )
                 try:  # as ToolSandbox's OpenAI agent turns a call into the code its environment runs
@@ -448,15 +478,24 @@ class ToolSandboxEnv(TextEnv):
                 except KeyError as exc:  # ToolSandbox's words for a tool the agent was not given
                     results[call_id] = ToolResult(content=str(exc.args[0]), error=True)
                     continue
-                outgoing.append(TSMessage(sender=RoleType.AGENT, recipient=RoleType.EXECUTION_ENVIRONMENT, content=code,
-                                          openai_tool_call_id=call_id, openai_function_name=call.name))
+                outgoing.append(
+                    TSMessage(
+                        sender=RoleType.AGENT,
+                        recipient=RoleType.EXECUTION_ENVIRONMENT,
+                        content=code,
+                        openai_tool_call_id=call_id,
+                        openai_function_name=call.name,
+                    )
+                )
             if outgoing:
                 before = len(agent_side().get_messages())
                 agent_side().add_messages(outgoing)
                 self._end_reason = self._advance()
                 for m in agent_side().get_messages()[before:]:
                     if m.sender == RoleType.EXECUTION_ENVIRONMENT and m.recipient == RoleType.AGENT:
-                        results[m.openai_tool_call_id] = ToolResult(content=m.content, error=m.tool_call_exception is not None)
+                        results[m.openai_tool_call_id] = ToolResult(
+                            content=m.content, error=m.tool_call_exception is not None
+                        )
         self._context = holder.context
         out = [results.get(call_id) or ToolResult(content="", error=True) for _, call_id in calls]
         if self._end_reason and out:
@@ -474,14 +513,26 @@ class ToolSandboxEnv(TextEnv):
                 self._end_reason = self._advance()
             except Exception as exc:
                 if self.user_kind == "llm" and not isinstance(exc, UserSimulatorError):
-                    raise UserSimulatorError(f"ToolSandbox's LLM user could not answer ({type(exc).__name__}: {exc})") from None
+                    raise UserSimulatorError(
+                        f"ToolSandbox's LLM user could not answer ({type(exc).__name__}: {exc})"
+                    ) from None
                 raise
-            new = agent_side().get_messages()[before + 1:]
+            new = agent_side().get_messages()[before + 1 :]
         self._context = holder.context
         for m in new:  # the user's own tool calls (end_conversation) go into the transcript too
             if m.sender == RoleType.USER and m.recipient == RoleType.EXECUTION_ENVIRONMENT:
-                self.messages.append(Message(role="user", requestor="user", content=m.content, tool_calls=[
-                    ToolCallRecord(id=m.openai_tool_call_id or "user_call", name=_called_name(m.content), arguments={})]))
+                self.messages.append(
+                    Message(
+                        role="user",
+                        requestor="user",
+                        content=m.content,
+                        tool_calls=[
+                            ToolCallRecord(
+                                id=m.openai_tool_call_id or "user_call", name=_called_name(m.content), arguments={}
+                            )
+                        ],
+                    )
+                )
         if self._end_reason:
             return Reply(content="", done=True, reason=self._end_reason, from_user=False)
         return Reply(content=new[-1].content)
@@ -491,8 +542,9 @@ class ToolSandboxEnv(TextEnv):
 
     def _score(self, termination_reason: str) -> Score:
         with episode_context(self._context) as holder, _quiet():
-            result = self._scenario.evaluation.evaluate(execution_context=holder.context,
-                                                        max_turn_count=self._scenario.max_messages)
+            result = self._scenario.evaluation.evaluate(
+                execution_context=holder.context, max_turn_count=self._scenario.max_messages
+            )
         return score_from_evaluation(result, self._scenario, self._entry, termination_reason)
 
     def _malformed_observation(self, parsed) -> str:
@@ -574,10 +626,17 @@ def score_from_evaluation(result: Any, scenario: Any, entry: ScenarioEntry, term
     components = {f"milestone_{m['index']}": m["similarity"] for m in milestones}
     if minefields:
         components["minefields_avoided"] = 1.0 if result.minefield_similarity == 0 else 0.0
-    unmet = [f"milestone {m['index']} ({', '.join(m['constrains']) or 'conversation'}) at {m['similarity']:.2f}"
-             for m in milestones if m["similarity"] < 1.0]
+    unmet = [
+        f"milestone {m['index']} ({', '.join(m['constrains']) or 'conversation'}) at {m['similarity']:.2f}"
+        for m in milestones
+        if m["similarity"] < 1.0
+    ]
     hit = [f"minefield {m['index']} ({', '.join(m['constrains'])})" for m in minefields if m["similarity"] > 0]
-    reason = "every milestone met, no minefield hit" if not unmet and not hit else "; ".join(unmet + (["hit " + ", ".join(hit)] if hit else []))
+    reason = (
+        "every milestone met, no minefield hit"
+        if not unmet and not hit
+        else "; ".join(unmet + (["hit " + ", ".join(hit)] if hit else []))
+    )
     details = {
         "scenario": entry.name,
         "variant": entry.variant,
@@ -597,8 +656,14 @@ def describe(milestones: list[Any], mapping: dict[int, tuple[int, float]]) -> li
     out = []
     for index, milestone in enumerate(milestones):
         snapshot, similarity = mapping.get(index, (None, 0.0))
-        out.append({"index": index, "similarity": float(similarity), "snapshot_index": snapshot,
-                    "constrains": constraint_kinds(milestone)})
+        out.append(
+            {
+                "index": index,
+                "similarity": float(similarity),
+                "snapshot_index": snapshot,
+                "constrains": constraint_kinds(milestone),
+            }
+        )
     return out
 
 

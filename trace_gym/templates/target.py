@@ -8,6 +8,7 @@ the episode ends; ``split=`` and ``task_ids`` give train and test tasks;
 order desk (look an order up, cancel it only if it is still pending) that already
 works end to end: replace the tasks, tools and reward with your own, one at a time.
 """
+
 import json
 import random
 import string
@@ -16,9 +17,17 @@ import gymnasium as gym
 
 from trace_gym.actions import parse_action  # optional: the parser the agents' formats follow
 
-TOOLS = [{"type": "function", "function": {"name": name, "description": text, "parameters": {
-    "type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]}}}
-    for name, text in [("get_order", "An order's status and items."), ("cancel_order", "Cancel a pending order.")]]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": text,
+            "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]},
+        },
+    }
+    for name, text in [("get_order", "An order's status and items."), ("cancel_order", "Cancel a pending order.")]
+]
 SPLITS = {"train": range(0, 12), "test": range(12, 16)}  # evaluation alone plays the test tasks
 
 
@@ -72,5 +81,8 @@ class TargetEnv(gym.Env):
 
     def oracle_actions(self):
         call = lambda name: json.dumps({"name": name, "arguments": {"order_id": self.order}})  # noqa: E731
-        return [call("get_order"), *([call("cancel_order")] if self.pending else []),
-                "Your order is cancelled." if self.pending else "Your order was delivered; it cannot be cancelled."]
+        return [
+            call("get_order"),
+            *([call("cancel_order")] if self.pending else []),
+            "Your order is cancelled." if self.pending else "Your order was delivered; it cannot be cancelled.",
+        ]

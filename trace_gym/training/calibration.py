@@ -75,9 +75,14 @@ class LevelFigures:
 
     def summary(self) -> dict[str, Any]:
         mean = self.mean_reward
-        return {"level": self.level, "episodes": self.episodes, "mean_reward": None if mean is None else round(mean, 4),
-                "informative_groups": round(self.informative_share, 4), "all_zero_groups": round(self.all_zero_share, 4),
-                "all_success_groups": round(self.all_success_share, 4)}
+        return {
+            "level": self.level,
+            "episodes": self.episodes,
+            "mean_reward": None if mean is None else round(mean, 4),
+            "informative_groups": round(self.informative_share, 4),
+            "all_zero_groups": round(self.all_zero_share, 4),
+            "all_success_groups": round(self.all_success_share, 4),
+        }
 
 
 @dataclass
@@ -111,7 +116,9 @@ class Calibration:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Calibration":
         if data.get("schema_version") != SCHEMA_VERSION:
-            raise TrainingError(f"a calibration of schema {data.get('schema_version')!r}; this trace-gym reads {SCHEMA_VERSION}")
+            raise TrainingError(
+                f"a calibration of schema {data.get('schema_version')!r}; this trace-gym reads {SCHEMA_VERSION}"
+            )
         levels = [LevelFigures(level=f["level"], groups=f["groups"], episodes=f["episodes"]) for f in data["levels"]]
         known = {f.name for f in dataclasses.fields(cls)} - {"levels"}
         return cls(levels=levels, **{k: v for k, v in data.items() if k in known})
@@ -149,6 +156,7 @@ def calibration_keys(config: GRPOTrainingConfig, env_id: str, tasks: list[str] |
 
 def decide(figures: list[LevelFigures], band: list[float], min_informative: float) -> tuple[int | None, bool, str]:
     """(level, trainable, reason) from the levels played so far."""
+
     def in_band(f: LevelFigures) -> bool:
         return f.mean_reward is not None and band[0] <= f.mean_reward <= band[1]
 
@@ -158,15 +166,22 @@ def decide(figures: list[LevelFigures], band: list[float], min_informative: floa
     mean = "n/a" if chosen.mean_reward is None else f"{chosen.mean_reward:.3f}"
     where = f"level {chosen.level}" if chosen.level is not None else "its only level"
     trainable = chosen.informative_share >= min_informative
-    why = (f"at {where}: mean reward {mean} ({'in' if in_band(chosen) else 'outside'} band {band[0]}-{band[1]}), "
-           f"{chosen.informative_share:.0%} informative groups (needs {min_informative:.0%}), "
-           f"{chosen.all_zero_share:.0%} all-zero, {chosen.all_success_share:.0%} all-success")
+    why = (
+        f"at {where}: mean reward {mean} ({'in' if in_band(chosen) else 'outside'} band {band[0]}-{band[1]}), "
+        f"{chosen.informative_share:.0%} informative groups (needs {min_informative:.0%}), "
+        f"{chosen.all_zero_share:.0%} all-zero, {chosen.all_success_share:.0%} all-success"
+    )
     return chosen.level, trainable, why
 
 
-def calibrate_env(config: GRPOTrainingConfig, env_id: str, tasks: list[str] | None, levels: int | None,
-                  play: Callable[[int | None, list[str]], list[list[float | None]]], say: Callable[[str], None] = print
-                  ) -> Calibration:
+def calibrate_env(
+    config: GRPOTrainingConfig,
+    env_id: str,
+    tasks: list[str] | None,
+    levels: int | None,
+    play: Callable[[int | None, list[str]], list[list[float | None]]],
+    say: Callable[[str], None] = print,
+) -> Calibration:
     """Calibrate one env: ``play(level, keys)`` plays each key's group of K
     episodes at ``level`` with the policy and returns their rewards. Starts at
     ``config.level`` (else the middle level), moves one level at a time towards
@@ -187,8 +202,10 @@ def calibrate_env(config: GRPOTrainingConfig, env_id: str, tasks: list[str] | No
         figures.append(LevelFigures(level=level, groups=groups, episodes=sum(len(g) for g in groups)))
         f = figures[-1]
         mean = "n/a" if f.mean_reward is None else f"{f.mean_reward:.3f}"
-        say(f"calibrate {env_id}{'' if level is None else f' level {level}'}: mean reward {mean}, "
-            f"{f.informative_share:.0%} informative groups ({f.episodes} episodes)")
+        say(
+            f"calibrate {env_id}{'' if level is None else f' level {level}'}: mean reward {mean}, "
+            f"{f.informative_share:.0%} informative groups ({f.episodes} episodes)"
+        )
         if level is None or f.mean_reward is None or band[0] <= f.mean_reward <= band[1]:
             break
         step = 1 if f.mean_reward > band[1] else -1
@@ -197,16 +214,28 @@ def calibrate_env(config: GRPOTrainingConfig, env_id: str, tasks: list[str] | No
             break
         level = nxt
     chosen, trainable, reason = decide(figures, band, config.min_informative)
-    return Calibration(env_id=env_id, model=config.model, levels=figures, level=chosen, trainable=trainable,
-                       reason=reason, reward_band=band, min_informative=config.min_informative,
-                       wall_s=round(time.perf_counter() - t0, 3))
+    return Calibration(
+        env_id=env_id,
+        model=config.model,
+        levels=figures,
+        level=chosen,
+        trainable=trainable,
+        reason=reason,
+        reward_band=band,
+        min_informative=config.min_informative,
+        wall_s=round(time.perf_counter() - t0, 3),
+    )
 
 
 def check_trainable(calibration: Calibration, config: GRPOTrainingConfig) -> None:
     """Refuse, in one line, an env the calibration says this policy cannot train on."""
     if calibration.model != config.model:
-        raise TrainingError(f"the calibration of {calibration.env_id} was made with {calibration.model}, not {config.model}; "
-                            "calibrate again with the policy being trained")
+        raise TrainingError(
+            f"the calibration of {calibration.env_id} was made with {calibration.model}, not {config.model}; "
+            "calibrate again with the policy being trained"
+        )
     if not calibration.trainable and not config.train_anyway:
-        raise UntrainableEnvError(f"{calibration.env_id} is untrainable for {config.model}: {calibration.reason}; "
-                            "GRPO would learn from too few groups (--train-anyway trains it all the same)")
+        raise UntrainableEnvError(
+            f"{calibration.env_id} is untrainable for {config.model}: {calibration.reason}; "
+            "GRPO would learn from too few groups (--train-anyway trains it all the same)"
+        )

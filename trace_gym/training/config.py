@@ -202,18 +202,30 @@ class GRPOTrainingConfig:
         """Raise ``TrainingError`` naming the first bad setting; returns self."""
         if not self.env_ids or not all(isinstance(e, str) and e for e in self.env_ids):
             raise TrainingError("--env needs at least one registry env id")
-        positive = {"iterations": self.iterations, "groups": self.groups, "lora_rank": self.lora_rank,
-                    "max_new_tokens": self.max_new_tokens, "save_every": self.save_every,
-                    "keep_checkpoints": self.keep_checkpoints, "recycle_after": self.recycle_after}
+        positive = {
+            "iterations": self.iterations,
+            "groups": self.groups,
+            "lora_rank": self.lora_rank,
+            "max_new_tokens": self.max_new_tokens,
+            "save_every": self.save_every,
+            "keep_checkpoints": self.keep_checkpoints,
+            "recycle_after": self.recycle_after,
+        }
         for name, value in positive.items():
             if value < 1:
                 raise TrainingError(f"{name} must be at least 1, got {value}")
         if self.rollouts_per_group < 2:
-            raise TrainingError(f"rollouts_per_group (K) must be at least 2: GRPO compares rollouts within a group, got {self.rollouts_per_group}")
+            raise TrainingError(
+                f"rollouts_per_group (K) must be at least 2: GRPO compares rollouts within a group, got {self.rollouts_per_group}"
+            )
         if not 0.0 <= self.hint_share < 1.0:
-            raise TrainingError(f"hint_share must be in [0, 1): a group needs a hint-free rollout, got {self.hint_share}")
+            raise TrainingError(
+                f"hint_share must be in [0, 1): a group needs a hint-free rollout, got {self.hint_share}"
+            )
         if self.hint_share > 0 and self.hinted_per_group >= self.rollouts_per_group:
-            raise TrainingError(f"hint_share {self.hint_share} hints all {self.rollouts_per_group} rollouts of a group; lower it")
+            raise TrainingError(
+                f"hint_share {self.hint_share} hints all {self.rollouts_per_group} rollouts of a group; lower it"
+            )
         if self.learning_rate <= 0 or self.temperature <= 0:
             raise TrainingError("learning_rate and temperature must be positive")
         if self.loss_type not in LOSS_TYPES:
@@ -223,17 +235,25 @@ class GRPOTrainingConfig:
         if self.dtype not in DTYPES:
             raise TrainingError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.micro_batch is not None and (self.micro_batch < 1 or self.rollouts_per_iteration % self.micro_batch):
-            raise TrainingError(f"micro_batch must divide G x K = {self.rollouts_per_iteration}, got {self.micro_batch}")
+            raise TrainingError(
+                f"micro_batch must divide G x K = {self.rollouts_per_iteration}, got {self.micro_batch}"
+            )
         if not self.calibrate and not self.train_anyway:
-            raise TrainingError("calibration is off: nothing says the policy can learn from these envs; "
-                                "turn it on, or pass --train-anyway")
+            raise TrainingError(
+                "calibration is off: nothing says the policy can learn from these envs; "
+                "turn it on, or pass --train-anyway"
+            )
         if min(self.env_call_timeout_s, self.max_observation_chars, self.max_episode_s, self.max_iteration_s) <= 0:
-            raise TrainingError("env_call_timeout_s, max_observation_chars, max_episode_s and max_iteration_s must be "
-                                "positive")
+            raise TrainingError(
+                "env_call_timeout_s, max_observation_chars, max_episode_s and max_iteration_s must be positive"
+            )
         if self.max_draws < 1:
             raise TrainingError(f"max_draws must be at least 1 (1: no dynamic sampling), got {self.max_draws}")
-        if (len(self.reward_band) != 2 or not all(isinstance(x, (int, float)) for x in self.reward_band)
-                or not 0 <= self.reward_band[0] <= self.reward_band[1] <= 1):
+        if (
+            len(self.reward_band) != 2
+            or not all(isinstance(x, (int, float)) for x in self.reward_band)
+            or not 0 <= self.reward_band[0] <= self.reward_band[1] <= 1
+        ):
             raise TrainingError(f"reward_band must be [low, high] with 0 <= low <= high <= 1, got {self.reward_band}")
         if not 0 <= self.min_informative <= 1:
             raise TrainingError(f"min_informative must be in [0, 1], got {self.min_informative}")

@@ -53,9 +53,17 @@ class GuardedEnv(gym.Wrapper):
             from trace_gym.trajectory import Message
 
             # The agent still asks for one turn; give it an empty, well-formed transcript.
-            self.env.unwrapped.messages = [Message(role="system", content=""), Message(role="user", content=FAILED_OBSERVATION)]
-            return FAILED_OBSERVATION, {"system_prompt": "", "tools": [], "task_id": None, "env_failure": self.failure,
-                                        "messages": [m.to_openai() for m in self.env.unwrapped.messages]}
+            self.env.unwrapped.messages = [
+                Message(role="system", content=""),
+                Message(role="user", content=FAILED_OBSERVATION),
+            ]
+            return FAILED_OBSERVATION, {
+                "system_prompt": "",
+                "tools": [],
+                "task_id": None,
+                "env_failure": self.failure,
+                "messages": [m.to_openai() for m in self.env.unwrapped.messages],
+            }
 
     def step(self, action: str):
         if self.failure is not None:
@@ -98,8 +106,9 @@ class EnvPool:
         recycle_after: episodes an instance plays before it is replaced.
     """
 
-    def __init__(self, make_env: Callable[[str], gym.Env], *, recycle_after: int = 64,
-                 max_episode_s: float | None = None):
+    def __init__(
+        self, make_env: Callable[[str], gym.Env], *, recycle_after: int = 64, max_episode_s: float | None = None
+    ):
         self.make_env = make_env
         self.recycle_after = recycle_after
         self.max_episode_s = max_episode_s
@@ -130,8 +139,13 @@ class EnvPool:
         self.envs[env_id][index] = fresh
         return fresh
 
-    def play(self, env_id: str, episodes: list[Any], agents: list[Any],
-             configure: Callable[[gym.Env, int], None] | None = None) -> list[EpisodeOutcome]:
+    def play(
+        self,
+        env_id: str,
+        episodes: list[Any],
+        agents: list[Any],
+        configure: Callable[[gym.Env, int], None] | None = None,
+    ) -> list[EpisodeOutcome]:
         """Play ``episodes`` of ``env_id`` in lock-step, episode ``i`` in instance ``i``
         with ``agents[i]`` (``configure(env, i)`` runs first, e.g. to set a hint).
         A failed episode is replayed once in a fresh instance; the result keeps the
@@ -150,8 +164,13 @@ class EnvPool:
             batch_envs = [envs[i] for i in todo]
             # play_batched fills its slots in order, so episode todo[k] runs in batch_envs[k].
             by_episode = {id(episodes[i]): k for k, i in enumerate(todo)}
-            for played in play_batched(batch_envs, [agents[i] for i in todo], env_id, [episodes[i] for i in todo],
-                                       max_episode_s=self.max_episode_s):
+            for played in play_batched(
+                batch_envs,
+                [agents[i] for i in todo],
+                env_id,
+                [episodes[i] for i in todo],
+                max_episode_s=self.max_episode_s,
+            ):
                 k = by_episode[id(played.episode)]
                 i, env = todo[k], batch_envs[k]
                 self.uses[id(env)] = self.uses.get(id(env), 0) + 1

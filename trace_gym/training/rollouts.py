@@ -64,7 +64,9 @@ def parse_key(prompt: Any) -> dict[str, Any]:
     try:
         key = json.loads(prompt)
     except (TypeError, json.JSONDecodeError):
-        raise TrainingError(f"a training prompt must be an episode key from episode_key(), got {str(prompt)[:80]!r}") from None
+        raise TrainingError(
+            f"a training prompt must be an episode key from episode_key(), got {str(prompt)[:80]!r}"
+        ) from None
     if not isinstance(key, dict) or "env" not in key:
         raise TrainingError(f"an episode key needs an 'env', got {prompt!r}")
     return key
@@ -77,9 +79,11 @@ def groups_of(prompts: list[Any], k: int) -> list[str]:
         raise TrainingError(f"rollout_func got {len(prompts)} prompts, not a multiple of K={k}")
     keys = []
     for start in range(0, len(prompts), k):
-        block = prompts[start:start + k]
+        block = prompts[start : start + k]
         if any(p != block[0] for p in block):
-            raise TrainingError("rollout_func expects each prompt K times in a row (TRL's RepeatSampler); got a mixed block")
+            raise TrainingError(
+                "rollout_func expects each prompt K times in a row (TRL's RepeatSampler); got a mixed block"
+            )
         keys.append(block[0])
     return keys
 
@@ -137,7 +141,7 @@ class IterationRecord:
     def first_groups(self) -> list[list[float | None]]:
         """The first draw's rewards, group by group (a group's K rows are consecutive)."""
         k = len(self.first_rewards) // len(self.groups) if self.groups else 0
-        return [self.first_rewards[g * k:(g + 1) * k] for g in range(len(self.groups))] if k else []
+        return [self.first_rewards[g * k : (g + 1) * k] for g in range(len(self.groups))] if k else []
 
     def summary(self) -> dict[str, Any]:
         scored = [r for r in self.rewards if r is not None]
@@ -171,8 +175,14 @@ class EnvRolloutFunc:
     ``records`` keeps one ``IterationRecord`` per call; ``last_batch`` the last
     batch returned (what the update will see)."""
 
-    def __init__(self, config: GRPOTrainingConfig, pool: EnvPool, tokenizer: Any,
-                 task_lists: dict[str, list[str] | None] | None = None, adapter: str | None = ADAPTER_NAME):
+    def __init__(
+        self,
+        config: GRPOTrainingConfig,
+        pool: EnvPool,
+        tokenizer: Any,
+        task_lists: dict[str, list[str] | None] | None = None,
+        adapter: str | None = ADAPTER_NAME,
+    ):
         self.config = config
         self.pool = pool
         self.tokenizer = tokenizer
@@ -191,7 +201,10 @@ class EnvRolloutFunc:
 
         model = trainer.accelerator.unwrap_model(trainer.model)
         if self._backend is None or self._model is not model:
-            self._backend, self._model = LocalHF.from_model(model, self.tokenizer, max_batch=self.config.rollouts_per_iteration), model
+            self._backend, self._model = (
+                LocalHF.from_model(model, self.tokenizer, max_batch=self.config.rollouts_per_iteration),
+                model,
+            )
         self._backend.clear_cache()
         return self._backend
 
@@ -224,25 +237,39 @@ class EnvRolloutFunc:
             for env_id, items in by_env.items():
                 self._play_env(env_id, [key for _, key in items], [g for g, _ in items], backend, rows, record)
             record.draws += len(pending)
-            record.played += [f"{key['env']}|{'task' if key.get('task') is not None else 'seed'} "
-                              f"{key.get('task') if key.get('task') is not None else key.get('seed')}" for _, key in pending]
+            record.played += [
+                f"{key['env']}|{'task' if key.get('task') is not None else 'seed'} "
+                f"{key.get('task') if key.get('task') is not None else key.get('seed')}"
+                for _, key in pending
+            ]
             if draw == 1:
                 record.first_rewards = [row["env_reward"] for row in rows]
-            pending = [(g, key) for g, key in pending if not informative([row["env_reward"] for row in rows[g * k:(g + 1) * k]])]
+            pending = [
+                (g, key)
+                for g, key in pending
+                if not informative([row["env_reward"] for row in rows[g * k : (g + 1) * k]])
+            ]
             if not pending or draw == self.config.max_draws:
                 break
             if time.perf_counter() - t0 > self.config.max_iteration_s:
-                record.bounds_hit.append(f"no redraw after draw {draw}: the iteration ran past max_iteration_s "
-                                         f"({self.config.max_iteration_s:g} s)")
+                record.bounds_hit.append(
+                    f"no redraw after draw {draw}: the iteration ran past max_iteration_s "
+                    f"({self.config.max_iteration_s:g} s)"
+                )
                 break
             record.redrawn_groups += len(pending)
-            pending = [(g, parse_key(redraw_key(key, draw + 1, self.config.seed, self.task_lists.get(key["env"]))))
-                       for g, key in pending]
+            pending = [
+                (g, parse_key(redraw_key(key, draw + 1, self.config.seed, self.task_lists.get(key["env"]))))
+                for g, key in pending
+            ]
         record.rewards = [row["env_reward"] for row in rows]
-        record.groups = [record.rewards[g * k:(g + 1) * k] for g in range(len(keys))]
+        record.groups = [record.rewards[g * k : (g + 1) * k] for g in range(len(keys))]
         record.rollout_s = time.perf_counter() - t0
         self.records.append(record)
-        batch = {name: [row[name] for row in rows] for name in ("prompt_ids", "completion_ids", "logprobs", "env_mask", "env_reward")}
+        batch = {
+            name: [row[name] for row in rows]
+            for name in ("prompt_ids", "completion_ids", "logprobs", "env_mask", "env_reward")
+        }
         batch["hinted"] = [row["hinted"] for row in rows]
         return batch
 
@@ -263,8 +290,10 @@ class EnvRolloutFunc:
         # judged as validation judged it: under the env's own step limit (validation's cap), not training's
         # max_steps, which may cut an oracle short of its last call
         declared = env.unwrapped.worker.info.get("max_steps")
-        env.unwrapped.max_steps = min(declared if isinstance(declared, int) and declared > 0 else limits.max_episode_steps,
-                                      limits.max_episode_steps)
+        env.unwrapped.max_steps = min(
+            declared if isinstance(declared, int) and declared > 0 else limits.max_episode_steps,
+            limits.max_episode_steps,
+        )
         try:
             leaks = hint_leaks(env.unwrapped.worker, seed, episode_seed(seed, "other", 0))
             if leaks:
@@ -281,12 +310,21 @@ class EnvRolloutFunc:
         finally:
             env.close()
         if problems:
-            raise EnvTurnedError(f"{env_id} on training seed {seed}: {'; '.join(problems)}, where validation saw the "
-                                 "oracle solve and the floor policies fail; training stops this env (a time bomb?)")
+            raise EnvTurnedError(
+                f"{env_id} on training seed {seed}: {'; '.join(problems)}, where validation saw the "
+                "oracle solve and the floor policies fail; training stops this env (a time bomb?)"
+            )
         return f"{env_id} seed {seed}: oracle solved, message-only unpaid, hint gives nothing away"
 
-    def _play_env(self, env_id: str, keys: list[dict[str, Any]], group_ids: list[int], backend: Any,
-                  rows: list[dict[str, Any] | None], record: IterationRecord) -> None:
+    def _play_env(
+        self,
+        env_id: str,
+        keys: list[dict[str, Any]],
+        group_ids: list[int],
+        backend: Any,
+        rows: list[dict[str, Any] | None],
+        record: IterationRecord,
+    ) -> None:
         from trace_gym.agents import make_agent
         from trace_gym.rollout import Episode, episode_seed
 
@@ -296,11 +334,26 @@ class EnvRolloutFunc:
             task, seed = key.get("task"), key.get("seed")
             name = f"{env_id}|{task if task is not None else seed}"
             for sample in range(k):
-                episodes.append(Episode(task, sample, episode_seed(self.config.seed, name, sample),
-                                        env_seed=None if task is not None else int(seed)))
+                episodes.append(
+                    Episode(
+                        task,
+                        sample,
+                        episode_seed(self.config.seed, name, sample),
+                        env_seed=None if task is not None else int(seed),
+                    )
+                )
                 hinted.append(sample < self.config.hinted_per_group)
-        agents = [make_agent("llm", model=backend, adapter=self.adapter, temperature=self.config.temperature,
-                             max_new_tokens=self.config.max_new_tokens, seed=self.config.seed) for _ in episodes]
+        agents = [
+            make_agent(
+                "llm",
+                model=backend,
+                adapter=self.adapter,
+                temperature=self.config.temperature,
+                max_new_tokens=self.config.max_new_tokens,
+                seed=self.config.seed,
+            )
+            for _ in episodes
+        ]
         can_hint = {}
 
         def configure(env: Any, i: int) -> None:
@@ -312,20 +365,29 @@ class EnvRolloutFunc:
         outcomes = self.pool.play(env_id, episodes, agents, configure)
         record.episodes_played += sum(o.attempts for o in outcomes)
         for j, group in enumerate(group_ids):
-            block = outcomes[j * k:(j + 1) * k]
+            block = outcomes[j * k : (j + 1) * k]
             flags = [hinted[j * k + s] and can_hint.get(j * k + s, False) for s in range(k)]
             group_rows = self._group_rows(block, flags, record)
             for s, row in enumerate(group_rows):
                 rows[group * k + s] = row
                 self.last_outcomes[group * k + s] = block[s]
 
-    def _group_rows(self, block: list[EpisodeOutcome], hinted: list[bool], record: IterationRecord) -> list[dict[str, Any]]:
+    def _group_rows(
+        self, block: list[EpisodeOutcome], hinted: list[bool], record: IterationRecord
+    ) -> list[dict[str, Any]]:
         """One GRPO group's rows; hinted rows get the group's hint-free prompt."""
-        plain_prompts = {tuple(o.played.tokens.turns[0].prompt_ids) for o, h in zip(block, hinted)
-                         if not h and not o.failed and o.played.tokens is not None and o.played.tokens.turns}
-        if len(plain_prompts) > 1:  # the env is at fault, not the run: this group is voided, counted, and training goes on
-            reason = ("the hint-free rollouts of one group started from different prompts (the env's reset is not "
-                      "deterministic in its seed); group voided")
+        plain_prompts = {
+            tuple(o.played.tokens.turns[0].prompt_ids)
+            for o, h in zip(block, hinted)
+            if not h and not o.failed and o.played.tokens is not None and o.played.tokens.turns
+        }
+        if (
+            len(plain_prompts) > 1
+        ):  # the env is at fault, not the run: this group is voided, counted, and training goes on
+            reason = (
+                "the hint-free rollouts of one group started from different prompts (the env's reset is not "
+                "deterministic in its seed); group voided"
+            )
             return [self._void_row(None, reason, record) for _ in block]
         plain = list(next(iter(plain_prompts))) if plain_prompts else None
         rows = []
@@ -333,11 +395,18 @@ class EnvRolloutFunc:
             tokens = outcome.played.tokens
             usable = not outcome.failed and tokens is not None and tokens.turns
             if usable and is_hinted and plain is None:
-                outcome.failure = "a hinted rollout whose group has no finished hint-free rollout (its prompt is unknown)"
+                outcome.failure = (
+                    "a hinted rollout whose group has no finished hint-free rollout (its prompt is unknown)"
+                )
                 usable = False
             if not usable:
-                rows.append(self._void_row(plain or (tokens.turns[0].prompt_ids if tokens is not None and tokens.turns else None),
-                                           outcome.failure or "no tokens (the backend is not token-level)", record))
+                rows.append(
+                    self._void_row(
+                        plain or (tokens.turns[0].prompt_ids if tokens is not None and tokens.turns else None),
+                        outcome.failure or "no tokens (the backend is not token-level)",
+                        record,
+                    )
+                )
                 continue
             tokens.check()
             grpo = tokens.for_grpo()
@@ -360,11 +429,19 @@ class EnvRolloutFunc:
         and no token with a loss weight."""
         record.failed.append(reason)
         eos = self.tokenizer.eos_token_id
-        return {"prompt_ids": list(prompt_ids or [eos]), "completion_ids": [eos], "logprobs": [0.0],
-                "env_mask": [0], "env_reward": None, "hinted": False}
+        return {
+            "prompt_ids": list(prompt_ids or [eos]),
+            "completion_ids": [eos],
+            "logprobs": [0.0],
+            "env_mask": [0],
+            "env_reward": None,
+            "hinted": False,
+        }
 
 
-def env_reward(prompts: list[Any], completions: list[Any], env_reward: list[float | None], **_: Any) -> list[float | None]:
+def env_reward(
+    prompts: list[Any], completions: list[Any], env_reward: list[float | None], **_: Any
+) -> list[float | None]:
     """TRL reward function: the env's own reward at episode end, as ``rollout_func`` reported it."""
     return list(env_reward)
 

@@ -70,7 +70,8 @@ class SFTTrainingConfig:
     lora_alpha: int = 16
     """LoRA scaling alpha (2 x rank)."""
     lora_target_modules: list[str] = field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
     """Modules that get an adapter: attention and MLP (a new output format is more than attention's job)."""
     prefix_gradient: bool = False
     """Back-propagate through the system prompt the demonstrations share. Off (ours): that prompt's
@@ -170,9 +171,11 @@ def load_demonstrations(paths: list[str], min_reward: float) -> tuple[list[Any],
             if trajectory.env_id not in held:
                 held[trajectory.env_id] = held_out_tasks(trajectory.env_id)
             if trajectory.task_id is not None and str(trajectory.task_id) in held[trajectory.env_id]:
-                raise TrainingError(f"{path}: episode {trajectory.episode_id} plays task {trajectory.task_id} of "
-                                    f"{trajectory.env_id}'s held-out '{HELD_OUT_SPLIT}' split; only evaluation may "
-                                    "see it (roll demonstrations out with --split train)")
+                raise TrainingError(
+                    f"{path}: episode {trajectory.episode_id} plays task {trajectory.task_id} of "
+                    f"{trajectory.env_id}'s held-out '{HELD_OUT_SPLIT}' split; only evaluation may "
+                    "see it (roll demonstrations out with --split train)"
+                )
             if trajectory.error:
                 skipped["aborted"] += 1
             elif trajectory.reward < min_reward:
@@ -182,8 +185,10 @@ def load_demonstrations(paths: list[str], min_reward: float) -> tuple[list[Any],
             else:
                 kept.append(trajectory)
     if not kept:
-        raise TrainingError(f"no demonstration to learn from in {', '.join(paths)}: none has reward >= {min_reward} "
-                            f"and an agent turn ({', '.join(f'{k} {v}' for k, v in skipped.items())})")
+        raise TrainingError(
+            f"no demonstration to learn from in {', '.join(paths)}: none has reward >= {min_reward} "
+            f"and an agent turn ({', '.join(f'{k} {v}' for k, v in skipped.items())})"
+        )
     return kept, skipped
 
 
@@ -214,9 +219,13 @@ def demonstration_episode(backend: Any, trajectory: Any, tools: list[dict[str, A
             prompt, _ = backend.encode_conversation(agent_conversation(transcript[:i]), tools)
         else:
             j, last = turns[n - 1], episode.turns[-1]
-            prompt = [*last.prompt_ids, *last.completion_ids,
-                      *backend.encode_continuation(transcript[j].to_openai(), agent_conversation(transcript[j + 1:i]),
-                                                   last.completion_ids)]
+            prompt = [
+                *last.prompt_ids,
+                *last.completion_ids,
+                *backend.encode_continuation(
+                    transcript[j].to_openai(), agent_conversation(transcript[j + 1 : i]), last.completion_ids
+                ),
+            ]
         completion = backend.encode_reply(transcript[i].to_openai())
         episode.turns.append(TokenTurn(prompt_ids=prompt, completion_ids=completion, logprobs=[0.0] * len(completion)))
     return episode
@@ -238,8 +247,14 @@ def demonstration_rows(backend: Any, trajectories: list[Any], max_tokens: int) -
             continue  # not even the first agent turn fits
         episode.check()
         grpo = episode.for_grpo()
-        rows.append({"prompt_ids": grpo["prompt_ids"], "completion_ids": grpo["completion_ids"],
-                     "completion_mask": grpo["env_mask"], "episode_id": trajectory.episode_id})
+        rows.append(
+            {
+                "prompt_ids": grpo["prompt_ids"],
+                "completion_ids": grpo["completion_ids"],
+                "completion_mask": grpo["env_mask"],
+                "episode_id": trajectory.episode_id,
+            }
+        )
     return rows
 
 
@@ -257,11 +272,16 @@ class _Collator:
         ids, attention, scored = [], [], []
         for r in rows:
             lp, lc = len(r["prompt_ids"]), len(r["completion_ids"])
-            ids.append([self.pad_id] * (p - lp) + list(r["prompt_ids"]) + list(r["completion_ids"]) + [self.pad_id] * (c - lc))
+            ids.append(
+                [self.pad_id] * (p - lp) + list(r["prompt_ids"]) + list(r["completion_ids"]) + [self.pad_id] * (c - lc)
+            )
             attention.append([0] * (p - lp) + [1] * (lp + lc) + [0] * (c - lc))
             scored.append(list(r["completion_mask"]) + [0] * (c - lc))
-        return {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(attention),
-                "completion_mask": torch.tensor(scored, dtype=torch.bool)}
+        return {
+            "input_ids": torch.tensor(ids),
+            "attention_mask": torch.tensor(attention),
+            "completion_mask": torch.tensor(scored, dtype=torch.bool),
+        }
 
 
 def agent_token_logps(model: Any, batch: dict[str, Any], prefix_gradient: bool = True) -> tuple[Any, Any]:
@@ -275,8 +295,9 @@ def agent_token_logps(model: Any, batch: dict[str, Any], prefix_gradient: bool =
 
     ids, attention, mask = batch["input_ids"], batch["attention_mask"], batch["completion_mask"]
     keep = mask.shape[1]
-    part = shared_prefix_logps(model, ids, attention, keep, temperature=1.0, scored=mask, min_shared=1,
-                               prefix_grad=prefix_gradient)
+    part = shared_prefix_logps(
+        model, ids, attention, keep, temperature=1.0, scored=mask, min_shared=1, prefix_grad=prefix_gradient
+    )
     if part is not None:
         return part[0], mask
     logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=keep + 1).logits[:, :-1].float()
@@ -316,8 +337,10 @@ def _check_out(out: Path, config: SFTTrainingConfig) -> Path | None:
         raise TrainingError(f"{out} already holds a warm start; choose another --out (or delete it to rebuild)")
     if not config.resume:
         if (out / "run.json").exists():
-            raise TrainingError(f"{out} already holds a warm start (unfinished: --resume goes on from its last "
-                                "checkpoint); choose another --out (or delete it to rebuild)")
+            raise TrainingError(
+                f"{out} already holds a warm start (unfinished: --resume goes on from its last "
+                "checkpoint); choose another --out (or delete it to rebuild)"
+            )
         return None
     checkpoint = last_checkpoint(out / "checkpoints")
     if checkpoint is None or not (out / "run.json").exists():
@@ -326,8 +349,10 @@ def _check_out(out: Path, config: SFTTrainingConfig) -> Path | None:
     now = config.as_dict()
     changed = sorted(k for k in now if k not in RESUME_IGNORES and before.get(k) != now[k])
     if changed:
-        raise TrainingError(f"--resume with another config than {out}'s run ({', '.join(changed)} differ); "
-                            "resume with the same options or choose another --out")
+        raise TrainingError(
+            f"--resume with another config than {out}'s run ({', '.join(changed)} differ); "
+            "resume with the same options or choose another --out"
+        )
     return checkpoint
 
 
@@ -365,23 +390,50 @@ def sft(config: SFTTrainingConfig, *, progress: bool | None = None) -> SFTResult
         raise TrainingError(f"no demonstration fits in {max_tokens} tokens, not even its first agent turn")
     lengths = [len(r["prompt_ids"]) + len(r["completion_ids"]) for r in rows]
     agent = [sum(r["completion_mask"]) for r in rows]
-    summary = {"episodes": len(rows), "skipped": skipped, "tasks": sorted({d.task_id or f"seed-{d.seed}" for d in demonstrations}),
-               "envs": sorted({d.env_id for d in demonstrations}), "tokens_mean": statistics.fmean(lengths),
-               "agent_token_share": sum(agent) / sum(lengths), "max_tokens": max_tokens, "dtype": dtype}
+    summary = {
+        "episodes": len(rows),
+        "skipped": skipped,
+        "tasks": sorted({d.task_id or f"seed-{d.seed}" for d in demonstrations}),
+        "envs": sorted({d.env_id for d in demonstrations}),
+        "tokens_mean": statistics.fmean(lengths),
+        "agent_token_share": sum(agent) / sum(lengths),
+        "max_tokens": max_tokens,
+        "dtype": dtype,
+    }
     out.mkdir(parents=True, exist_ok=True)
-    (out / "run.json").write_text(json.dumps({"config": config.as_dict(), "data": summary}, indent=2) + "\n", encoding="utf-8")
-    print(f"trace-gym sft: {len(rows)} demonstrations ({summary['tokens_mean']:.0f} tokens each on average, "
-          f"{100 * summary['agent_token_share']:.1f}% the agent's), {config.epochs} epochs"
-          + (f", resumed from {checkpoint.name}" if checkpoint else ""), flush=True)
+    (out / "run.json").write_text(
+        json.dumps({"config": config.as_dict(), "data": summary}, indent=2) + "\n", encoding="utf-8"
+    )
+    print(
+        f"trace-gym sft: {len(rows)} demonstrations ({summary['tokens_mean']:.0f} tokens each on average, "
+        f"{100 * summary['agent_token_share']:.1f}% the agent's), {config.epochs} epochs"
+        + (f", resumed from {checkpoint.name}" if checkpoint else ""),
+        flush=True,
+    )
 
     cpu = config.device == "cpu"
     args = SFTConfig(
-        output_dir=str(out / "checkpoints"), num_train_epochs=config.epochs, learning_rate=config.learning_rate,
-        lr_scheduler_type="constant_with_warmup", warmup_steps=2, optim="adamw_torch",
-        per_device_train_batch_size=config.micro_batch, gradient_accumulation_steps=config.batch_size // config.micro_batch,
-        use_cpu=cpu, bf16=not cpu and dtype == "bfloat16", fp16=False, seed=config.seed, data_seed=config.seed,
-        logging_steps=1, save_strategy="steps", save_steps=config.save_steps, save_total_limit=1, report_to=[], disable_tqdm=not progress if progress is not None else None,
-        remove_unused_columns=False, dataloader_num_workers=0,
+        output_dir=str(out / "checkpoints"),
+        num_train_epochs=config.epochs,
+        learning_rate=config.learning_rate,
+        lr_scheduler_type="constant_with_warmup",
+        warmup_steps=2,
+        optim="adamw_torch",
+        per_device_train_batch_size=config.micro_batch,
+        gradient_accumulation_steps=config.batch_size // config.micro_batch,
+        use_cpu=cpu,
+        bf16=not cpu and dtype == "bfloat16",
+        fp16=False,
+        seed=config.seed,
+        data_seed=config.seed,
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=config.save_steps,
+        save_total_limit=1,
+        report_to=[],
+        disable_tqdm=not progress if progress is not None else None,
+        remove_unused_columns=False,
+        dataloader_num_workers=0,
         gradient_checkpointing=False,  # TRL's SFTConfig turns it on: recomputing costs time a LoRA on a 135M model need not pay
         dataset_kwargs={"skip_prepare_dataset": True},
     )
@@ -398,15 +450,32 @@ def sft(config: SFTTrainingConfig, *, progress: bool | None = None) -> SFTResult
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "loss" in logs:
                 losses.append(float(logs["loss"]))
-                log.append({"iteration": state.global_step, "epoch": logs.get("epoch"), "loss": logs["loss"],
-                            "grad_norm": logs.get("grad_norm"), "agent_tokens": logs.get("agent_tokens"),
-                            "elapsed_s": round(time.perf_counter() - t0, 3)})
+                log.append(
+                    {
+                        "iteration": state.global_step,
+                        "epoch": logs.get("epoch"),
+                        "loss": logs["loss"],
+                        "grad_norm": logs.get("grad_norm"),
+                        "agent_tokens": logs.get("agent_tokens"),
+                        "elapsed_s": round(time.perf_counter() - t0, 3),
+                    }
+                )
 
     trainer = _trainer_class()(
-        model=model, args=args, train_dataset=Dataset.from_list([{k: r[k] for k in ("prompt_ids", "completion_ids", "completion_mask")} for r in rows]),
-        processing_class=tokenizer, data_collator=_Collator(tokenizer.pad_token_id),
-        peft_config=LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=0.0,
-                               target_modules=list(config.lora_target_modules), task_type="CAUSAL_LM"),
+        model=model,
+        args=args,
+        train_dataset=Dataset.from_list(
+            [{k: r[k] for k in ("prompt_ids", "completion_ids", "completion_mask")} for r in rows]
+        ),
+        processing_class=tokenizer,
+        data_collator=_Collator(tokenizer.pad_token_id),
+        peft_config=LoraConfig(
+            r=config.lora_rank,
+            lora_alpha=config.lora_alpha,
+            lora_dropout=0.0,
+            target_modules=list(config.lora_target_modules),
+            task_type="CAUSAL_LM",
+        ),
         callbacks=[Log()],
     )
     trainer.prefix_gradient = config.prefix_gradient
@@ -417,9 +486,16 @@ def sft(config: SFTTrainingConfig, *, progress: bool | None = None) -> SFTResult
 
     merged = merge_adapter(Path(model_path), adapter, out / "model", tokenizer.chat_template)
     steps = trainer.state.global_step
-    return SFTResult(out=out, adapter=adapter, model=merged, episodes=len(rows), steps=steps,
-                     first_loss=losses[0] if losses else None, last_loss=losses[-1] if losses else None,
-                     wall_s=time.perf_counter() - t0)
+    return SFTResult(
+        out=out,
+        adapter=adapter,
+        model=merged,
+        episodes=len(rows),
+        steps=steps,
+        first_loss=losses[0] if losses else None,
+        last_loss=losses[-1] if losses else None,
+        wall_s=time.perf_counter() - t0,
+    )
 
 
 def export_adapter(adapter: str | Path, target: str | Path, dtype: str = "bfloat16") -> Path:
@@ -434,6 +510,9 @@ def export_adapter(adapter: str | Path, target: str | Path, dtype: str = "bfloat
     config = json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8"))
     config["base_model_name_or_path"] = None  # a local cache path; the warm start names its base itself
     target.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.to(getattr(torch, dtype)).contiguous() for k, v in weights.items()}, str(target / "adapter_model.safetensors"))
+    save_file(
+        {k: v.to(getattr(torch, dtype)).contiguous() for k, v in weights.items()},
+        str(target / "adapter_model.safetensors"),
+    )
     (target / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return target

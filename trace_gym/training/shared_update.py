@@ -92,10 +92,19 @@ def prompt_groups(input_ids: Any, attention_mask: Any, logits_to_keep: int) -> l
     return list(groups.values())
 
 
-def shared_prefix_logps(model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int, *, temperature: float,
-                        compute_entropy: bool = False, entropy_grad: bool = False,
-                        min_shared: int = MIN_SHARED_TOKENS, scored: Any = None,
-                        prefix_grad: bool = True) -> tuple[Any, Any] | None:
+def shared_prefix_logps(
+    model: Any,
+    input_ids: Any,
+    attention_mask: Any,
+    logits_to_keep: int,
+    *,
+    temperature: float,
+    compute_entropy: bool = False,
+    entropy_grad: bool = False,
+    min_shared: int = MIN_SHARED_TOKENS,
+    scored: Any = None,
+    prefix_grad: bool = True,
+) -> tuple[Any, Any] | None:
     """Per-token log-probabilities [rows, logits_to_keep] of the last
     ``logits_to_keep`` tokens of each row (and their entropies, if asked; with
     gradient if ``entropy_grad``, for an entropy bonus), as TRL's
@@ -163,8 +172,9 @@ def shared_prefix_logps(model: Any, input_ids: Any, attention_mask: Any, logits_
     if length:
         at = int(first[0])
         with torch.set_grad_enabled(prefix_grad and torch.is_grad_enabled()):
-            base = cached(extend(None, input_ids[:1, at:at + length], torch.arange(length, device=device)[None, :],
-                                 **one_logit))
+            base = cached(
+                extend(None, input_ids[:1, at : at + length], torch.arange(length, device=device)[None, :], **one_logit)
+            )
     states, where_rows, where_columns = [], [], []
     for index, shared in groups:
         need = pick[index]
@@ -176,19 +186,27 @@ def shared_prefix_logps(model: Any, input_ids: Any, attention_mask: Any, logits_
         layers = base
         if shared > length:  # the rest of the group's prompt, once
             at = int(starts[0])
-            layers = cached(extend(base, ids[:1, at + length:at + shared],
-                                   torch.arange(length, shared, device=device)[None, :], **one_logit))
+            layers = cached(
+                extend(
+                    base,
+                    ids[:1, at + length : at + shared],
+                    torch.arange(length, shared, device=device)[None, :],
+                    **one_logit,
+                )
+            )
         # the rows' own tokens, aligned on the original columns, up to the last position the group scores
         kept = int(need.any(dim=0).nonzero().max()) + 1  # completion columns up to the last scored one
         lo, end = int(starts.min()) + shared, start + kept - 1  # (the last scored token is predicted, not fed)
         columns = torch.arange(lo, end, device=device)
         own = mask[:, lo:end].bool() & (columns[None, :] >= (starts + shared)[:, None])
         n = len(index)
-        output = extend([(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) for k, v in layers] if layers else None,
-                        ids[:, lo:end], (columns[None, :] - starts[:, None]).clamp(min=0),
-                        attention_mask=torch.cat([torch.ones(n, shared, dtype=torch.long, device=device), own.long()],
-                                                 dim=1),
-                        **({} if split is not None else {"logits_to_keep": kept}))
+        output = extend(
+            [(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) for k, v in layers] if layers else None,
+            ids[:, lo:end],
+            (columns[None, :] - starts[:, None]).clamp(min=0),
+            attention_mask=torch.cat([torch.ones(n, shared, dtype=torch.long, device=device), own.long()], dim=1),
+            **({} if split is not None else {"logits_to_keep": kept}),
+        )
         need = need[:, :kept]
         states.append((output.last_hidden_state if split is not None else output.logits)[:, -kept:][need])
         del output
@@ -246,7 +264,9 @@ def group_rows(batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return split_tensor_dict(merged, len(batches))
 
 
-def sampled_positions(completion_ids: list[list[int]], env_masks: list[list[int]] | None) -> dict[tuple[int, ...], list[int]]:
+def sampled_positions(
+    completion_ids: list[list[int]], env_masks: list[list[int]] | None
+) -> dict[tuple[int, ...], list[int]]:
     """completion ids -> env_mask (1 on the tokens the model sampled) of one
     generation; two rows with one completion get what either sampled."""
     table: dict[tuple[int, ...], list[int]] = {}
@@ -256,8 +276,9 @@ def sampled_positions(completion_ids: list[list[int]], env_masks: list[list[int]
     return table
 
 
-def scored_positions(table: dict[tuple[int, ...], list[int]], input_ids: Any, attention_mask: Any,
-                     logits_to_keep: int) -> Any:
+def scored_positions(
+    table: dict[tuple[int, ...], list[int]], input_ids: Any, attention_mask: Any, logits_to_keep: int
+) -> Any:
     """[rows, logits_to_keep] bool: the positions of the tokens each row's model
     sampled, found in ``table`` by the row's completion; a row whose completion is
     not there scores each of its real positions (so what a row gets never depends
@@ -273,12 +294,13 @@ def scored_positions(table: dict[tuple[int, ...], list[int]], input_ids: Any, at
         mask = table.get(tuple(t for t, k in zip(ids, keep) if k))
         if mask is not None:
             scored[row] = False
-            scored[row, :len(mask)] = torch.tensor(mask, dtype=torch.bool)
+            scored[row, : len(mask)] = torch.tensor(mask, dtype=torch.bool)
     return scored
 
 
-def chunk_logps(model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int, *, scored: Any,
-                whole: Any, **options: Any) -> tuple[Any, Any, bool]:
+def chunk_logps(
+    model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int, *, scored: Any, whole: Any, **options: Any
+) -> tuple[Any, Any, bool]:
     """(log-probabilities, entropies, shared) of one chunk: ``shared_prefix_logps``
     where it applies, else ``whole(model, input_ids, attention_mask,
     logits_to_keep)`` (TRL's pass). Either way the positions outside ``scored``
@@ -315,8 +337,11 @@ def trainer_class() -> type:
         def _prepare_inputs(self, generation_batch):
             before = self._buffered_inputs
             inputs = super()._prepare_inputs(generation_batch)
-            if (self.shared_prefix_update and self._buffered_inputs is not before
-                    and self.args.steps_per_generation == self.args.gradient_accumulation_steps):
+            if (
+                self.shared_prefix_update
+                and self._buffered_inputs is not before
+                and self.args.steps_per_generation == self.args.gradient_accumulation_steps
+            ):
                 # TRL has just shuffled a new generation into micro-batches that accumulate into one step
                 self._buffered_inputs = group_rows(self._buffered_inputs)
                 inputs = self._buffered_inputs[self._step % self.args.steps_per_generation]
@@ -325,21 +350,36 @@ def trainer_class() -> type:
         def _scored(self, input_ids, attention_mask, logits_to_keep):
             return scored_positions(self._sampled, input_ids, attention_mask, logits_to_keep)
 
-        def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
-                                               compute_entropy=False, compute_aux_loss=False, **extra):
+        def _get_per_token_logps_and_entropies(
+            self,
+            model,
+            input_ids,
+            attention_mask,
+            logits_to_keep,
+            batch_size=None,
+            compute_entropy=False,
+            compute_aux_loss=False,
+            **extra,
+        ):
             if self.shared_prefix_update and not compute_aux_loss and all(v is None for v in extra.values()):
                 size = batch_size or input_ids.size(0)
                 parts = []
                 for at in range(0, input_ids.size(0), size):
-                    chunk_ids, chunk_mask = input_ids[at:at + size], attention_mask[at:at + size]
+                    chunk_ids, chunk_mask = input_ids[at : at + size], attention_mask[at : at + size]
                     with self.accelerator.autocast():
                         logps, entropy, used = chunk_logps(
-                            model, chunk_ids, chunk_mask, logits_to_keep,
+                            model,
+                            chunk_ids,
+                            chunk_mask,
+                            logits_to_keep,
                             scored=self._scored(chunk_ids, chunk_mask, logits_to_keep),
                             whole=lambda *args: super(SharedPrefixGRPOTrainer, self)._get_per_token_logps_and_entropies(
-                                *args, compute_entropy=compute_entropy)[:2],
-                            temperature=self.temperature, compute_entropy=compute_entropy,
-                            entropy_grad=getattr(self, "_entropy_bonus_enabled", False))
+                                *args, compute_entropy=compute_entropy
+                            )[:2],
+                            temperature=self.temperature,
+                            compute_entropy=compute_entropy,
+                            entropy_grad=getattr(self, "_entropy_bonus_enabled", False),
+                        )
                     shared, whole = self.shared_prefix_chunks
                     self.shared_prefix_chunks = (shared + used, whole + (not used))
                     parts.append((logps, entropy))
@@ -348,8 +388,15 @@ def trainer_class() -> type:
                 logps = torch.cat([p[0] for p in parts], dim=0)
                 entropies = torch.cat([p[1] for p in parts], dim=0) if compute_entropy else None
                 return logps, entropies, None
-            return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
-                                                              batch_size=batch_size, compute_entropy=compute_entropy,
-                                                              compute_aux_loss=compute_aux_loss, **extra)
+            return super()._get_per_token_logps_and_entropies(
+                model,
+                input_ids,
+                attention_mask,
+                logits_to_keep,
+                batch_size=batch_size,
+                compute_entropy=compute_entropy,
+                compute_aux_loss=compute_aux_loss,
+                **extra,
+            )
 
     return SharedPrefixGRPOTrainer

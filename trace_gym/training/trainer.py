@@ -42,8 +42,23 @@ from .rollouts import EnvRolloutFunc, env_reward, plan_groups
 
 
 # Settings a resumed run must share with the run it continues (iterations may grow).
-RESUME_FIXED = ("env_ids", "model", "groups", "rollouts_per_group", "lora_rank", "lora_alpha", "lora_target_modules",
-                "learning_rate", "kl_beta", "clip_epsilon", "loss_type", "hint_share", "seed", "temperature", "max_new_tokens")
+RESUME_FIXED = (
+    "env_ids",
+    "model",
+    "groups",
+    "rollouts_per_group",
+    "lora_rank",
+    "lora_alpha",
+    "lora_target_modules",
+    "learning_rate",
+    "kl_beta",
+    "clip_epsilon",
+    "loss_type",
+    "hint_share",
+    "seed",
+    "temperature",
+    "max_new_tokens",
+)
 
 
 @dataclass
@@ -127,7 +142,9 @@ def _check_run_folder(config: GRPOTrainingConfig, resume: bool) -> str:
     run_file = out / "run.json"
     if not resume:
         if run_file.exists() or (out / "train_log.jsonl").exists():
-            raise TrainingError(f"{out} already holds a training run; pass --resume to continue it, or choose another --out")
+            raise TrainingError(
+                f"{out} already holds a training run; pass --resume to continue it, or choose another --out"
+            )
         return config.resolved_dtype()
     if not run_file.exists():
         raise TrainingError(f"nothing to resume in {out} (no run.json); start the run without --resume")
@@ -135,13 +152,17 @@ def _check_run_folder(config: GRPOTrainingConfig, resume: bool) -> str:
     now = config.as_dict()
     changed = [k for k in RESUME_FIXED if before.get(k) != now.get(k)]
     if changed:
-        raise TrainingError(f"--resume with other settings than the run in {out}: {', '.join(changed)} differ "
-                            f"(was {', '.join(f'{k}={before.get(k)!r}' for k in changed)})")
+        raise TrainingError(
+            f"--resume with other settings than the run in {out}: {', '.join(changed)} differ "
+            f"(was {', '.join(f'{k}={before.get(k)!r}' for k in changed)})"
+        )
     # (a run.json written before runs recorded their dtype: float32 on CPU, bf16 on CUDA)
     dtype = before.get("dtype") or ("bfloat16" if before.get("device") == "cuda" else "float32")
     if config.dtype not in ("auto", dtype):
-        raise TrainingError(f"--resume with other settings than the run in {out}: dtype differs (was {dtype!r}); "
-                            "drop --dtype to continue in it")
+        raise TrainingError(
+            f"--resume with other settings than the run in {out}: dtype differs (was {dtype!r}); "
+            "drop --dtype to continue in it"
+        )
     return dtype
 
 
@@ -153,15 +174,25 @@ def _check_machine(config: GRPOTrainingConfig) -> None:
         import torch
 
         if not torch.cuda.is_available():
-            raise TrainingError("--device cuda: no CUDA device is available here (this torch build or machine has none); use --device cpu")
+            raise TrainingError(
+                "--device cuda: no CUDA device is available here (this torch build or machine has none); use --device cpu"
+            )
     if config.use_vllm and importlib.util.find_spec("vllm") is None:
-        raise TrainingError("--use-vllm: vllm is not installed here (pip install vllm on a CUDA machine); drop --use-vllm")
+        raise TrainingError(
+            "--use-vllm: vllm is not installed here (pip install vllm on a CUDA machine); drop --use-vllm"
+        )
     if config.device == "cpu" and config.dtype == "bfloat16" and not native_bf16():
-        print("trace-gym: --dtype bfloat16 on a CPU without bf16 matrix instructions (AVX512-BF16, AMX, Arm BF16): "
-              "its products are emulated, slower than float32; --dtype auto picks float32 here", file=sys.stderr, flush=True)
+        print(
+            "trace-gym: --dtype bfloat16 on a CPU without bf16 matrix instructions (AVX512-BF16, AMX, Arm BF16): "
+            "its products are emulated, slower than float32; --dtype auto picks float32 here",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
-def _env_plan(config: GRPOTrainingConfig) -> tuple[dict[str, list[str] | None], dict[str, dict[str, Any]], dict[str, int | None]]:
+def _env_plan(
+    config: GRPOTrainingConfig,
+) -> tuple[dict[str, list[str] | None], dict[str, dict[str, Any]], dict[str, int | None]]:
     """Per env id: its task list (targets) or None (seeded envs), its make() kwargs
     and its number of difficulty levels (None: it has none)."""
     from trace_gym.registry import get_entry, make, make_train
@@ -187,10 +218,15 @@ def _env_plan(config: GRPOTrainingConfig) -> tuple[dict[str, list[str] | None], 
 
             status = entry.validation_status()
             if status != "passed" and env_id not in config.train_unvalidated:
-                raise TrainingError(f"{env_id} has no passing, current validation report ({status}): run trace-gym "
-                                    f"validate {entry.path} first, or name it with --train-unvalidated {env_id}")
-            kwargs[env_id] = {"backend": config.sandbox_backend, "max_observation_chars": config.max_observation_chars,
-                              "limits": Limits(cpu_seconds=config.sandbox_cpu_seconds, call_timeout_s=config.env_call_timeout_s)}
+                raise TrainingError(
+                    f"{env_id} has no passing, current validation report ({status}): run trace-gym "
+                    f"validate {entry.path} first, or name it with --train-unvalidated {env_id}"
+                )
+            kwargs[env_id] = {
+                "backend": config.sandbox_backend,
+                "max_observation_chars": config.max_observation_chars,
+                "limits": Limits(cpu_seconds=config.sandbox_cpu_seconds, call_timeout_s=config.env_call_timeout_s),
+            }
             if config.max_steps:
                 kwargs[env_id]["max_steps"] = config.max_steps
             tasks[env_id] = None
@@ -206,8 +242,16 @@ def _env_plan(config: GRPOTrainingConfig) -> tuple[dict[str, list[str] | None], 
     return tasks, kwargs, levels
 
 
-def _calibrate(config: GRPOTrainingConfig, out: Path, model: Any, tokenizer: Any, tasks: dict[str, list[str] | None],
-               env_kwargs: dict[str, dict[str, Any]], levels: dict[str, int | None], resume: bool) -> list[Any]:
+def _calibrate(
+    config: GRPOTrainingConfig,
+    out: Path,
+    model: Any,
+    tokenizer: Any,
+    tasks: dict[str, list[str] | None],
+    env_kwargs: dict[str, dict[str, Any]],
+    levels: dict[str, int | None],
+    resume: bool,
+) -> list[Any]:
     """Each env calibrated for the policy (``calibration.py``), or the calibration a
     resumed run made; sets each env's level in ``env_kwargs``; refuses, in one line,
     an env that is untrainable (or uncalibrated) for this policy unless ``train_anyway``."""
@@ -232,17 +276,26 @@ def _calibrate(config: GRPOTrainingConfig, out: Path, model: Any, tokenizer: Any
 
             def play(level: int | None, keys: list[str], env_id: str = env_id) -> list[list[float | None]]:
                 kwargs = {**env_kwargs[env_id], **({} if level is None else {"level": level})}
-                pool = EnvPool(lambda e: make(e, **kwargs), recycle_after=config.recycle_after,
-                   max_episode_s=config.max_episode_s)
+                pool = EnvPool(
+                    lambda e: make(e, **kwargs), recycle_after=config.recycle_after, max_episode_s=config.max_episode_s
+                )
                 try:
-                    func = EnvRolloutFunc(dataclasses.replace(config, max_draws=1), pool, tokenizer, tasks, adapter=None)
+                    func = EnvRolloutFunc(
+                        dataclasses.replace(config, max_draws=1), pool, tokenizer, tasks, adapter=None
+                    )
                     func.play(keys, backend)
                     return func.records[-1].groups
                 finally:
                     pool.close()
 
-            calibration = calibrate_env(config, env_id, tasks[env_id], levels[env_id], play,
-                                        say=lambda m: print(f"trace-gym: {m}", file=sys.stderr, flush=True))
+            calibration = calibrate_env(
+                config,
+                env_id,
+                tasks[env_id],
+                levels[env_id],
+                play,
+                say=lambda m: print(f"trace-gym: {m}", file=sys.stderr, flush=True),
+            )
         calibrations.append(calibration)
         save_calibrations(path, calibrations)
         check_trainable(calibration, config)
@@ -254,8 +307,17 @@ def _calibrate(config: GRPOTrainingConfig, out: Path, model: Any, tokenizer: Any
 class _IterationLog:
     """TRL callback: one ``train_log.jsonl`` line per optimizer step (= iteration), a progress bar."""
 
-    def __init__(self, config: GRPOTrainingConfig, rollout: EnvRolloutFunc, log: TrainLog, start: int, previous: list[dict[str, Any]],
-                 progress: bool | None, calibration_episodes: int = 0, levels: dict[str, int | None] | None = None):
+    def __init__(
+        self,
+        config: GRPOTrainingConfig,
+        rollout: EnvRolloutFunc,
+        log: TrainLog,
+        start: int,
+        previous: list[dict[str, Any]],
+        progress: bool | None,
+        calibration_episodes: int = 0,
+        levels: dict[str, int | None] | None = None,
+    ):
         from tqdm.auto import tqdm
 
         self.calibration_episodes = calibration_episodes
@@ -266,8 +328,13 @@ class _IterationLog:
         self.episodes_played = sum(r.get("episodes_played", 0) for r in previous)
         self.elapsed = previous[-1]["elapsed_s"] if previous else 0.0
         self.t_last = time.perf_counter()
-        self.bar = tqdm(total=config.iterations, initial=start, desc=f"GRPO {','.join(config.env_ids)}", unit="it",
-                        disable=None if progress is None else not progress)
+        self.bar = tqdm(
+            total=config.iterations,
+            initial=start,
+            desc=f"GRPO {','.join(config.env_ids)}",
+            unit="it",
+            disable=None if progress is None else not progress,
+        )
 
     def callback(self) -> Any:
         from transformers import TrainerCallback
@@ -306,7 +373,11 @@ class _IterationLog:
             "dtype": self.config.dtype,
             "wall_s": round(wall, 3),
             "elapsed_s": round(self.elapsed, 3),
-            **{k: v for k, v in summary.items() if k not in ("mean_reward", "constant_reward_groups", "episodes_played")},
+            **{
+                k: v
+                for k, v in summary.items()
+                if k not in ("mean_reward", "constant_reward_groups", "episodes_played")
+            },
         }
         self.log.append(row)
         self.bar.update(1)
@@ -314,7 +385,9 @@ class _IterationLog:
             self.bar.set_postfix(reward=f"{row['mean_reward']:.3f}")
 
 
-def build_trainer(config: GRPOTrainingConfig, *, resume: bool = False, progress: bool | None = None) -> tuple[Any, dict[str, Any]]:
+def build_trainer(
+    config: GRPOTrainingConfig, *, resume: bool = False, progress: bool | None = None
+) -> tuple[Any, dict[str, Any]]:
     """TRL's ``GRPOTrainer`` for ``config`` and what ``run_trainer`` needs (pool,
     rollout function, log, checkpoint). Checks everything a user can get wrong
     before loading the model."""
@@ -344,18 +417,30 @@ def build_trainer(config: GRPOTrainingConfig, *, resume: bool = False, progress:
     log = TrainLog(out / "train_log.jsonl")
     previous = log.truncate_to(start) if resume else []
     if config.iterations <= start:
-        raise TrainingError(f"the run in {out} already finished {start} iterations; raise --iterations to train further")
+        raise TrainingError(
+            f"the run in {out} already finished {start} iterations; raise --iterations to train further"
+        )
     (out / "run.json").write_text(json.dumps(config.as_dict(), indent=2) + "\n", encoding="utf-8")
 
     model, tokenizer, _ = load_policy(config.model, config.dtype)
     calibrations = _calibrate(config, out, model, tokenizer, tasks, env_kwargs, levels, resume)
 
-    pool = EnvPool(lambda env_id: make(env_id, **env_kwargs[env_id]), recycle_after=config.recycle_after,
-                   max_episode_s=config.max_episode_s)
+    pool = EnvPool(
+        lambda env_id: make(env_id, **env_kwargs[env_id]),
+        recycle_after=config.recycle_after,
+        max_episode_s=config.max_episode_s,
+    )
     rollout = EnvRolloutFunc(config, pool, tokenizer, tasks)
-    iteration_log = _IterationLog(config, rollout, log, start, previous, progress,
-                                  calibration_episodes=sum(c.episodes for c in calibrations),
-                                  levels={e: kw.get("level") for e, kw in env_kwargs.items()})
+    iteration_log = _IterationLog(
+        config,
+        rollout,
+        log,
+        start,
+        previous,
+        progress,
+        calibration_episodes=sum(c.episodes for c in calibrations),
+        levels={e: kw.get("level") for e, kw in env_kwargs.items()},
+    )
     dataset = Dataset.from_list([{"prompt": key} for key in plan_groups(config, tasks)])
     args = config.to_grpo_args()
     trainer = trainer_class()(
@@ -365,17 +450,31 @@ def build_trainer(config: GRPOTrainingConfig, *, resume: bool = False, progress:
         train_dataset=dataset,
         processing_class=tokenizer,
         rollout_func=rollout,
-        peft_config=LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
-                               target_modules=list(config.lora_target_modules), task_type="CAUSAL_LM"),
+        peft_config=LoraConfig(
+            r=config.lora_rank,
+            lora_alpha=config.lora_alpha,
+            lora_dropout=config.lora_dropout,
+            target_modules=list(config.lora_target_modules),
+            task_type="CAUSAL_LM",
+        ),
         callbacks=[iteration_log.callback()],
     )
     trainer.shared_prefix_update = config.shared_prefix_update
     if config.use_vllm:
-        print("trace-gym: --use-vllm: TRL keeps vLLM's weights in sync, but multi-turn episodes are still played by "
-              "trace-gym's LocalHF runner on the training weights (vLLM multi-turn generation is not wired in)",
-              file=sys.stderr, flush=True)
-    return trainer, {"pool": pool, "rollout": rollout, "log": log, "checkpoint": checkpoint, "start": start,
-                     "iteration_log": iteration_log}
+        print(
+            "trace-gym: --use-vllm: TRL keeps vLLM's weights in sync, but multi-turn episodes are still played by "
+            "trace-gym's LocalHF runner on the training weights (vLLM multi-turn generation is not wired in)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return trainer, {
+        "pool": pool,
+        "rollout": rollout,
+        "log": log,
+        "checkpoint": checkpoint,
+        "start": start,
+        "iteration_log": iteration_log,
+    }
 
 
 def run_trainer(config: GRPOTrainingConfig, trainer: Any, parts: dict[str, Any]) -> TrainingResult:
@@ -394,14 +493,25 @@ def run_trainer(config: GRPOTrainingConfig, trainer: Any, parts: dict[str, Any])
     curve = plot_reward_curve(rows, out / "reward_curve.png", title=f"{config.model} on {', '.join(config.env_ids)}")
     last = rows[-1] if rows else {}
     return TrainingResult(
-        out=out, adapter=adapter, iterations=last.get("iteration", 0), rollouts=last.get("rollouts", 0),
-        resumed_from=parts["start"], log=parts["log"].path, reward_curve=curve, wall_s=time.perf_counter() - t0,
+        out=out,
+        adapter=adapter,
+        iterations=last.get("iteration", 0),
+        rollouts=last.get("rollouts", 0),
+        resumed_from=parts["start"],
+        log=parts["log"].path,
+        reward_curve=curve,
+        wall_s=time.perf_counter() - t0,
         final_mean_reward=last.get("mean_reward"),
     )
 
 
-def train(config: GRPOTrainingConfig, *, resume: bool = False, progress: bool | None = None,
-          on_trainer: Callable[[Any], None] | None = None) -> TrainingResult:
+def train(
+    config: GRPOTrainingConfig,
+    *,
+    resume: bool = False,
+    progress: bool | None = None,
+    on_trainer: Callable[[Any], None] | None = None,
+) -> TrainingResult:
     """Train one LoRA adapter with GRPO on ``config.env_ids``; see the module docstring.
     ``on_trainer`` sees the TRL trainer before training starts."""
     trainer, parts = build_trainer(config, resume=resume, progress=progress)
