@@ -393,3 +393,51 @@ def test_evaluate_and_route_refuse_what_is_not_a_run_in_one_line(tmp_path):
     assert result.returncode == 2 and "nope" in result.stderr and len(result.stderr.strip().splitlines()) == 1
     result = run_cli("route", str(run), "--message", "hi")
     assert result.returncode == 2 and "nothing to route to" in result.stderr, result.stderr
+
+
+def test_serving_the_policy_elsewhere_redoes_evaluation_and_nothing_before_it(tmp_path):
+    from trace_gym.pipeline import STAGES, PipelineConfig, RunSettings, RunState, StageRecord, stage_inputs_hash
+
+    config = PipelineConfig(RunSettings(TARGET, dir=str(tmp_path)))
+    state = RunState(tmp_path)
+    state.stages = {s: StageRecord(s, "x", {"out": s}, 1.0, "t") for s in STAGES}
+    before = {s: stage_inputs_hash(config, s, state) for s in STAGES}
+    config.evaluate.model = "vllm:smollm2-135m-instruct"
+    after = {s: stage_inputs_hash(config, s, state) for s in STAGES}
+    assert [s for s in STAGES if before[s] != after[s]] == ["evaluate"]
+    assert config.eval_model == "vllm:smollm2-135m-instruct"
+    config.policy.model = "hf:/models/other"  # another policy is another run: every stage again
+    assert all(stage_inputs_hash(config, s, state) != after[s] for s in STAGES)
+
+
+@pytest.mark.slow
+def test_evaluate_plays_the_same_episodes_through_a_vllm_server_of_the_policy(tmp_path):
+    """`trace-gym evaluate RUN --model vllm:M`: the run's adapters are loaded into the server
+    and the same greedy episodes come back; the earlier, in-process evaluation is kept aside."""
+    from test_serve import serving
+
+    from trace_gym.store import read_run_settings, read_trajectories
+
+    run = _earlier_run(tmp_path)
+    local = run_cli("evaluate", str(run), "--methods", "base,trace", timeout=900)
+    assert local.returncode == 0, local.stderr
+    [in_process] = read_trajectories(run / "eval" / "base.jsonl")
+    with serving("--model", "smollm2-135m-instruct", "--allow-adapter-loading") as url:
+        served = run_cli(
+            "evaluate",
+            str(run),
+            "--methods",
+            "base,trace",
+            "--model",
+            "vllm:smollm2-135m-instruct",
+            env={"OPENAI_BASE_URL": url},
+            timeout=900,
+        )
+    assert served.returncode == 0, served.stderr
+    assert "kept as" in served.stderr and (run / "eval" / "earlier" / "base.1.jsonl").exists()
+    [remote] = read_trajectories(run / "eval" / "base.jsonl")
+    assert read_run_settings(run / "eval" / "base.jsonl")[0]["agent_options"]["model"] == "vllm:smollm2-135m-instruct"
+    assert [m.content for m in remote.messages] == [m.content for m in in_process.messages]
+    assert remote.reward == in_process.reward
+    rows = {r.method: r for r in load_results(run / "eval")}
+    assert list(rows) == ["base", "trace"] and rows["trace"].episodes == 1

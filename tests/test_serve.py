@@ -243,6 +243,26 @@ def test_a_request_answers_for_its_own_mistakes_and_an_episode_keeps_its_session
     assert backend.batches[-1][0][0] != good_session  # another adapter never continues it
 
 
+@pytest.mark.slow
+def test_labels_scored_through_the_server_are_the_local_models_logprobs():
+    """The router's scores through a vLLM-protocol server (one greedy token with its top
+    logprobs) are the local model's; top logprobs of anything longer are refused, not dropped."""
+    from trace_gym.llm import make_backend
+
+    conversation = [
+        {"role": "system", "content": "Answer with one label."},
+        {"role": "user", "content": "Which fits a refund request, A or B?"},
+    ]
+    want = make_backend("smollm2-135m-instruct").score(conversation, ["A", "B"])  # one token each
+    with serving("--model", "smollm2-135m-instruct") as url:
+        got = make_backend("vllm:smollm2-135m-instruct", base_url=url).score(conversation, ["A", "B"])
+        longer = post(f"{url}/completions", {"prompt": [1, 2, 3], "max_tokens": 4, "temperature": 0, "logprobs": 5})
+        too_many = post(f"{url}/completions", {"prompt": [1, 2, 3], "max_tokens": 1, "temperature": 0, "logprobs": 50})
+    assert got == pytest.approx(want, abs=2e-3)
+    assert longer[0] == 400 and "one greedy token only" in longer[1]
+    assert too_many[0] == 400 and "'logprobs' must be between 0 and 20" in too_many[1]
+
+
 def test_serve_refuses_what_it_cannot_serve_in_one_line(tmp_path):
     for args, words in (
         (["--model", "openai:gpt-x"], "needs a token-level model"),

@@ -356,6 +356,12 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--split", default=None, help="the held-out split (default: the run's, test)")
     evaluate.add_argument("--tasks", type=int, default=None, help="only the first N tasks of the split")
     evaluate.add_argument("--samples", type=int, default=None, help="episodes per task (pass^k up to this)")
+    evaluate.add_argument(
+        "--model",
+        default=None,
+        help="the trained policy served elsewhere, for evaluation only: vllm:<model> (the run's adapters are "
+        "loaded into the server) or openai:<model> (already serving them); nothing before evaluation is re-played",
+    )
     evaluate.set_defaults(func=cmd_evaluate)
 
     route = over_a_run(
@@ -995,6 +1001,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         split=args.split,
         tasks=args.tasks,
         samples=args.samples,
+        model=args.model,
         say=lambda message: print(message, file=sys.stderr, flush=True),
     )
     print(f"report: {report} (the table: {args.run_dir}/eval/results.md)")

@@ -197,6 +197,11 @@ class EvaluateStage:
     calibrate_router: bool = False
     """Route by label scores minus those of a content-free task (off: the paper's plain argmax).
     Small routers such as the embedded 135M model prefer the first label whatever the task."""
+    model: str | None = None
+    """The trained policy served elsewhere, for this stage only: the same base weights behind
+    a ``vllm:<model>`` server (the adapters are loaded into it by name) or an ``openai:`` one
+    that already serves them. Changing it re-plays evaluation and nothing before it
+    (None: ``[policy]``'s model, in process)."""
 
 
 @dataclass
@@ -213,6 +218,11 @@ class PipelineConfig:
     @property
     def run_dir(self) -> Path:
         return Path(self.run.dir)
+
+    @property
+    def eval_model(self) -> str:
+        """The model spec evaluation and routing load: ``[evaluate] model``, else the policy's."""
+        return self.evaluate.model or self.policy.spec
 
 
 def load_config(path: str | Path) -> PipelineConfig:
@@ -260,6 +270,10 @@ def check_config(config: PipelineConfig) -> None:
         raise ConfigError(f"[evaluate] methods: unknown method '{bad[0]}'; methods are {', '.join(REGISTERED)}")
     _check_template(config.policy)
     _check_model(config.policy.model, "[policy] model")
+    if config.evaluate.model is not None:
+        from .llm.registry import split_spec
+
+        _check_model(split_spec(config.evaluate.model)[0], "[evaluate] model")
     grpo_config(config, ["<env>"], "<out>")  # every [train.grpo] mistake, now
     for capability in config.train.control:
         from .synthesis import serving_envs
@@ -579,6 +593,7 @@ def evaluate_run(
     split: str | None = None,
     tasks: int | None = None,
     samples: int | None = None,
+    model: str | None = None,
     say: Callable[[str], None] = print,
 ) -> Path:
     """``trace-gym evaluate RUN``: the evaluate stage alone, over the artifacts of an
@@ -586,7 +601,7 @@ def evaluate_run(
     config, state = load_run(run_dir)
     changes = {
         k: v
-        for k, v in {"methods": methods, "split": split, "tasks": tasks, "samples": samples}.items()
+        for k, v in {"methods": methods, "split": split, "tasks": tasks, "samples": samples, "model": model}.items()
         if v is not None
     }
     config.evaluate = dataclasses.replace(config.evaluate, **changes)
@@ -611,7 +626,7 @@ def route_run(
     from .llm import make_backend
 
     config, state = load_run(run_dir)
-    ctx = eval_context(config, state, make_backend(config.policy.spec))  # the base model routes: no adapter needed
+    ctx = eval_context(config, state, make_backend(config.eval_model))  # the base model routes: no adapter needed
     try:
         router = get_method("trace").build(ctx).kwargs["router"]
     except Unavailable as exc:
@@ -1094,12 +1109,12 @@ def stage_evaluate(config: PipelineConfig, state: RunState, say: Callable[[str],
         write_results,
     )
     from .rollout import rollout
-    from .store import read_trajectories
+    from .store import TrajectoryStoreError, read_trajectories
 
     out = config.run_dir / "eval"
     out.mkdir(parents=True, exist_ok=True)
     ctx = eval_context(config, state, None)
-    ctx.backend = policy_backend(config.policy.spec, ctx.adapters)
+    ctx.backend = policy_backend(config.eval_model, ctx.adapters)
     adapters = ctx.adapters
     env_kwargs = {"max_steps": config.evaluate.max_steps} if config.evaluate.max_steps else {}
     played = {}
@@ -1108,21 +1123,32 @@ def stage_evaluate(config: PipelineConfig, state: RunState, say: Callable[[str],
         if name == "summed" and hasattr(ctx.backend, "save_adapter"):  # the sum of these adapters, every time
             say(f"summed adapter saved to {ctx.backend.save_adapter('summed', out / 'summed-adapter')} (servable)")
         say(f"{name} on the {config.evaluate.split} split")
-        summary = rollout(
-            config.run.target,
-            built.agent,
-            path,
-            agent_kwargs={**_agent_kwargs(config, model=ctx.backend), **built.kwargs},
-            split=config.evaluate.split,
-            limit=config.evaluate.tasks,
-            samples=config.evaluate.samples,
-            seed=config.run.seed + 1,
-            resume=True,
-            env_kwargs=env_kwargs,
-            batch=config.policy.batch,
-            workers=config.policy.workers,
-            progress=False,
-        )
+
+        def play(path: Path = path, built: Any = built) -> Any:
+            return rollout(
+                config.run.target,
+                built.agent,
+                path,
+                agent_kwargs={**_agent_kwargs(config, model=ctx.backend), **built.kwargs},
+                split=config.evaluate.split,
+                limit=config.evaluate.tasks,
+                samples=config.evaluate.samples,
+                seed=config.run.seed + 1,
+                resume=True,
+                env_kwargs=env_kwargs,
+                batch=config.policy.batch,
+                workers=config.policy.workers,
+                progress=False,
+            )
+
+        try:
+            summary = play()
+        except TrajectoryStoreError:  # an earlier evaluation with other settings: kept, not resumed
+            if not path.exists():
+                raise
+            aside = _set_aside(path, out / "earlier")
+            say(f"{name}: {path.name} holds an evaluation made with other settings; kept as {aside}, played again")
+            summary = play()
         planned = set(summary.episode_ids)  # the file may hold episodes of an earlier, larger evaluation
         played[name] = ([t for t in read_trajectories(path) if t.episode_id in planned], built, cost)
     base = played["base"][0] if "base" in played else []
@@ -1156,6 +1182,15 @@ def stage_evaluate(config: PipelineConfig, state: RunState, say: Callable[[str],
         "sha256": content_hash(out / "results.json"),
         "summary": f"{len(results)} methods" + (f"; best pass^1 {best.pass_1:.3f} ({best.method})" if best else ""),
     }
+
+
+def _set_aside(path: Path, folder: Path) -> Path:
+    """Move ``path`` into ``folder`` under the first free numbered name; returns where it went."""
+    folder.mkdir(parents=True, exist_ok=True)
+    n = 1
+    while (folder / f"{path.stem}.{n}{path.suffix}").exists():
+        n += 1
+    return path.rename(folder / f"{path.stem}.{n}{path.suffix}")
 
 
 TRUTH_ANALYSTS = ("gold", "milestone", "reference")

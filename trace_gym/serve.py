@@ -318,6 +318,53 @@ def chat_response(model: str, completion: Any, adapter: str | None, decision: An
     }
 
 
+MAX_TOP_LOGPROBS = 20
+"""vLLM's own default cap on ``logprobs``."""
+
+
+def top_logprobs_of(body: dict[str, Any]) -> int:
+    """How many top logprobs a token-id completion asks for: vLLM's ``logprobs: k``
+    (0, or absent: the sampled token's logprob only)."""
+    return _number(body, "logprobs", 0, int, 0, MAX_TOP_LOGPROBS)
+
+
+def scoring_response(served: Served, model: str, request: Any, k: int) -> dict[str, Any]:
+    """A one-token greedy completion with the ``k`` likeliest first tokens: what a client
+    scoring labels asks for (``VLLMTokens.score``). Top logprobs of a longer or sampled
+    completion are not implemented, and are refused rather than left out."""
+    if request.max_new_tokens != 1 or request.temperature != 0.0:
+        raise ServeError(
+            f"'logprobs': {k} (top logprobs) is served for one greedy token only (max_tokens 1, temperature 0), "
+            "the request a client scoring labels makes; use 'logprobs': 0 to generate"
+        )
+    if not hasattr(served.backend, "next_token_logprobs"):
+        raise ServeError(f"{served.backend.name} cannot give top logprobs", 501)
+    top = served.backend.next_token_logprobs(
+        request.prompt_ids, prefix_len=request.prefix_len, adapter=request.adapter, k=k
+    )
+    tokenizer = served.backend.tokenizer
+    best, logprob = top[0]
+    choice = {
+        "index": 0,
+        "text": tokenizer.decode([best], skip_special_tokens=True),
+        "finish_reason": "length",
+        "logprobs": {
+            "tokens": [f"token_id:{best}"],
+            "token_logprobs": [logprob],
+            "top_logprobs": [{f"token_id:{i}": lp for i, lp in top}],
+            "text_offset": None,
+        },
+        "token_ids": [best],
+    }
+    usage = {"prompt_tokens": len(request.prompt_ids), "completion_tokens": 1}
+    return {
+        **_stamp("cmpl", model),
+        "object": "text_completion",
+        "choices": [choice],
+        "usage": {**usage, "total_tokens": sum(usage.values())},
+    }
+
+
 def completion_response(served: Served, model: str, completion: Any, body: dict[str, Any]) -> dict[str, Any]:
     turn = completion.tokens
     tokenizer = served.backend.tokenizer
@@ -584,10 +631,12 @@ def make_server(
                     )
                 elif path == "/v1/completions":
                     request = completion_request(served, body)
-                    self._send(
-                        200,
-                        completion_response(served, body.get("model") or served.name, generator.submit(request), body),
-                    )
+                    model = body.get("model") or served.name
+                    k = top_logprobs_of(body)
+                    if k:
+                        self._send(200, scoring_response(served, model, request, k))
+                    else:
+                        self._send(200, completion_response(served, model, generator.submit(request), body))
                 elif path == "/v1/load_lora_adapter":
                     if not allow_adapter_loading:
                         raise ServeError(

@@ -735,6 +735,21 @@ class LocalHF(TokenTemplate, Generates):
                 out[label] = total
         return out
 
+    def next_token_logprobs(
+        self, ids: list[int], *, prefix_len: int = 0, adapter: str | None = None, k: int = 20
+    ) -> list[tuple[int, float]]:
+        """The ``k`` likeliest next tokens after ``ids`` with their logprobs, likeliest
+        first: a served label-scoring request (vLLM's ``logprobs`` on one token)."""
+        self._check_adapter(adapter)
+        torch = self.torch
+        with self._lock, self._inference():
+            start = (
+                self._prefix_entry(ids[:prefix_len], adapter) if self.kv_cache and 0 < prefix_len < len(ids) else None
+            )
+            _, last_logits = self._prefill(ids, start, adapter)
+            values, indices = torch.topk(torch.log_softmax(last_logits.float(), dim=-1), k)
+        return [(int(i), float(v)) for i, v in zip(indices.tolist(), values.tolist())]
+
     def _score_tail(self, prompt: _KV, label_ids: list[int], adapter: str | None) -> tuple[None, float]:
         from transformers import DynamicCache
 

@@ -24,6 +24,7 @@ router's label scores) is not implemented here: route with a local model.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 import urllib.error
@@ -102,6 +103,54 @@ class VLLMTokens(TokenTemplate, RemoteRequests):
             if "already" not in str(exc):
                 raise
         self.adapters[name] = str(path)
+
+    def score(
+        self,
+        conversation: list[dict[str, Any]],
+        labels: list[str],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        adapter: str | None = None,
+        top_logprobs: int = 20,
+    ) -> dict[str, float]:
+        """``{label: logprob of its first token}`` as the start of the next reply: one
+        greedy token with the server's ``top_logprobs`` first tokens (vLLM's ``logprobs:
+        k``); a label outside them scores -inf. Only the first token counts, as with any
+        server: labels must differ in it (the router's ``A``, ``B``, ``none`` do)."""
+        if not labels:
+            raise LLMError("score needs at least one label")
+        firsts: dict[int, str] = {}
+        for label in labels:
+            ids = self._encode(label)
+            if not ids:
+                raise LLMError(f"label {label!r} has no tokens")
+            if ids[0] in firsts:
+                raise LLMError(
+                    f"labels {firsts[ids[0]]!r} and {label!r} share their first token: first-token logprobs "
+                    "cannot tell them apart"
+                )
+            firsts[ids[0]] = label
+        ids, prefix_len = self.encode_conversation(conversation, tools)
+        body = {
+            "model": adapter or self.model,
+            "prompt": ids,
+            "max_tokens": 1,
+            "temperature": 0.0,
+            **NEUTRAL_SAMPLING,
+            "logprobs": top_logprobs,
+            "return_tokens_as_token_ids": True,
+            "prefix_len": prefix_len,
+        }
+        answer = self._post("/completions", body)
+        try:
+            top = answer["choices"][0]["logprobs"]["top_logprobs"][0]
+            scores = {int(str(key).removeprefix(_TOKEN_ID)): float(value) for key, value in top.items()}
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError):
+            raise LLMError(
+                f"{self.base_url}/completions gave no top logprobs of the first token (a vLLM server answers "
+                "them to logprobs: k with return_tokens_as_token_ids)"
+            ) from None
+        return {label: scores.get(first, -math.inf) for first, label in firsts.items()}
 
     def release(self, session: str) -> None:
         """Nothing to release: the server keeps its own caches."""
