@@ -40,6 +40,7 @@ from typing import Any
 
 from . import shared_prefix
 from .base import Completion, GenerationRequest, Generates, LLMError
+from .registry import load_local
 from .token_template import TokenTemplate
 
 DEFAULT_CACHE_BYTES = 4 * 2**30
@@ -176,7 +177,6 @@ class LocalHF(TokenTemplate, Generates):
     ):
         try:
             import torch
-            from transformers import AutoModelForCausalLM, AutoTokenizer
             from transformers.utils import logging as hf_logging
         except ImportError as exc:
             raise LLMError(f"local models need torch and transformers ({exc}); run make setup") from None
@@ -202,9 +202,8 @@ class LocalHF(TokenTemplate, Generates):
             self.path = path
             self.name = name or Path(path).name
             self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-            self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
             dtype = torch.bfloat16 if self.device == "cuda" else torch.float32
-            self.model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype).to(self.device)
+            self.model, self.tokenizer = load_local(path, dtype=dtype, device=self.device)
             self.model.eval()
         self._set_template(
             chat_template, template, getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)

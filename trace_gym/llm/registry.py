@@ -66,6 +66,23 @@ def local_folder(spec: str) -> tuple[str, str | None]:
     return folder, None
 
 
+def load_local(folder: str, *, dtype: Any, device: str = "cpu", chat_template: str | None = None) -> tuple[Any, Any]:
+    """(model, tokenizer) of a local model folder, weights in ``dtype`` on ``device``, the
+    tokenizer under ``chat_template`` where given and with a pad token (its end-of-text
+    where it has none). The one loader: backends and training both load through it."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=dtype)
+    return (model.to(device) if device != "cpu" else model), tokenizer
+
+
 def make_backend(spec: str, **kwargs: Any) -> LLMBackend:
     model, choice = split_spec(spec)
     if choice != "auto":

@@ -93,18 +93,13 @@ def load_policy(spec: str, dtype: str, device: str = "cpu") -> tuple[Any, Any, s
     spec's choice, ``llm.registry.split_spec``) and a pad token. Training appends
     turn by turn, so a template that re-renders earlier turns is refused."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
 
     from trace_gym.llm import LLMError
-    from trace_gym.llm.registry import split_spec
+    from trace_gym.llm.registry import load_local, split_spec
     from trace_gym.llm.templates import CANNOT_APPEND, choose
 
-    hf_logging.set_verbosity_error()
     path, chat_template = resolve_model(spec)
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    if chat_template is not None:
-        tokenizer.chat_template = chat_template
+    model, tokenizer = load_local(path, dtype=getattr(torch, dtype), device=device, chat_template=chat_template)
     choice = split_spec(spec)[1]
     if choice != "auto":
         try:
@@ -113,10 +108,7 @@ def load_policy(spec: str, dtype: str, device: str = "cpu") -> tuple[Any, Any, s
             raise TrainingError(f"cannot train {spec}: {exc}") from None
         if note.endswith(CANNOT_APPEND):
             raise TrainingError(f"cannot train {spec}: its chat template {note}")
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=getattr(torch, dtype))
-    return model.to(device) if device != "cpu" else model, tokenizer, path
+    return model, tokenizer, path
 
 
 def last_checkpoint(folder: Path) -> Path | None:
