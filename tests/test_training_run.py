@@ -347,3 +347,19 @@ def test_grpo_on_the_target_baseline_runs_one_iteration(tmp_path):
     [row] = [json.loads(line) for line in result.log.read_text().splitlines()]
     assert row["rollouts"] == 2 and row["hinted"] == 0 and row["failed_episodes"] == 0
     assert row["mean_reward"] is not None and (result.adapter / "adapter_model.safetensors").exists()
+
+
+def test_a_finished_run_gives_its_policy_back(tmp_path):
+    """The pipeline's train stage runs its jobs one after another in one process: each
+    must leave the device as it found it, without waiting for a collection."""
+    import weakref
+
+    from trace_gym.training import train
+
+    model = []
+    train(
+        tiny_config(tmp_path / "run", iterations=1),
+        progress=False,
+        on_trainer=lambda t: model.append(weakref.ref(t.model)),
+    )
+    assert model[0]() is None

@@ -505,8 +505,24 @@ def train(
     on_trainer: Callable[[Any], None] | None = None,
 ) -> TrainingResult:
     """Train one LoRA adapter with GRPO on ``config.env_ids``; see the module docstring.
-    ``on_trainer`` sees the TRL trainer before training starts."""
+    ``on_trainer`` sees the TRL trainer before training starts. The policy's memory is
+    given back before it returns, so that the next job of a pipeline starts on a clean
+    device (the trainer's parts refer to each other: only a collection frees them)."""
     trainer, parts = build_trainer(config, resume=resume, progress=progress)
-    if on_trainer is not None:
-        on_trainer(trainer)
-    return run_trainer(config, trainer, parts)
+    try:
+        if on_trainer is not None:
+            on_trainer(trainer)
+        return run_trainer(config, trainer, parts)
+    finally:
+        del trainer, parts
+        release_memory()
+
+
+def release_memory() -> None:
+    """Collect what no one refers to any more and return the GPU's cached blocks."""
+    import gc
+
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
