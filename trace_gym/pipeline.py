@@ -271,9 +271,7 @@ def check_config(config: PipelineConfig) -> None:
     _check_template(config.policy)
     _check_model(config.policy.model, "[policy] model")
     if config.evaluate.model is not None:
-        from .llm.registry import split_spec
-
-        _check_model(split_spec(config.evaluate.model)[0], "[evaluate] model")
+        _check_model(config.evaluate.model, "[evaluate] model")
     grpo_config(config, ["<env>"], "<out>")  # every [train.grpo] mistake, now
     for capability in config.train.control:
         from .synthesis import serving_envs
@@ -369,23 +367,13 @@ def gepa_config(config: PipelineConfig, budget: int) -> Any:
 
 
 def _check_model(spec: str, where: str) -> None:
-    import os
+    from .llm import LLMError
+    from .llm.registry import check_spec
 
-    from .llm.embedded import EMBEDDED_MODELS
-
-    if spec in EMBEDDED_MODELS:
-        return
-    if spec.startswith("hf:"):
-        if not Path(spec[3:]).exists():
-            raise ConfigError(f"{where}: no model folder at {spec[3:]}")
-        return
-    if spec.startswith(("openai:", "vllm:")):
-        if not os.environ.get("OPENAI_BASE_URL") and not os.environ.get("OPENAI_API_KEY"):
-            raise ConfigError(f"{where}: {spec} needs an endpoint: set OPENAI_BASE_URL (and OPENAI_API_KEY)")
-        return
-    raise ConfigError(
-        f"{where}: unknown model '{spec}'; use {', '.join(EMBEDDED_MODELS)}, hf:<path>, openai:<model> or vllm:<model>"
-    )
+    try:
+        check_spec(spec)
+    except LLMError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 def _check_template(policy: PolicySettings) -> None:

@@ -102,7 +102,36 @@ def make_backend(spec: str, **kwargs: Any) -> LLMBackend:
         from .vllm_tokens import VLLMTokens
 
         return VLLMTokens(model.removeprefix("vllm:"), **kwargs)
-    raise LLMError(
+    raise LLMError(_unknown(spec))
+
+
+def _unknown(spec: str) -> str:
+    return (
         f"unknown model '{spec}'; use {', '.join(EMBEDDED_MODELS)}, openai:<model>, hf:<local path> or "
         "vllm:<model> (a vLLM server's token-id completions)"
     )
+
+
+def check_spec(spec: str) -> None:
+    """Refuses, in one line and before anything loads, a spec no backend can play: an
+    unknown kind, a local folder that is not there, an ``openai:`` model with no endpoint
+    set, a chat template that names none (or one for a server that renders its own)."""
+    import os
+
+    model, choice = split_spec(spec)
+    if choice != "auto":
+        from .templates import check_choice
+
+        with_template(model, choice)
+        check_choice(choice)
+    if model in EMBEDDED_MODELS or model.startswith("vllm:"):  # vllm: has a default, local address
+        return
+    if model.startswith("hf:"):
+        if not Path(model[3:]).exists():
+            raise LLMError(f"no model folder at {model[3:]}")
+        return
+    if model.startswith("openai:"):
+        if not os.environ.get("OPENAI_BASE_URL") and not os.environ.get("OPENAI_API_KEY"):
+            raise LLMError(f"{model} needs an endpoint: set OPENAI_BASE_URL (and OPENAI_API_KEY)")
+        return
+    raise LLMError(_unknown(spec))
