@@ -35,13 +35,11 @@ import uuid
 from typing import Any
 
 from trace_gym.actions import parse_action
-from trace_gym.errors import TraceGymError
+from trace_gym.errors import AgentGaveUp, TraceGymError
 from trace_gym.llm.base import LLMError
 from trace_gym.seeding import derive_seed
 
-
-class AgentGaveUp(TraceGymError):
-    """The model's output never parsed as an action; the episode is abandoned."""
+__all__ = ["AgentGaveUp", "LLMAgent"]
 
 
 class LLMAgent:

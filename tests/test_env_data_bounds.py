@@ -234,11 +234,20 @@ def test_an_episode_past_max_episode_s_ends_truncated(sandbox_backend):
     from trace_gym.rollout import Episode, play_batched
     from trace_gym.sandbox.env import SandboxedEnv
 
-    class Stalling:  # a token-free agent that asks the same question forever
-        name = "stalling"
+    class Stalling:  # a token-free agent that asks the same question forever (agents.base.LockStepAgent)
+        name, model, adapter, tokens = "stalling", None, None, None
         backend = SimpleNamespace(complete=lambda requests: [SimpleNamespace() for _ in requests])
 
         def reset(self, observation, info, env=None):
+            pass
+
+        def act(self, observation):
+            return self.receive(None)
+
+        def usage(self):
+            return {}
+
+        def end_episode(self):
             pass
 
         def request(self):

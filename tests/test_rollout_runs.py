@@ -294,3 +294,20 @@ def test_every_derived_seed_comes_from_the_one_formula_and_keeps_its_value():
     )
     assert json.loads(first)["seed"] == derive_seed(7, "trace/tool-precision-v0", 0)
     assert [e.seed for e in plan_seeded_episodes([5], 2, run_seed=3)] == [derive_seed(3, "seed-5", k) for k in range(2)]
+
+
+def test_lock_step_play_refuses_an_agent_that_cannot_split_its_turn():
+    """play_batched needs agents that declare agents.base.LockStepAgent; an oracle (which
+    acts, but never requests a generation) is refused in one line, not failed mid-batch."""
+    import gymnasium as gym
+
+    from trace_gym.agents import OracleAgent
+    from trace_gym.errors import TraceGymError
+    from trace_gym.rollout import Episode, play_batched
+
+    env = gym.make("trace/tau2-mock-v0")
+    try:
+        with pytest.raises(TraceGymError, match="OracleAgent cannot play in lock-step"):
+            list(play_batched([env], [OracleAgent()], "trace/tau2-mock-v0", [Episode("0", 0, 0)]))
+    finally:
+        env.close()

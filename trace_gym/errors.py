@@ -43,6 +43,12 @@ class TrajectoryStoreError(TraceGymError):
     """A trajectory file that cannot be written, or that is not ours to append to."""
 
 
+class AgentGaveUp(TraceGymError):
+    """An agent that cannot go on (its model's output never parsed as an action, or its
+    prompt would pass the model's context): the episode ends there, truncated, and the
+    env scores what was done (``TextEnv.end``); not a crash of the run."""
+
+
 class EpisodeStateError(TraceGymError):
     """An env used out of order (step before reset)."""
 

@@ -16,7 +16,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from .errors import TraceGymError
+from .agents.base import LockStepAgent, Observes, Reports
+from .errors import AgentGaveUp, TraceGymError
 from .seeding import derive_seed
 from .store import TrajectoryStore
 from .trajectory import Message, Trajectory, episode_id
@@ -159,7 +160,7 @@ class _Running:
         self.observation = observation
         self.steps += 1
         self.transcript.extend(turn_messages(action, observation, info))
-        if hasattr(agent, "observe"):
+        if isinstance(agent, Observes):
             agent.observe(observation, info)
 
 
@@ -223,7 +224,7 @@ def _finish(
         prompt_tokens=usage.get("prompt_tokens"),
         completion_tokens=usage.get("completion_tokens"),
         error=error,
-        agent_info=agent.info() if hasattr(agent, "info") else {},
+        agent_info=agent.info() if isinstance(agent, Reports) else {},
     )
 
 
@@ -260,9 +261,7 @@ def run_episode(env: Any, agent: Any, env_id: str, episode: Episode) -> Trajecto
         a0 = time.perf_counter()
         try:
             action = agent.act(run.observation)
-        except TraceGymError as exc:
-            if type(exc).__name__ != "AgentGaveUp":
-                raise
+        except AgentGaveUp as exc:
             return _finish(env, agent, env_id, run, 0.0, False, True, {}, error=str(exc))
         a1 = time.perf_counter()
         observation, reward, terminated, truncated, step_info = env.step(action)
@@ -295,15 +294,19 @@ def play_batched(
 
     if not agents:
         return
+    unfit = [type(a).__name__ for a in agents if not isinstance(a, LockStepAgent)]
+    if unfit:
+        raise TraceGymError(
+            f"{unfit[0]} cannot play in lock-step: it has no request/receive (agents.base.LockStepAgent)"
+        )
     backend = agents[0].backend
     queue = deque(episodes)
     slots: list[_Running | None] = [None] * len(envs)
 
     def done(i: int, trajectory: Trajectory) -> PlayedEpisode:
-        played = PlayedEpisode(trajectory, getattr(agents[i], "tokens", None), slots[i].episode)
+        played = PlayedEpisode(trajectory, agents[i].tokens, slots[i].episode)
         slots[i] = None
-        if hasattr(agents[i], "end_episode"):
-            agents[i].end_episode()
+        agents[i].end_episode()
         return played
 
     while queue or any(slots):
@@ -317,9 +320,7 @@ def play_batched(
         for i in active:
             try:
                 requests[i] = agents[i].request()
-            except TraceGymError as exc:  # e.g. a prompt that would pass the model's context: ends, truncated
-                if type(exc).__name__ != "AgentGaveUp":
-                    raise
+            except AgentGaveUp as exc:  # e.g. a prompt that would pass the model's context: ends, truncated
                 yield done(i, _finish(envs[i], agents[i], env_id, slots[i], 0.0, False, True, {}, error=str(exc)))
         active = list(requests)
         if not active:
@@ -332,9 +333,7 @@ def play_batched(
             run.agent_s += share
             try:
                 action = agents[i].receive(completion)
-            except TraceGymError as exc:
-                if type(exc).__name__ != "AgentGaveUp":
-                    raise
+            except AgentGaveUp as exc:
                 yield done(i, _finish(envs[i], agents[i], env_id, run, 0.0, False, True, {}, error=str(exc)))
                 continue
             e0 = time.perf_counter()
