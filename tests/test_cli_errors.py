@@ -156,6 +156,16 @@ CASES = [
     ),
     (
         ("rollout",),
+        ["--env", "trace/tau2-retail-v0", "--agent", "oracle", "--max-new-tokens", "8", "--out", "{root}/r.jsonl"],
+        "--max-new-tokens only apply to --agent llm",
+    ),
+    (
+        ("rollout",),
+        ["--env", "trace/tau2-retail-v0", "--agent", "llm", "--max-new-tokens", "0", "--out", "{root}/r.jsonl"],
+        "argument --max-new-tokens: must be at least 1",
+    ),
+    (
+        ("rollout",),
         [
             "--env",
             "trace/tau2-retail-v0",

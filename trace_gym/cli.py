@@ -137,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     roll.add_argument("--chat-template", default=None, metavar="T", help="for --agent llm: " + TEMPLATE_HELP)
     roll.add_argument(
+        "--max-new-tokens", type=count, default=None, help="for --agent llm: tokens per model turn (default 256)"
+    )
+    roll.add_argument(
         "--adapter", default=None, help="for --agent llm: a LoRA adapter name (vLLM) or path (local models)"
     )
     roll.add_argument(
@@ -947,11 +950,14 @@ def agent_options(args: argparse.Namespace) -> dict[str, Any]:
         "chat-template": args.chat_template,
         "adapter": args.adapter,
         "temperature": args.temperature,
+        "max-new-tokens": args.max_new_tokens,
     }
     given = {k: v for k, v in llm_flags.items() if v is not None}
     if given and args.agent != "llm":
         raise TraceGymError(f"--{', --'.join(given)} only apply to --agent llm")
     given.pop("chat-template", None)
+    if "max-new-tokens" in given:
+        given["max_new_tokens"] = given.pop("max-new-tokens")
     if args.model or args.chat_template:
         given["model"] = model_spec(args.model, args.chat_template)
     options.update(given)
