@@ -919,9 +919,9 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
     else:
         print(result.summary())
         for outcome in result.outcomes:
-            if outcome.status == "failed" and outcome.last_report:
+            if not outcome.ok and outcome.last_report:
                 print(f"\nlast report for {outcome.capability}:\n{outcome.last_report}")
-    return 0 if all(o.status in ("registered", "served", "kept") for o in result.outcomes) else 1
+    return 0 if all(o.ok for o in result.outcomes) else 1
 
 
 TEMPLATE_HELP = (

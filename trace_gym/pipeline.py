@@ -905,7 +905,8 @@ def stage_synthesize(config: PipelineConfig, state: RunState, say: Callable[[str
 
         for o in result.outcomes:
             status = read_manifest(Path(o.path)).validation_status() if o.path else "-"
-            envs.envs.append(EnvRecord(o.capability, o.env_id, o.path, o.status, status, len(o.attempts), o.message))
+            env_id = o.env_id if o.ok else None  # a failed outcome may name a folder it refused to use
+            envs.envs.append(EnvRecord(o.capability, env_id, o.path, o.status, status, len(o.attempts), o.message))
         for note in result.notes:
             say(note)
         summary = f"{len(envs.trainable())} of {len(envs.envs)} capabilities have an env"

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from trace_gym.errors import TraceGymError
 
-from .loop import Outcome, SynthesisConfig, SynthesisError, Synthesizer, extract_code
+from .loop import AttemptKind, Outcome, Status, SynthesisConfig, SynthesisError, Synthesizer, extract_code
 from .prompt import TEMPLATE_VERSION, Capability, target_context, template_hash
 
 __all__ = [
@@ -29,6 +29,8 @@ __all__ = [
     "SynthesisResult",
     "SynthesisError",
     "Outcome",
+    "Status",
+    "AttemptKind",
     "Capability",
     "load_capabilities",
     "serving_envs",
@@ -197,7 +199,7 @@ def synthesize(
                 result.outcomes.append(
                     Outcome(
                         cap.name,
-                        "served",
+                        Status.SERVED,
                         f"served by the registry env {ids}; nothing was synthesized",
                         env_id=served[0].id,
                         path=str(served[0].path),
@@ -207,7 +209,7 @@ def synthesize(
                 result.outcomes.append(
                     Outcome(
                         cap.name,
-                        "not_synthesized",
+                        Status.NOT_SYNTHESIZED,
                         f"no registry env serves it for {entry.id}; run with --analyst openai:<model>",
                     )
                 )
@@ -231,7 +233,7 @@ def synthesize(
         say(f"[{i}/{len(caps)}] {cap.name}")
         outcome = synthesizer.run(cap)
         result.outcomes.append(outcome)
-        if outcome.status == "registered":
+        if outcome.status is Status.REGISTERED:
             register_all()
         say(f"{cap.name}: {outcome.message}")
     result.calls, result.tokens, result.cache_hits = client.calls, client.tokens, client.cache_hits

@@ -26,6 +26,7 @@ import re
 import secrets
 import shutil
 import time
+from enum import StrEnum
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -64,13 +65,40 @@ class SynthesisConfig:
     """Keep a capability already registered whose manifest code hash matches its files."""
 
 
+class AttemptKind(StrEnum):
+    """What the analyst was asked for."""
+
+    GENERATE = "generate"
+    """A first env for the capability."""
+    REPAIR = "repair"
+    """The previous answer again, with the failing checks' evidence."""
+    HARDER = "harder"
+    """A harder variant: the policy succeeded too often (calibration)."""
+    EASIER = "easier"
+    """An easier variant: the policy (almost) never succeeded (calibration)."""
+
+
+class Status(StrEnum):
+    """What synthesis did for a capability."""
+
+    REGISTERED = "registered"
+    """A new env was validated and written to the registry."""
+    SERVED = "served"
+    """An existing registry env serves it (offline ``registry`` analyst)."""
+    KEPT = "kept"
+    """Already registered with a matching code hash (``--resume``)."""
+    NOT_SYNTHESIZED = "not_synthesized"
+    """No registry env serves it and no analyst was asked."""
+    FAILED = "failed"
+    """Nothing valid came of it; nothing was registered."""
+
+
 @dataclass
 class Attempt:
     """One answer of the analyst and what became of it."""
 
     number: int
-    kind: str
-    """generate, repair, harder or easier."""
+    kind: AttemptKind
     passed: bool
     failing_checks: list[str]
     evidence: dict[str, str]
@@ -85,13 +113,17 @@ class Outcome:
     """What synthesis did for one capability."""
 
     capability: str
-    status: str
-    """registered, served (an existing registry env), kept (--resume), not_synthesized, failed."""
+    status: Status
     message: str
     env_id: str | None = None
     path: str | None = None
     attempts: list[Attempt] = field(default_factory=list)
     last_report: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """The capability has an env to train in."""
+        return self.status in (Status.REGISTERED, Status.SERVED, Status.KEPT)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -167,7 +199,7 @@ class Synthesizer:
         attempts: list[Attempt] = []
         best: tuple[str, ValidationReport, dict[str, Any] | None] | None = None
         last_report = ""
-        kind = "generate"
+        kind = AttemptKind.GENERATE
         for round_ in range(self.config.max_calibration_rounds + 1):
             valid = None
             for _ in range(self.config.max_attempts):
@@ -192,7 +224,7 @@ class Synthesizer:
                         "content": render("repair", attempt=number, evidence=_evidence_text(attempt.evidence)),
                     }
                 )
-                kind = "repair"
+                kind = AttemptKind.REPAIR
             if valid is None:
                 break  # this variant never validated: keep the previous valid one, if any
             best = _closer(best, valid, validation_config)
@@ -202,7 +234,7 @@ class Synthesizer:
             if round_ == self.config.max_calibration_rounds:
                 break
             direction, reason, advice = calibration_request(calibration, validation_config)
-            kind = direction
+            kind = AttemptKind(direction)
             self.say(f"{capability.name}: calibration out of band ({reason}); asking for a {direction} variant")
             messages.append(
                 {
@@ -221,7 +253,7 @@ class Synthesizer:
             last = attempts[-1]
             return Outcome(
                 capability.name,
-                "failed",
+                Status.FAILED,
                 f"no valid env after {len(attempts)} attempts (the last refused by "
                 f"{last.stopped_by}: {', '.join(last.failing_checks)}); nothing was registered",
                 attempts=attempts,
@@ -232,7 +264,11 @@ class Synthesizer:
             self._write(capability, env_id, staging, folder, code, attempts, calibration)
         except SynthesisError as exc:
             return Outcome(
-                capability.name, "failed", f"{exc}; nothing was registered", attempts=attempts, last_report=last_report
+                capability.name,
+                Status.FAILED,
+                f"{exc}; nothing was registered",
+                attempts=attempts,
+                last_report=last_report,
             )
         in_band = (
             ""
@@ -247,7 +283,7 @@ class Synthesizer:
         note = "" if self.config.policy else " (calibration skipped: no --policy)"
         return Outcome(
             capability.name,
-            "registered",
+            Status.REGISTERED,
             f"registered {env_id} after {len(attempts)} attempts{in_band}{note}",
             env_id=env_id,
             path=str(folder),
@@ -258,7 +294,7 @@ class Synthesizer:
     def _try(
         self,
         number: int,
-        kind: str,
+        kind: AttemptKind,
         answer: str,
         env_id: str,
         capability: Capability,
@@ -362,7 +398,7 @@ class Synthesizer:
         if not self.config.resume:
             return Outcome(
                 capability.name,
-                "failed",
+                Status.FAILED,
                 f"{folder} already exists; pass --resume to keep it, or move it away to redo it",
                 env_id=entry.id,
                 path=str(folder),
@@ -370,14 +406,14 @@ class Synthesizer:
         if recorded and recorded == code_hash(folder) and entry.validation_status() == "passed":
             return Outcome(
                 capability.name,
-                "kept",
+                Status.KEPT,
                 f"{entry.id} is already registered with a matching code hash; not redone",
                 env_id=entry.id,
                 path=str(folder),
             )
         return Outcome(
             capability.name,
-            "failed",
+            Status.FAILED,
             f"{folder} exists but its code hash does not match its manifest "
             "(edited since synthesis, or never validated); move it away to redo it",
             env_id=entry.id,
