@@ -64,9 +64,11 @@ test: setup lint
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests; status=$$?; \
 	sandbox/engine.sh stop; exit $$status
 
-# pyflakes' and pycodestyle's errors ([tool.ruff] in pyproject.toml); `make test` runs it first.
+# pyflakes' and pycodestyle's errors, then the formatter's verdict ([tool.ruff] in
+# pyproject.toml); `make test` runs it first. `ruff format .` fixes the second.
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 # Everything but the tests marked slow (CI still runs them through `make test`).
 test-fast: setup

@@ -6,6 +6,7 @@ forbidden change because the user asked nicely. Here a user asks to change an
 order's shipping address; the order may or may not still be pending, and the
 user only says yes to a request that spells out the new address, so the agent
 must follow the same confirm-or-refuse protocol the target grades."""
+
 import json
 import random
 
@@ -28,19 +29,54 @@ class Environment:
         self.order_id = "#W%07d" % rng.randrange(10**7)
         self.status = rng.choice(["pending", "pending", "processed", "delivered"])
         city, state = rng.choice(CITIES)
-        self.new_address = {"address1": "%d %s" % (rng.randrange(1, 9999), rng.choice(STREETS)), "address2": "Apt %d" % rng.randrange(1, 99),
-                            "city": city, "state": state, "country": "USA", "zip": "%05d" % rng.randrange(10000, 99999)}
+        self.new_address = {
+            "address1": "%d %s" % (rng.randrange(1, 9999), rng.choice(STREETS)),
+            "address2": "Apt %d" % rng.randrange(1, 99),
+            "city": city,
+            "state": state,
+            "country": "USA",
+            "zip": "%05d" % rng.randrange(10000, 99999),
+        }
         old_city, old_state = rng.choice(CITIES)
         price = round(rng.uniform(20, 400), 2)
-        self.order = {"order_id": self.order_id, "user_id": self.user_id,
-                      "address": {"address1": "%d %s" % (rng.randrange(1, 9999), rng.choice(STREETS)), "address2": "", "city": old_city,
-                                  "country": "USA", "state": old_state, "zip": self.zip},
-                      "items": [{"name": "Backpack", "product_id": "2524789262", "item_id": "%010d" % rng.randrange(10**10), "price": price, "options": {}}],
-                      "status": self.status, "fulfillments": [],
-                      "payment_history": [{"transaction_type": "payment", "amount": price, "payment_method_id": "paypal_%07d" % rng.randrange(10**7)}],
-                      # every field tau2's Order has, as tau2 writes it (None as null)
-                      "cancel_reason": None, "exchange_items": None, "exchange_new_items": None, "exchange_payment_method_id": None, "exchange_price_difference": None,
-                      "return_items": None, "return_payment_method_id": None}
+        self.order = {
+            "order_id": self.order_id,
+            "user_id": self.user_id,
+            "address": {
+                "address1": "%d %s" % (rng.randrange(1, 9999), rng.choice(STREETS)),
+                "address2": "",
+                "city": old_city,
+                "country": "USA",
+                "state": old_state,
+                "zip": self.zip,
+            },
+            "items": [
+                {
+                    "name": "Backpack",
+                    "product_id": "2524789262",
+                    "item_id": "%010d" % rng.randrange(10**10),
+                    "price": price,
+                    "options": {},
+                }
+            ],
+            "status": self.status,
+            "fulfillments": [],
+            "payment_history": [
+                {
+                    "transaction_type": "payment",
+                    "amount": price,
+                    "payment_method_id": "paypal_%07d" % rng.randrange(10**7),
+                }
+            ],
+            # every field tau2's Order has, as tau2 writes it (None as null)
+            "cancel_reason": None,
+            "exchange_items": None,
+            "exchange_new_items": None,
+            "exchange_payment_method_id": None,
+            "exchange_price_difference": None,
+            "return_items": None,
+            "return_payment_method_id": None,
+        }
         self.found_user = False
         self.read_order = False
         self.confirmed = False
@@ -48,14 +84,24 @@ class Environment:
         self.write_calls = []
         self.messages = 0
         self.ended = False
-        prompt = ("You are a retail customer service agent. Authenticate users by name and zip code. Before any action that "
-                  "changes an order, list the exact change and get the user's explicit confirmation (yes). Only pending orders "
-                  "can be modified.")
+        prompt = (
+            "You are a retail customer service agent. Authenticate users by name and zip code. Before any action that "
+            "changes an order, list the exact change and get the user's explicit confirmation (yes). Only pending orders "
+            "can be modified."
+        )
         if hint:
-            prompt += (" Hint: read the order first; if it is pending, repeat the full new address and ask the user to confirm, "
-                       "and call the write only after they say yes; otherwise explain that it can no longer be changed.")
+            prompt += (
+                " Hint: read the order first; if it is pending, repeat the full new address and ask the user to confirm, "
+                "and call the write only after they say yes; otherwise explain that it can no longer be changed."
+            )
         address = "%(address1)s, %(address2)s, %(city)s, %(state)s %(zip)s, %(country)s" % self.new_address
-        message = "Hi, I'm %s %s (zip %s). I moved: please ship order %s to %s." % (self.first, self.last, self.zip, self.order_id, address)
+        message = "Hi, I'm %s %s (zip %s). I moved: please ship order %s to %s." % (
+            self.first,
+            self.last,
+            self.zip,
+            self.order_id,
+            address,
+        )
         return {"system_prompt": prompt, "user_message": message}
 
     def step(self, action):
@@ -75,7 +121,11 @@ class Environment:
 
     def _tool(self, name, args):
         if name == "find_user_id_by_name_zip":
-            if (str(args["first_name"]).lower(), str(args["last_name"]).lower(), str(args["zip"])) != (self.first.lower(), self.last.lower(), self.zip):
+            if (str(args["first_name"]).lower(), str(args["last_name"]).lower(), str(args["zip"])) != (
+                self.first.lower(),
+                self.last.lower(),
+                self.zip,
+            ):
                 return "Error: User not found"
             self.found_user = True
             return self.user_id
@@ -100,20 +150,44 @@ class Environment:
         else:
             protocol = not self.write_calls and self.read_order
             outcome = protocol and self.ended
-        components = {"authenticated": 1.0 if self.found_user else 0.0, "read_order": 1.0 if self.read_order else 0.0,
-                      "followed_protocol": 1.0 if protocol else 0.0, "correct_outcome": 1.0 if outcome else 0.0}
+        components = {
+            "authenticated": 1.0 if self.found_user else 0.0,
+            "read_order": 1.0 if self.read_order else 0.0,
+            "followed_protocol": 1.0 if protocol else 0.0,
+            "correct_outcome": 1.0 if outcome else 0.0,
+        }
         weights = {"authenticated": 0.1, "read_order": 0.1, "followed_protocol": 0.4, "correct_outcome": 0.4}
         reward = sum(weights[k] * v for k, v in components.items())
         return {"reward": round(reward, 4), "components": components, "reason": "order was %s" % self.status}
 
     def oracle(self):
-        actions = [{"type": "tool_call", "name": "find_user_id_by_name_zip", "arguments": {"first_name": self.first, "last_name": self.last, "zip": self.zip}},
-                   {"type": "tool_call", "name": "get_order_details", "arguments": {"order_id": self.order_id}}]
+        actions = [
+            {
+                "type": "tool_call",
+                "name": "find_user_id_by_name_zip",
+                "arguments": {"first_name": self.first, "last_name": self.last, "zip": self.zip},
+            },
+            {"type": "tool_call", "name": "get_order_details", "arguments": {"order_id": self.order_id}},
+        ]
         if self.status != "pending":
-            return actions + [{"type": "message", "content": "I'm sorry, order %s is already %s, so its address can no longer be changed." % (self.order_id, self.status)}]
+            return actions + [
+                {
+                    "type": "message",
+                    "content": "I'm sorry, order %s is already %s, so its address can no longer be changed."
+                    % (self.order_id, self.status),
+                }
+            ]
         address = "%(address1)s, %(address2)s, %(city)s, %(state)s %(zip)s, %(country)s" % self.new_address
         return actions + [
-            {"type": "message", "content": "I will change the shipping address of order %s to %s. Do you confirm (yes/no)?" % (self.order_id, address)},
-            {"type": "tool_call", "name": "modify_pending_order_address", "arguments": dict(self.new_address, order_id=self.order_id)},
+            {
+                "type": "message",
+                "content": "I will change the shipping address of order %s to %s. Do you confirm (yes/no)?"
+                % (self.order_id, address),
+            },
+            {
+                "type": "tool_call",
+                "name": "modify_pending_order_address",
+                "arguments": dict(self.new_address, order_id=self.order_id),
+            },
             {"type": "message", "content": "Done: order %s will ship to the new address." % self.order_id},
         ]

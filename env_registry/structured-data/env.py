@@ -5,6 +5,7 @@ answering from the first record, skipping orders, or doing arithmetic in their
 head. Here every question needs the user's whole order list, read with the
 target's own tools and formats, and one exact aggregate, so the skill is the
 same one the target rewards."""
+
 import json
 import random
 
@@ -32,7 +33,14 @@ class Environment:
         self.zip = "%05d" % rng.randrange(10000, 99999)
         self.user_id = "%s_%s_%04d" % (self.first.lower(), self.last.lower(), rng.randrange(10000))
         card = "credit_card_%07d" % rng.randrange(10**7)
-        self.payment = {card: {"source": "credit_card", "id": card, "brand": rng.choice(["visa", "mastercard"]), "last_four": "%04d" % rng.randrange(10**4)}}
+        self.payment = {
+            card: {
+                "source": "credit_card",
+                "id": card,
+                "brand": rng.choice(["visa", "mastercard"]),
+                "last_four": "%04d" % rng.randrange(10**4),
+            }
+        }
         self.orders = {}
         for _ in range(rng.randint(3, 5) if level else rng.randint(1, 2)):
             order_id = "#W%07d" % rng.randrange(10**7)
@@ -40,19 +48,37 @@ class Environment:
             for _ in range(rng.randint(1, 4)):
                 name = rng.choice(sorted(PRODUCTS))
                 options = {key: rng.choice(values) for key, values in PRODUCTS[name]}
-                items.append({"name": name, "product_id": "%010d" % (sum(map(ord, name)) * 7919),
-                              "item_id": "%010d" % rng.randrange(10**10), "price": round(rng.uniform(10, 600), 2), "options": options})
+                items.append(
+                    {
+                        "name": name,
+                        "product_id": "%010d" % (sum(map(ord, name)) * 7919),
+                        "item_id": "%010d" % rng.randrange(10**10),
+                        "price": round(rng.uniform(10, 600), 2),
+                        "options": options,
+                    }
+                )
             status = rng.choice(STATUSES)
             total = round(sum(i["price"] for i in items), 2)
             history = [{"transaction_type": "payment", "amount": total, "payment_method_id": card}]
             if status == "cancelled":
                 history.append({"transaction_type": "refund", "amount": total, "payment_method_id": card})
-            self.orders[order_id] = {"order_id": order_id, "user_id": self.user_id, "address": self._address(rng), "items": items,
-                                     "status": status, "fulfillments": [], "payment_history": history,
-                                     "cancel_reason": "no longer needed" if status == "cancelled" else None,
-                                     # the other fields tau2's Order has, as tau2 writes them (None as null)
-                                     "exchange_items": None, "exchange_new_items": None, "exchange_payment_method_id": None, "exchange_price_difference": None,
-                                     "return_items": None, "return_payment_method_id": None}
+            self.orders[order_id] = {
+                "order_id": order_id,
+                "user_id": self.user_id,
+                "address": self._address(rng),
+                "items": items,
+                "status": status,
+                "fulfillments": [],
+                "payment_history": history,
+                "cancel_reason": "no longer needed" if status == "cancelled" else None,
+                # the other fields tau2's Order has, as tau2 writes them (None as null)
+                "exchange_items": None,
+                "exchange_new_items": None,
+                "exchange_payment_method_id": None,
+                "exchange_price_difference": None,
+                "return_items": None,
+                "return_payment_method_id": None,
+            }
         self.kind = rng.choice(["delivered_total", "priciest_item", "count_product"])
         if self.kind == "delivered_total" and not any(o["status"] == "delivered" for o in self.orders.values()):
             next(iter(self.orders.values()))["status"] = "delivered"
@@ -62,17 +88,30 @@ class Environment:
         self.read = set()
         self.answer = None
         self.messages = 0
-        prompt = ("You are a retail customer service agent. Authenticate the user by name and zip code, "
-                  "then answer their question from the store's records using the tools.")
+        prompt = (
+            "You are a retail customer service agent. Authenticate the user by name and zip code, "
+            "then answer their question from the store's records using the tools."
+        )
         if hint:
-            prompt += (" Hint: questions about several orders need every order: list them with get_user_details, "
-                       "read each with get_order_details, and use calculate for sums before you answer.")
-        return {"system_prompt": prompt, "user_message": "Hi, I'm %s %s, zip code %s. %s" % (self.first, self.last, self.zip, self._question())}
+            prompt += (
+                " Hint: questions about several orders need every order: list them with get_user_details, "
+                "read each with get_order_details, and use calculate for sums before you answer."
+            )
+        return {
+            "system_prompt": prompt,
+            "user_message": "Hi, I'm %s %s, zip code %s. %s" % (self.first, self.last, self.zip, self._question()),
+        }
 
     def _address(self, rng):
-        return {"address1": "%d %s" % (rng.randrange(1, 999), rng.choice(["Broadway", "Elm Street", "Oak Avenue", "Main Street"])),
-                "address2": "Suite %d" % rng.randrange(100, 999), "city": rng.choice(["Philadelphia", "Austin", "Denver", "Seattle"]),
-                "country": "USA", "state": rng.choice(["PA", "TX", "CO", "WA"]), "zip": self.zip}
+        return {
+            "address1": "%d %s"
+            % (rng.randrange(1, 999), rng.choice(["Broadway", "Elm Street", "Oak Avenue", "Main Street"])),
+            "address2": "Suite %d" % rng.randrange(100, 999),
+            "city": rng.choice(["Philadelphia", "Austin", "Denver", "Seattle"]),
+            "country": "USA",
+            "state": rng.choice(["PA", "TX", "CO", "WA"]),
+            "zip": self.zip,
+        }
 
     def _question(self):
         if self.kind == "delivered_total":
@@ -83,9 +122,13 @@ class Environment:
 
     def _truth(self):
         if self.kind == "delivered_total":
-            return round(sum(o["payment_history"][0]["amount"] for o in self.orders.values() if o["status"] == "delivered"), 2)
+            return round(
+                sum(o["payment_history"][0]["amount"] for o in self.orders.values() if o["status"] == "delivered"), 2
+            )
         if self.kind == "priciest_item":
-            order, item = max(((o, i) for o in self.orders.values() for i in o["items"]), key=lambda pair: pair[1]["price"])
+            order, item = max(
+                ((o, i) for o in self.orders.values() for i in o["items"]), key=lambda pair: pair[1]["price"]
+            )
             return (order["order_id"], item["name"])
         return sum(1 for o in self.orders.values() for i in o["items"] if i["name"] == self.product)
 
@@ -101,7 +144,11 @@ class Environment:
 
     def _tool(self, name, args):
         if name == "find_user_id_by_name_zip":
-            match = (str(args["first_name"]).lower(), str(args["last_name"]).lower(), str(args["zip"])) == (self.first.lower(), self.last.lower(), self.zip)
+            match = (str(args["first_name"]).lower(), str(args["last_name"]).lower(), str(args["zip"])) == (
+                self.first.lower(),
+                self.last.lower(),
+                self.zip,
+            )
             if not match:
                 return "Error: User not found"
             self.found_user = True
@@ -109,9 +156,16 @@ class Environment:
         if name == "get_user_details":
             if args["user_id"] != self.user_id:
                 return "Error: User not found"
-            return json.dumps({"user_id": self.user_id, "name": {"first_name": self.first, "last_name": self.last},
-                               "address": next(iter(self.orders.values()))["address"], "email": "%s.%s@example.com" % (self.first.lower(), self.last.lower()),
-                               "payment_methods": self.payment, "orders": list(self.orders)})
+            return json.dumps(
+                {
+                    "user_id": self.user_id,
+                    "name": {"first_name": self.first, "last_name": self.last},
+                    "address": next(iter(self.orders.values()))["address"],
+                    "email": "%s.%s@example.com" % (self.first.lower(), self.last.lower()),
+                    "payment_methods": self.payment,
+                    "orders": list(self.orders),
+                }
+            )
         if name == "get_order_details":
             order = self.orders.get(args["order_id"]) if isinstance(args["order_id"], str) else None
             if order is None:
@@ -129,19 +183,31 @@ class Environment:
             correct = truth[0] in text and truth[1].lower() in text.lower()
         else:
             correct = truth in [int(v) for v in numbers(text) if v == int(v)]
-        components = {"found_user": 1.0 if self.found_user else 0.0,
-                      "read_orders": len(self.read) / len(self.orders),
-                      "correct_answer": 1.0 if correct else 0.0}
+        components = {
+            "found_user": 1.0 if self.found_user else 0.0,
+            "read_orders": len(self.read) / len(self.orders),
+            "correct_answer": 1.0 if correct else 0.0,
+        }
         reward = 0.15 * components["found_user"] + 0.35 * components["read_orders"] + 0.5 * components["correct_answer"]
         return {"reward": round(reward, 4), "components": components, "reason": "%s; expected %s" % (self.kind, truth)}
 
     def oracle(self):
-        actions = [{"type": "tool_call", "name": "find_user_id_by_name_zip", "arguments": {"first_name": self.first, "last_name": self.last, "zip": self.zip}},
-                   {"type": "tool_call", "name": "get_user_details", "arguments": {"user_id": self.user_id}}]
-        actions += [{"type": "tool_call", "name": "get_order_details", "arguments": {"order_id": o}} for o in self.orders]
+        actions = [
+            {
+                "type": "tool_call",
+                "name": "find_user_id_by_name_zip",
+                "arguments": {"first_name": self.first, "last_name": self.last, "zip": self.zip},
+            },
+            {"type": "tool_call", "name": "get_user_details", "arguments": {"user_id": self.user_id}},
+        ]
+        actions += [
+            {"type": "tool_call", "name": "get_order_details", "arguments": {"order_id": o}} for o in self.orders
+        ]
         truth = self._truth()
         if self.kind == "delivered_total":
-            amounts = [str(o["payment_history"][0]["amount"]) for o in self.orders.values() if o["status"] == "delivered"]
+            amounts = [
+                str(o["payment_history"][0]["amount"]) for o in self.orders.values() if o["status"] == "delivered"
+            ]
             actions.append({"type": "tool_call", "name": "calculate", "arguments": {"expression": " + ".join(amounts)}})
             answer = "You paid %.2f in total for your delivered orders." % truth
         elif self.kind == "priciest_item":

@@ -6,6 +6,7 @@ loosely ('order W1234567', 'the blue headphones', 'my Visa'), and the agent
 must map those descriptions to the exact ids found in tool output. Here an
 order holds look-alike items (same product, other options) and the user has
 several payment methods, so only exact reading and copying succeeds."""
+
 import json
 import random
 
@@ -41,37 +42,79 @@ class Environment:
         }
         original = rng.choice([card, paypal])
         self.refund_to = rng.choice([original, gift]) if level else original
-        self.described = {card: "my %s card" % brand.capitalize(), paypal: "my PayPal", gift: "my gift card"}[self.refund_to]
+        self.described = {card: "my %s card" % brand.capitalize(), paypal: "my PayPal", gift: "my gift card"}[
+            self.refund_to
+        ]
         self.order_id = "#W%07d" % rng.randrange(10**7)
         product = rng.choice(sorted(PRODUCTS))
         option, values = PRODUCTS[product]
         picked = rng.sample(values, [1, rng.randint(2, len(values)), len(values)][level])
-        items = [{"name": product, "product_id": "%010d" % (sum(map(ord, product)) * 7919), "item_id": "%010d" % rng.randrange(10**10),
-                  "price": round(rng.uniform(15, 300), 2), "options": {option: value}} for value in picked]
+        items = [
+            {
+                "name": product,
+                "product_id": "%010d" % (sum(map(ord, product)) * 7919),
+                "item_id": "%010d" % rng.randrange(10**10),
+                "price": round(rng.uniform(15, 300), 2),
+                "options": {option: value},
+            }
+            for value in picked
+        ]
         other = rng.choice([p for p in sorted(PRODUCTS) if p != product])
-        items.append({"name": other, "product_id": "%010d" % (sum(map(ord, other)) * 7919), "item_id": "%010d" % rng.randrange(10**10),
-                      "price": round(rng.uniform(15, 300), 2), "options": {PRODUCTS[other][0]: rng.choice(PRODUCTS[other][1])}})
+        items.append(
+            {
+                "name": other,
+                "product_id": "%010d" % (sum(map(ord, other)) * 7919),
+                "item_id": "%010d" % rng.randrange(10**10),
+                "price": round(rng.uniform(15, 300), 2),
+                "options": {PRODUCTS[other][0]: rng.choice(PRODUCTS[other][1])},
+            }
+        )
         rng.shuffle(items)
         self.wanted = [i for i in items if i["name"] == product][: [1, rng.randint(1, 2), 2][level]]
         total = round(sum(i["price"] for i in items), 2)
-        self.order = {"order_id": self.order_id, "user_id": self.user_id,
-                      "address": {"address1": "%d Oak Avenue" % rng.randrange(1, 999), "address2": "", "city": "Denver", "country": "USA", "state": "CO", "zip": "%05d" % rng.randrange(10000, 99999)},
-                      "items": items, "status": "delivered", "fulfillments": [{"tracking_id": ["%012d" % rng.randrange(10**12)], "item_ids": [i["item_id"] for i in items]}],
-                      "payment_history": [{"transaction_type": "payment", "amount": total, "payment_method_id": original}],
-                      # every field tau2's Order has, as tau2 writes it (None as null)
-                      "cancel_reason": None, "exchange_items": None, "exchange_new_items": None, "exchange_payment_method_id": None, "exchange_price_difference": None,
-                      "return_items": None, "return_payment_method_id": None}
+        self.order = {
+            "order_id": self.order_id,
+            "user_id": self.user_id,
+            "address": {
+                "address1": "%d Oak Avenue" % rng.randrange(1, 999),
+                "address2": "",
+                "city": "Denver",
+                "country": "USA",
+                "state": "CO",
+                "zip": "%05d" % rng.randrange(10000, 99999),
+            },
+            "items": items,
+            "status": "delivered",
+            "fulfillments": [
+                {"tracking_id": ["%012d" % rng.randrange(10**12)], "item_ids": [i["item_id"] for i in items]}
+            ],
+            "payment_history": [{"transaction_type": "payment", "amount": total, "payment_method_id": original}],
+            # every field tau2's Order has, as tau2 writes it (None as null)
+            "cancel_reason": None,
+            "exchange_items": None,
+            "exchange_new_items": None,
+            "exchange_payment_method_id": None,
+            "exchange_price_difference": None,
+            "return_items": None,
+            "return_payment_method_id": None,
+        }
         self.return_calls = []
         self.found_user = False
         self.read_order = False
         self.messages = 0
         prompt = "You are a retail customer service agent. Authenticate users by email. Delivered orders can be returned; the refund goes to the original payment method or a gift card."
         if hint:
-            prompt += (" Hint: order ids start with '#'; copy item ids and payment method ids character for character "
-                       "from get_order_details and get_user_details, and match each item by its options.")
+            prompt += (
+                " Hint: order ids start with '#'; copy item ids and payment method ids character for character "
+                "from get_order_details and get_user_details, and match each item by its options."
+            )
         wanted = " and the ".join("%s %s" % (i["options"][option], product) for i in self.wanted)
         message = "Hello, my email is %s. I'd like to return the %s from order %s and get the refund on %s." % (
-            self.email, wanted, self.order_id if level == 0 else self.order_id[1:], self.described)
+            self.email,
+            wanted,
+            self.order_id if level == 0 else self.order_id[1:],
+            self.described,
+        )
         return {"system_prompt": prompt, "user_message": message}
 
     def step(self, action):
@@ -91,9 +134,16 @@ class Environment:
         if name == "get_user_details":
             if args["user_id"] != self.user_id:
                 return "Error: User not found"
-            return json.dumps({"user_id": self.user_id, "name": {"first_name": self.first, "last_name": self.last},
-                               "address": self.order["address"], "email": self.email, "payment_methods": self.payment_methods,
-                               "orders": [self.order_id]})
+            return json.dumps(
+                {
+                    "user_id": self.user_id,
+                    "name": {"first_name": self.first, "last_name": self.last},
+                    "address": self.order["address"],
+                    "email": self.email,
+                    "payment_methods": self.payment_methods,
+                    "orders": [self.order_id],
+                }
+            )
         if args["order_id"] != self.order_id:
             return "Error: Order not found"
         if name == "get_order_details":
@@ -105,7 +155,10 @@ class Environment:
         method = args["payment_method_id"]
         if method not in self.payment_methods:
             return "Error: Payment method not found"
-        if self.payment_methods[method]["source"] != "gift_card" and method != self.order["payment_history"][0]["payment_method_id"]:
+        if (
+            self.payment_methods[method]["source"] != "gift_card"
+            and method != self.order["payment_history"][0]["payment_method_id"]
+        ):
             return "Error: Payment method should be the original payment method"
         ids = args["item_ids"] if isinstance(args["item_ids"], list) else []
         known = [i["item_id"] for i in self.order["items"]]
@@ -127,8 +180,14 @@ class Environment:
             "item_ids_exact": 1.0 if sorted(map(str, ids)) == sorted(i["item_id"] for i in self.wanted) else 0.0,
             "payment_method_exact": 1.0 if call.get("payment_method_id") == self.refund_to else 0.0,
         }
-        weights = {"found_user": 0.1, "read_order": 0.1, "write_called": 0.1, "order_id_exact": 0.1,
-                   "item_ids_exact": 0.35, "payment_method_exact": 0.25}
+        weights = {
+            "found_user": 0.1,
+            "read_order": 0.1,
+            "write_called": 0.1,
+            "order_id_exact": 0.1,
+            "item_ids_exact": 0.35,
+            "payment_method_exact": 0.25,
+        }
         reward = sum(weights[k] * v for k, v in components.items())
         return {"reward": round(reward, 4), "components": components, "reason": "graded on the last return call"}
 
@@ -137,7 +196,18 @@ class Environment:
             {"type": "tool_call", "name": "find_user_id_by_email", "arguments": {"email": self.email}},
             {"type": "tool_call", "name": "get_user_details", "arguments": {"user_id": self.user_id}},
             {"type": "tool_call", "name": "get_order_details", "arguments": {"order_id": self.order_id}},
-            {"type": "tool_call", "name": "return_delivered_order_items", "arguments": {
-                "order_id": self.order_id, "item_ids": [i["item_id"] for i in self.wanted], "payment_method_id": self.refund_to}},
-            {"type": "message", "content": "Your return has been requested; the refund will go to %s." % self.described.replace("my ", "your ")},
+            {
+                "type": "tool_call",
+                "name": "return_delivered_order_items",
+                "arguments": {
+                    "order_id": self.order_id,
+                    "item_ids": [i["item_id"] for i in self.wanted],
+                    "payment_method_id": self.refund_to,
+                },
+            },
+            {
+                "type": "message",
+                "content": "Your return has been requested; the refund will go to %s."
+                % self.described.replace("my ", "your "),
+            },
         ]
