@@ -43,6 +43,10 @@ class TrajectoryStoreError(TraceGymError):
     """A trajectory file that cannot be written, or that is not ours to append to."""
 
 
+class OtherRunError(TrajectoryStoreError):
+    """A trajectory file made by a run with other settings, resumed as if it were this one's."""
+
+
 class AgentGaveUp(TraceGymError):
     """An agent that cannot go on (its model's output never parsed as an action, or its
     prompt would pass the model's context): the episode ends there, truncated, and the

@@ -1098,7 +1098,7 @@ def stage_evaluate(config: PipelineConfig, state: RunState, say: Callable[[str],
         write_results,
     )
     from .rollout import rollout
-    from .store import TrajectoryStoreError, read_trajectories
+    from .store import OtherRunError, read_trajectories
 
     out = config.run_dir / "eval"
     out.mkdir(parents=True, exist_ok=True)
@@ -1132,9 +1132,7 @@ def stage_evaluate(config: PipelineConfig, state: RunState, say: Callable[[str],
 
         try:
             summary = play()
-        except TrajectoryStoreError:  # an earlier evaluation with other settings: kept, not resumed
-            if not path.exists():
-                raise
+        except OtherRunError:  # an earlier evaluation with other settings: kept, not resumed
             aside = _set_aside(path, out / "earlier")
             say(f"{name}: {path.name} holds an evaluation made with other settings; kept as {aside}, played again")
             summary = play()

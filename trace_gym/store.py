@@ -28,7 +28,7 @@ from typing import Any, Iterator
 
 from pydantic import ValidationError
 
-from .errors import TrajectoryStoreError
+from .errors import OtherRunError, TrajectoryStoreError
 from .trajectory import Trajectory
 
 
@@ -168,13 +168,13 @@ def check_same_run(path: Path, contents: _Contents, settings: dict[str, Any]) ->
     """Refuse to resume a file made with other settings; True if the file still needs this run's header."""
     recorded = [s for i, s in enumerate(contents.settings) if s not in contents.settings[:i]]
     if len(recorded) > 1:
-        raise TrajectoryStoreError(
+        raise OtherRunError(
             f"{path} mixes runs made with different settings "
             f"({_differences(recorded[0], recorded[1])}); write to a new file"
         )
     if recorded:
         if recorded[0] != settings:
-            raise TrajectoryStoreError(
+            raise OtherRunError(
                 f"{path} was made by another run ({_differences(recorded[0], settings)}); "
                 "resume with the same settings, or write to a new --out"
             )
@@ -184,7 +184,7 @@ def check_same_run(path: Path, contents: _Contents, settings: dict[str, Any]) ->
         seen = {getattr(t, field_name) for t in contents.done.values()}
         wanted = settings.get(field_name)
         if wanted is not None and seen and seen != {wanted}:
-            raise TrajectoryStoreError(
+            raise OtherRunError(
                 f"{path} was made by another run ({field_name} {', '.join(sorted(map(str, seen)))} "
                 f"in the file, {wanted} now); write to a new --out"
             )
