@@ -66,10 +66,14 @@ def local_folder(spec: str) -> tuple[str, str | None]:
     return folder, None
 
 
-def load_local(folder: str, *, dtype: Any, device: str = "cpu", chat_template: str | None = None) -> tuple[Any, Any]:
+def load_local(
+    folder: str, *, dtype: Any, device: str = "cpu", chat_template: str | None = None, appending: str | None = None
+) -> tuple[Any, Any]:
     """(model, tokenizer) of a local model folder, weights in ``dtype`` on ``device``, the
     tokenizer under ``chat_template`` where given and with a pad token (its end-of-text
-    where it has none). The one loader: backends and training both load through it."""
+    where it has none). With ``appending`` (a ``templates.choose`` choice), the tokenizer
+    plays under that choice, and one that cannot append turn by turn is refused before the
+    weights load. The one loader: backends and training both load through it."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -77,6 +81,12 @@ def load_local(folder: str, *, dtype: Any, device: str = "cpu", chat_template: s
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     if chat_template is not None:
         tokenizer.chat_template = chat_template
+    if appending is not None and appending != "auto":
+        from .templates import CANNOT_APPEND, choose
+
+        tokenizer.chat_template, note = choose(tokenizer, appending)
+        if note.endswith(CANNOT_APPEND):
+            raise LLMError(f"its chat template {note}")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=dtype)

@@ -96,18 +96,14 @@ def load_policy(spec: str, dtype: str, device: str = "cpu") -> tuple[Any, Any, s
 
     from trace_gym.llm import LLMError
     from trace_gym.llm.registry import load_local, split_spec
-    from trace_gym.llm.templates import CANNOT_APPEND, choose
 
     path, chat_template = resolve_model(spec)
-    model, tokenizer = load_local(path, dtype=getattr(torch, dtype), device=device, chat_template=chat_template)
-    choice = split_spec(spec)[1]
-    if choice != "auto":
-        try:
-            tokenizer.chat_template, note = choose(tokenizer, choice)
-        except LLMError as exc:
-            raise TrainingError(f"cannot train {spec}: {exc}") from None
-        if note.endswith(CANNOT_APPEND):
-            raise TrainingError(f"cannot train {spec}: its chat template {note}")
+    try:
+        model, tokenizer = load_local(
+            path, dtype=getattr(torch, dtype), device=device, chat_template=chat_template, appending=split_spec(spec)[1]
+        )
+    except LLMError as exc:
+        raise TrainingError(f"cannot train {spec}: {exc}") from None
     return model, tokenizer, path
 
 
