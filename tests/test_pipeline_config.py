@@ -82,6 +82,11 @@ BAD = [
         '[policy]\nmodel = "openai:m"\nchat_template = "stock"\n[rollout]',
         "[policy] chat_template: openai:m: an OpenAI-compatible server renders conversations with its own",
     ),
+    (
+        "[rollout]",
+        '[evaluate]\nmodel = "vllm:/no/such"\n[rollout]',
+        "[evaluate] model: vllm:/no/such: no tokenizer at /no/such",
+    ),
     ("[rollout]", '[evaluate]\nmethods = ["base", "magic"]\n[rollout]', "[evaluate] methods: unknown method 'magic'"),
     ("[rollout]", "[training]\niterations = 2\n[rollout]", "[training]: unknown section"),
     ('stages = ["rollout", "identify"]', 'stages = ["identify", "rollout"]', "[run] stages: must keep pipeline order"),

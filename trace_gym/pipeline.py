@@ -271,7 +271,7 @@ def check_config(config: PipelineConfig) -> None:
     _check_template(config.policy)
     _check_model(config.policy.model, "[policy] model")
     if config.evaluate.model is not None:
-        _check_model(config.evaluate.model, "[evaluate] model")
+        _check_model(config.evaluate.model, "[evaluate] model", endpoint=False)
     grpo_config(config, ["<env>"], "<out>")  # every [train.grpo] mistake, now
     for capability in config.train.control:
         from .synthesis import serving_envs
@@ -366,12 +366,12 @@ def gepa_config(config: PipelineConfig, budget: int) -> Any:
     )
 
 
-def _check_model(spec: str, where: str) -> None:
+def _check_model(spec: str, where: str, endpoint: bool = True) -> None:
     from .llm import LLMError
     from .llm.registry import check_spec
 
     try:
-        check_spec(spec)
+        check_spec(spec, endpoint=endpoint)
     except LLMError as exc:
         raise ConfigError(f"{where}: {exc}") from None
 

@@ -122,7 +122,7 @@ def _unknown(spec: str) -> str:
     )
 
 
-def check_spec(spec: str) -> None:
+def check_spec(spec: str, *, endpoint: bool = True) -> None:
     """Refuses, in one line and before anything loads, a spec no backend can play: an
     unknown kind, a local folder that is not there, an ``openai:`` model with no endpoint
     set, a chat template that names none (or one for a server that renders its own)."""
@@ -134,14 +134,19 @@ def check_spec(spec: str) -> None:
 
         with_template(model, choice)
         check_choice(choice)
-    if model in EMBEDDED_MODELS or model.startswith("vllm:"):  # vllm: has a default, local address
+    if model in EMBEDDED_MODELS:
+        return
+    if model.startswith("vllm:"):  # a default, local address; the conversation is rendered here
+        from .vllm_tokens import tokenizer_folder
+
+        tokenizer_folder(model.removeprefix("vllm:"))
         return
     if model.startswith("hf:"):
-        if not Path(model[3:]).exists():
+        if not Path(model[3:]).is_dir():
             raise LLMError(f"no model folder at {model[3:]}")
         return
     if model.startswith("openai:"):
-        if not os.environ.get("OPENAI_BASE_URL") and not os.environ.get("OPENAI_API_KEY"):
+        if endpoint and not os.environ.get("OPENAI_BASE_URL") and not os.environ.get("OPENAI_API_KEY"):
             raise LLMError(f"{model} needs an endpoint: set OPENAI_BASE_URL (and OPENAI_API_KEY)")
         return
     raise LLMError(_unknown(spec))

@@ -18,7 +18,8 @@ own model id); ``load_adapter`` loads one at run time through
 vLLM's logprobs are the model's own unless it is started with
 ``--logprobs-mode processed_logprobs``; ``trace-gym serve`` returns those of
 the distribution sampled from, as a local model records them. ``score`` (the
-router's label scores) is not implemented here: route with a local model.
+router's label scores) reads one greedy token's top logprobs, so labels must differ
+in their first token.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ class VLLMTokens(TokenTemplate, RemoteRequests):
         self.timeout, self.concurrency = timeout, max(1, concurrency)
         self.max_retries, self.backoff_s = max_retries, backoff_s
         self.adapters: dict[str, str] = {}
-        folder, chat_template = _tokenizer_folder(tokenizer or model)
+        folder, chat_template = tokenizer_folder(tokenizer or model)
         self.tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
         try:
             config = AutoConfig.from_pretrained(folder, local_files_only=True)
@@ -243,7 +244,7 @@ def _error_message(exc: Any) -> str:
         return exc.reason or ""
 
 
-def _tokenizer_folder(spec: str) -> tuple[str, str | None]:
+def tokenizer_folder(spec: str) -> tuple[str, str | None]:
     """(local folder, chat template to set or None) of a tokenizer spec: an embedded
     model's name, ``hf:<folder>`` or a folder."""
     from .registry import local_folder
