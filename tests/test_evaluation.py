@@ -406,8 +406,25 @@ def test_serving_the_policy_elsewhere_redoes_evaluation_and_nothing_before_it(tm
     after = {s: stage_inputs_hash(config, s, state) for s in STAGES}
     assert [s for s in STAGES if before[s] != after[s]] == ["evaluate"]
     assert config.eval_model == "vllm:smollm2-135m-instruct"
+    config.policy.chat_template = "qwen3_training"  # the server's client renders as the policy was trained
+    assert config.eval_model == "vllm:smollm2-135m-instruct?template=qwen3_training"
+    assert all(stage_inputs_hash(config, s, state) != after[s] for s in STAGES)
     config.policy.model = "hf:/models/other"  # another policy is another run: every stage again
     assert all(stage_inputs_hash(config, s, state) != after[s] for s in STAGES)
+
+
+def test_settings_added_later_leave_an_earlier_runs_stage_hashes_alone(tmp_path):
+    """A run recorded before `[policy] chat_template` and `[evaluate] model` existed resumes
+    with its stages kept: a late setting at its default is not hashed."""
+    from trace_gym.pipeline import STAGES, PipelineConfig, RunSettings, RunState, _hashed, stage_inputs_hash
+
+    config = PipelineConfig(RunSettings(TARGET, dir=str(tmp_path)))
+    assert "chat_template" not in _hashed("policy", to_table(config.policy))
+    assert "model" not in _hashed("evaluate", to_table(config.evaluate))
+    state = RunState(tmp_path)
+    before = {s: stage_inputs_hash(config, s, state) for s in STAGES}
+    config.policy.chat_template = "stock"
+    assert all(stage_inputs_hash(config, s, state) != before[s] for s in STAGES)
 
 
 @pytest.mark.slow

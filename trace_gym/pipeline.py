@@ -221,8 +221,16 @@ class PipelineConfig:
 
     @property
     def eval_model(self) -> str:
-        """The model spec evaluation and routing load: ``[evaluate] model``, else the policy's."""
-        return self.evaluate.model or self.policy.spec
+        """The model spec evaluation and routing load: ``[evaluate] model`` (a ``vllm:`` one
+        rendering under the policy's chat template unless it names its own), else the policy's."""
+        from .llm.registry import split_spec, with_template
+
+        if self.evaluate.model is None:
+            return self.policy.spec
+        model, choice = split_spec(self.evaluate.model)
+        if choice == "auto" and model.startswith("vllm:"):
+            return with_template(model, self.policy.chat_template)
+        return self.evaluate.model
 
 
 def load_config(path: str | Path) -> PipelineConfig:
@@ -349,7 +357,7 @@ def gepa_config(config: PipelineConfig, budget: int) -> Any:
         env=config.run.target,
         budget=budget,
         out=str(config.run_dir / "gepa"),
-        model=p.model,
+        model=p.spec,
         reflection=g.reflection,
         split=g.split,
         tasks=g.tasks,
@@ -493,6 +501,16 @@ class RunState:
         tmp.replace(self.path)
 
 
+HASHED_WHEN_SET = {"policy": {"chat_template": "auto"}, "evaluate": {"model": None}}
+"""Settings added after runs were recorded, with their defaults: hashed only when set, so
+that an earlier run resumes with its finished stages kept."""
+
+
+def _hashed(section: str, table: dict[str, Any]) -> dict[str, Any]:
+    late = HASHED_WHEN_SET.get(section, {})
+    return {k: v for k, v in table.items() if not (k in late and v == late[k])}
+
+
 def stage_inputs_hash(config: PipelineConfig, stage: str, state: RunState) -> str:
     """A stage's inputs: the run's target and seed, the policy, its own settings, and
     every upstream stage's recorded outputs (so a changed upstream redoes it)."""
@@ -500,8 +518,8 @@ def stage_inputs_hash(config: PipelineConfig, stage: str, state: RunState) -> st
     payload = {
         "target": config.run.target,
         "seed": config.run.seed,
-        "policy": to_table(config.policy),
-        "settings": to_table(getattr(config, stage)),
+        "policy": _hashed("policy", to_table(config.policy)),
+        "settings": _hashed(stage, to_table(getattr(config, stage))),
         "upstream": {s: state.stages[s].outputs for s in upstream if s in state.stages},
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()

@@ -127,7 +127,9 @@ def served_from_run(run_dir: str | Path) -> Served:
             f"trace-gym serve: no 'summed' adapter ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})",
             file=sys.stderr,
         )
-    return Served(ctx.backend, config.policy.model, router)
+    from .llm.registry import split_spec
+
+    return Served(ctx.backend, split_spec(config.policy.model)[0], router)
 
 
 def served_model(model: str, adapters: dict[str, str] | None = None) -> Served:

@@ -39,6 +39,8 @@ def with_template(spec: str, template: str | None) -> str:
             f"{model}: an OpenAI-compatible server renders conversations with its own chat template; "
             "set it on the server (vLLM: --chat-template), or use vllm:<model> to render here"
         )
+    if template.endswith(".jinja"):  # a file: named absolutely, so that a later command elsewhere finds it
+        template = str(Path(template).expanduser().resolve())
     return f"{model}{TEMPLATE_OPTION}{template}"
 
 
@@ -102,8 +104,8 @@ def make_backend(spec: str, **kwargs: Any) -> LLMBackend:
         from .local_hf import LocalHF
 
         folder, template = local_folder(model)
-        names = {"name": model} if model in EMBEDDED_MODELS else {}
-        return LocalHF(folder, **names, **({"chat_template": template} if template else {}), **kwargs)
+        kwargs.setdefault("name", spec)  # what run records compare: the folder and the template, not a folder's name
+        return LocalHF(folder, **({"chat_template": template} if template else {}), **kwargs)
     if model.startswith("openai:"):
         from .openai_compat import OpenAICompatible
 
@@ -111,7 +113,9 @@ def make_backend(spec: str, **kwargs: Any) -> LLMBackend:
     if model.startswith("vllm:"):
         from .vllm_tokens import VLLMTokens
 
-        return VLLMTokens(model.removeprefix("vllm:"), **kwargs)
+        backend = VLLMTokens(model.removeprefix("vllm:"), **kwargs)
+        backend.name = spec
+        return backend
     raise LLMError(_unknown(spec))
 
 
