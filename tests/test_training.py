@@ -253,3 +253,24 @@ def test_bf16_asked_on_a_cpu_without_bf16_instructions_is_warned_of(monkeypatch,
     for dtype, warned in (("bfloat16", True), ("float32", False), ("auto", False)):
         trainer._check_machine(GRPOTrainingConfig(env_ids=[TWO_REPLIES], out="x", dtype=dtype))
         assert ("emulated, slower than float32" in capsys.readouterr().err) is warned
+
+
+def test_a_resumed_run_counts_its_episodes_on_from_the_last_total(tmp_path):
+    """Each log line's episodes_played is a running total: a resumed run goes on from the last
+    one (summing them counted the early iterations again at every resume)."""
+    from types import SimpleNamespace
+
+    from trace_gym.training.trainer import _IterationLog
+
+    previous = [
+        {"iteration": 1, "episodes_played": 20, "elapsed_s": 10.0},
+        {"iteration": 2, "episodes_played": 36, "elapsed_s": 20.0},
+        {"iteration": 3, "episodes_played": 64, "elapsed_s": 30.0},
+    ]
+    record = SimpleNamespace(summary=lambda: {"episodes_played": 16, "mean_reward": 0.1})
+    rollout = SimpleNamespace(records=[record], pool=SimpleNamespace(stats=SimpleNamespace()))
+    log = TrainLog(tmp_path / "train_log.jsonl")
+    config = GRPOTrainingConfig(env_ids=[TWO_REPLIES], out=str(tmp_path), iterations=5)
+    resumed = _IterationLog(config, rollout, log, 3, previous, progress=False)
+    resumed.write(4, {"loss": 0.0})
+    assert log.read()[-1]["episodes_played"] == 64 + 16

@@ -313,7 +313,7 @@ class _IterationLog:
         self.config = config
         self.rollout = rollout
         self.log = log
-        self.episodes_played = sum(r.get("episodes_played", 0) for r in previous)
+        self.episodes_played = previous[-1].get("episodes_played", 0) if previous else 0  # a running total
         self.elapsed = previous[-1]["elapsed_s"] if previous else 0.0
         self.t_last = time.perf_counter()
         self.bar = tqdm(
