@@ -51,7 +51,8 @@ def post(url: str, body, headers: dict | None = None) -> tuple[int, str]:
         with urllib.request.urlopen(request, timeout=120) as response:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
+        with exc:
+            return exc.code, exc.read().decode()
 
 
 def _play(backend, episodes: int = 1):

@@ -237,11 +237,14 @@ class VLLMTokens(TokenTemplate, RemoteRequests):
 
 
 def _error_message(exc: Any) -> str:
+    """The server's words for an HTTP error; the error's connection is closed once read."""
     try:
         payload = json.loads(exc.read().decode("utf-8"))
         return str(payload.get("error", {}).get("message") or payload)
     except Exception:  # noqa: BLE001 - whatever the body was, the status says enough
         return exc.reason or ""
+    finally:
+        exc.close()
 
 
 def tokenizer_folder(spec: str) -> tuple[str, str | None]:
