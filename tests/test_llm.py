@@ -255,3 +255,25 @@ def test_unknown_model_spec_and_missing_local_model():
         make_backend("gpt5")
     with pytest.raises(LLMError, match="never downloads weights"):
         make_backend("hf:HuggingFaceTB/SmolLM2-135M-Instruct")
+
+
+def test_a_model_spec_carries_one_chat_template_and_refuses_what_names_none(tmp_path, monkeypatch):
+    from trace_gym.llm import LLMError
+    from trace_gym.llm.registry import split_spec, with_template
+
+    assert split_spec("hf:/m") == ("hf:/m", "auto")
+    assert with_template("hf:/m", "qwen3_training") == "hf:/m?template=qwen3_training"
+    assert with_template("hf:/m", "auto") == with_template("hf:/m", None) == "hf:/m"
+    assert split_spec(with_template("vllm:/m", "stock")) == ("vllm:/m", "stock")
+    (tmp_path / "mine.jinja").write_text("{{ messages }}")
+    monkeypatch.chdir(tmp_path)  # a relative file is recorded absolute: a later command elsewhere finds it
+    assert with_template("hf:/m", "mine.jinja") == f"hf:/m?template={tmp_path / 'mine.jinja'}"
+    for spec, template, words in (
+        ("hf:/m?template=", None, "names no template"),
+        ("hf:/m?template=stock", "qwen3_training", "already names chat template 'stock'"),
+        ("openai:gpt", "stock", "renders conversations with its own chat template"),
+        ("hf:/m", "no_such_template", "neither a file nor one of TRL's"),
+        ("hf:/m", "gone.jinja", "no such file"),
+    ):
+        with pytest.raises(LLMError, match=words):
+            with_template(spec, template)

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from trace_gym.errors import TrajectoryStoreError
+from trace_gym.errors import OtherRunError, TrajectoryStoreError
 from trace_gym.store import TrajectoryStore, read_trajectories
 from trace_gym.trajectory import Message, Trajectory, episode_id
 
@@ -78,13 +78,15 @@ def test_a_corrupt_middle_line_is_reported_not_dropped(tmp_path):
 def test_unwritable_path(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
-    with pytest.raises(TrajectoryStoreError, match="cannot write trajectories"):
+    with pytest.raises(TrajectoryStoreError, match="cannot write trajectories") as caught:
         TrajectoryStore(blocker / "t.jsonl")
+    assert not isinstance(caught.value, OtherRunError)  # not a file to set aside
 
 
 def test_a_directory_is_not_a_file(tmp_path):
-    with pytest.raises(TrajectoryStoreError, match="is a directory"):
+    with pytest.raises(TrajectoryStoreError, match="is a directory") as caught:
         TrajectoryStore(tmp_path)
+    assert not isinstance(caught.value, OtherRunError)
 
 
 def test_run_settings_are_a_header_that_readers_skip(tmp_path):
@@ -100,7 +102,7 @@ def test_run_settings_are_a_header_that_readers_skip(tmp_path):
     with TrajectoryStore(path, resume=True, settings=settings) as store:
         store.append(make(1))
     assert read_run_settings(path) == [settings]  # the same run: no second header
-    with pytest.raises(TrajectoryStoreError, match=r"agent_options.seed 1 in the file, 2 now"):
+    with pytest.raises(OtherRunError, match=r"agent_options.seed 1 in the file, 2 now"):
         TrajectoryStore(path, resume=True, settings={"agent": "oracle", "agent_options": {"seed": 2}})
 
 
@@ -112,7 +114,7 @@ def test_concatenated_runs_with_different_settings_cannot_be_resumed(tmp_path):
         store.append(make(1))
     both.write_bytes(a.read_bytes() + b.read_bytes())
     assert len(read_trajectories(both)) == 2  # still readable
-    with pytest.raises(TrajectoryStoreError, match="mixes runs made with different settings"):
+    with pytest.raises(OtherRunError, match="mixes runs made with different settings"):
         TrajectoryStore(both, resume=True, settings={"seed": 1})
 
 

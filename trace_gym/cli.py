@@ -931,15 +931,13 @@ TEMPLATE_HELP = (
 )
 
 
-def model_spec(model: str | None, template: str | None, default: str | None = None) -> str | None:
+def model_spec(model: str | None, template: str | None) -> str | None:
     """The spec --model and --chat-template name together (None: the command's default model)."""
     if not template:
         return model
     from .llm.registry import EMBEDDED_DEFAULT, with_template
-    from .llm.templates import check_choice
 
-    check_choice(template)
-    return with_template(model or default or EMBEDDED_DEFAULT, template)
+    return with_template(model or EMBEDDED_DEFAULT, template)
 
 
 def agent_options(args: argparse.Namespace) -> dict[str, Any]:

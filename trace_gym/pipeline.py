@@ -386,11 +386,9 @@ def _check_model(spec: str, where: str, endpoint: bool = True) -> None:
 
 def _check_template(policy: PolicySettings) -> None:
     from .llm import LLMError
-    from .llm.templates import check_choice
 
     try:
-        _ = policy.spec  # refuses a template for a server that renders its own
-        check_choice(policy.chat_template)
+        _ = policy.spec  # with_template refuses what names no template, or one for a server that renders its own
     except LLMError as exc:
         raise ConfigError(f"[policy] chat_template: {exc}") from None
 

@@ -28,10 +28,15 @@ def split_spec(spec: str) -> tuple[str, str]:
 
 
 def with_template(spec: str, template: str | None) -> str:
-    """``spec`` playing under chat template ``template`` (None or ``auto``: as it is)."""
+    """``spec`` playing under chat template ``template`` (None or ``auto``: as it is). The one
+    place a choice is checked: a name that is no template, a second template, or one for a
+    server that renders its own is refused in one line."""
+    from .templates import check_choice
+
     model, current = split_spec(spec)
     if not template or template == "auto":
         return spec
+    check_choice(template)
     if current not in ("auto", template):
         raise LLMError(f"model '{spec}' already names chat template '{current}', not '{template}'")
     if model.startswith("openai:"):
@@ -98,7 +103,7 @@ def load_local(
 def make_backend(spec: str, **kwargs: Any) -> LLMBackend:
     model, choice = split_spec(spec)
     if choice != "auto":
-        with_template(model, choice)  # refuses a template for a server that renders its own
+        with_template(model, choice)  # refuses what names no template, or one for a server that renders its own
         kwargs.setdefault("template", choice)
     if model in EMBEDDED_MODELS or model.startswith("hf:"):
         from .local_hf import LocalHF
@@ -133,11 +138,7 @@ def check_spec(spec: str, *, endpoint: bool = True) -> None:
     import os
 
     model, choice = split_spec(spec)
-    if choice != "auto":
-        from .templates import check_choice
-
-        with_template(model, choice)
-        check_choice(choice)
+    with_template(model, choice)
     if model in EMBEDDED_MODELS:
         return
     if model.startswith("vllm:"):  # a default, local address; the conversation is rendered here
