@@ -18,6 +18,7 @@ Synthesized env code never runs in the host process.
 
 from .backends import Backend, BwrapBackend, DockerBackend, Limits, SubprocessBackend, select_backend
 from .errors import (
+    Layer,
     SandboxCrashed,
     SandboxEnvError,
     SandboxError,
@@ -34,6 +35,7 @@ __all__ = [
     "Backend",
     "BwrapBackend",
     "DockerBackend",
+    "Layer",
     "Limits",
     "SubprocessBackend",
     "select_backend",

@@ -27,7 +27,14 @@ from typing import Any
 
 from .backends import Backend, Limits, select_backend
 from .channel import Channel
-from .errors import SandboxCrashed, SandboxEnvError, SandboxError, SandboxProtocolError, SandboxUnavailable
+from .errors import (
+    IN_JAIL_LAYERS,
+    SandboxCrashed,
+    SandboxEnvError,
+    SandboxError,
+    SandboxProtocolError,
+    SandboxUnavailable,
+)
 from .gate import compile_env, enforce
 
 MAX_DEPTH = 32
@@ -191,6 +198,7 @@ def check_reply(body: bytes, kind: str) -> dict[str, Any]:
         reply["exception"] = {
             "type": str(exception.get("type", "Exception"))[:200],
             "message": str(exception.get("message", ""))[:MAX_TEXT],
+            "layer": layer if isinstance(layer := exception.get("layer"), str) and layer in IN_JAIL_LAYERS else None,
         }
         reply["traceback"] = (reply.get("traceback") or "")[-4 * MAX_TEXT :]
     elif kind == "load" and reply["tools"] is not None and not all(isinstance(t, str) for t in reply["tools"]):

@@ -122,6 +122,11 @@ SAFE_BUILTINS = (
 ).split()
 
 
+class ImportRefused(ImportError):
+    """An import the sandbox's importer does not allow (the static gate refuses the
+    spelled ones; this catches any that reach ``__import__`` at run time)."""
+
+
 class Refused(AttributeError):
     """An attribute, name or call the language layer does not allow."""
 
@@ -869,7 +874,7 @@ def env_globals(modules: dict, print_sink) -> dict:
 
     def safe_import(name, globals=None, locals=None, fromlist=(), level=0):
         if level != 0 or name not in proxies:
-            raise ImportError("import of %r is not allowed in the sandbox" % name)
+            raise ImportRefused("import of %r is not allowed in the sandbox" % name)
         if "." in name and not fromlist:
             return proxies[name.split(".")[0]]
         return proxies[name]

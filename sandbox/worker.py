@@ -80,7 +80,7 @@ def main():
             "proc_sys_writable": os.access("/proc/sys/kernel/core_pattern", os.W_OK),
         }
     except BaseException as exc:  # noqa: BLE001 - every failure of env code is reported, never fatal here
-        send(failure(exc, "load", printed))
+        send(failure(exc, "load", printed, language))
         return
     send(info)
 
@@ -106,11 +106,11 @@ def main():
                 raise ValueError("unknown op " + repr(op))
             reply = {"ok": True, "result": to_json(result)}
         except BaseException as exc:  # noqa: BLE001
-            reply = failure(exc, str(op), printed)
+            reply = failure(exc, str(op), printed, language)
         try:
             send(reply)
         except BaseException as exc:  # noqa: BLE001 - a result the encoder refuses (too deep...)
-            send(failure(exc, str(op), printed))
+            send(failure(exc, str(op), printed, language))
 
 
 def make_sender(proto, token):
@@ -123,8 +123,24 @@ def make_sender(proto, token):
     return send
 
 
-def failure(exc, where, printed):
-    """An exception of env code as plain data: type, message, the env.py lines of its traceback."""
+def refused_by(exc, language):
+    """The layer inside the jail whose refusal ``exc`` is, or None for env code's own
+    exception. By exact type, never by reading the exception: no env code runs here."""
+    kind = type(exc)
+    if issubclass(kind, language.Refused):
+        return "language"
+    if issubclass(kind, language.ImportRefused):
+        return "worker"
+    if kind is PermissionError:  # EPERM: env code opens no file, so it is the filter's SECCOMP_RET_ERRNO
+        return "seccomp"
+    if kind is MemoryError:  # the address-space rlimit set above
+        return "limits"
+    return None
+
+
+def failure(exc, where, printed, language):
+    """An exception of env code as plain data: type, message, which layer refused it
+    (``refused_by``), the env.py lines of its traceback."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == "env.py"]
     line = " (env.py line %d)" % frames[-1].lineno if frames else ""
     try:
@@ -138,7 +154,7 @@ def failure(exc, where, printed):
         "error": "%s: %s%s" % (kind, message, line),
         "where": where,
         "printed": printed.tail(),
-        "exception": {"type": kind, "message": message},
+        "exception": {"type": kind, "message": message, "layer": refused_by(exc, language)},
         "traceback": trace,
     }
 

@@ -11,6 +11,7 @@ import re
 import pytest
 
 from trace_gym.sandbox import (
+    Layer,
     Limits,
     SandboxEnvError,
     SandboxError,
@@ -94,12 +95,19 @@ RUNTIME_CASES = {
 }
 
 
+# the layer each case's typed error names; None: env code's own exception, no layer stopped it
+OWN = {"recursion": None, "exit the worker": None}
+LAYERS = {"cpu loop": Layer.TIME, "hang in a long computation": Layer.TIME, "reply flood": Layer.HOST}
+LAYERS |= {"memory bomb": Layer.JAIL, "string memory bomb": Layer.JAIL}
+
+
 @pytest.mark.parametrize("name", sorted(RUNTIME_CASES))
 def test_runtime_escape_is_contained(sandbox_backend, name):
     """Run with module names laundered: the gate cannot see them, the run time must stop them."""
     body, error, fragment = RUNTIME_CASES[name]
-    with pytest.raises(error, match=fragment):
+    with pytest.raises(error, match=fragment) as caught:
         step_once(sandbox_backend, env_source(launder(body)))
+    assert caught.value.layer == {**OWN, **LAYERS}.get(name, Layer.LANGUAGE)
 
 
 @pytest.mark.parametrize(
@@ -131,6 +139,7 @@ def test_host_secrets_are_invisible_even_through_format_string_walks(sandbox_bac
     with pytest.raises(SandboxEnvError, match="refused by the language layer") as caught:
         step_once(sandbox_backend, env_source(body))
     assert "sk-host-secret" not in str(caught.value) and "environ(" not in str(caught.value)
+    assert caught.value.layer is Layer.LANGUAGE
 
 
 def test_a_broken_worker_leaves_the_host_and_other_workers_running(sandbox_backend):

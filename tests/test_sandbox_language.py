@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trace_gym.sandbox import SandboxEnvError, SandboxWorker, check_source
+from trace_gym.sandbox import Layer, SandboxEnvError, SandboxWorker, check_source
 from trace_gym.sandbox import language
 from trace_gym.sandbox.gate import compile_env
 
@@ -104,9 +104,46 @@ def test_compile_refusals_name_restricted_python():
 def test_env_code_raising_names_the_language_layer(sandbox_backend):
     source = LEGITIMATE.read_text().replace(
         "        return {'observation': 'ok', 'done': True}",
+        "        if action['type'] == 'tool_call':\n            int('not a number')\n"
         "        return {'observation': '{0.real}'.format(1), 'done': True}",
     )
     with SandboxWorker(source, backend=sandbox_backend) as worker:
         worker.call("reset", seed=0, hint=False)
-        with pytest.raises(SandboxEnvError, match="refused by the language layer"):
+        with pytest.raises(SandboxEnvError, match="refused by the language layer") as caught:
             worker.call("step", action={"type": "message", "content": "x"})
+        assert caught.value.layer is Layer.LANGUAGE
+        with pytest.raises(SandboxEnvError, match="ValueError") as caught:  # env code's own bug: no layer
+            worker.call("step", action={"type": "tool_call", "name": "get_order_details", "arguments": {}})
+        assert caught.value.layer is None
+
+
+def test_the_worker_names_a_refusing_layer_by_the_exception_type_alone():
+    from trace_gym.sandbox import worker
+
+    importer = language.env_globals({}, print)["__builtins__"]["__import__"]
+    with pytest.raises(language.ImportRefused) as caught:
+        importer("os")
+    assert worker.refused_by(caught.value, language) == "worker"
+    assert worker.refused_by(language.Refused("x"), language) == "language"
+    assert worker.refused_by(PermissionError(1, "Operation not permitted"), language) == "seccomp"
+    assert worker.refused_by(MemoryError(), language) == "limits"
+    assert worker.refused_by(ValueError("the env's own"), language) is None
+
+    class Looking(ValueError):  # a subclass that pretends in its text: the type decides
+        def __str__(self):
+            return "refused by the language layer"
+
+    assert worker.refused_by(Looking(), language) is None
+
+
+def test_the_host_keeps_only_a_known_layer_from_a_reply():
+    from trace_gym.sandbox.host import check_reply
+
+    def layer(value):
+        reply = {"ok": False, "error": "E: m", "exception": {"type": "E", "message": "m", "layer": value}}
+        return check_reply(json.dumps(reply).encode(), "call")["exception"]["layer"]
+
+    assert layer("language") == "language" and layer("seccomp") == "seccomp"
+    assert layer("sandbox time limit") is None and layer(["language"]) is None and layer(None) is None
+    assert SandboxEnvError("x", {"exception": {"layer": "worker"}}).layer is Layer.WORKER
+    assert SandboxEnvError("x", {"exception": {"layer": "made up"}}).layer is None

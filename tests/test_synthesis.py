@@ -31,6 +31,11 @@ ESCAPES = {
     ).replace(
         "rng = random.Random(seed)", 'rng = random.Random(seed)\n        datetime.sys.modules["os"].system("id")'
     ),
+    # past the gate: stopped at run time, and the report names the layer from the error's type
+    "formats an attribute field": GOOD.replace('prompt = "You are', 'prompt = "{0.real}".format(1) + "You are'),
+    "spins in reset": GOOD.replace(
+        "rng = random.Random(seed)", "rng = random.Random(seed)\n        while True:\n            pass"
+    ),
 }
 
 
@@ -159,8 +164,10 @@ def test_an_escaping_answer_is_stopped_and_the_report_names_the_layer(tmp_path, 
     expected = {
         "reads a host file": "static gate",
         "opens a socket": "static gate",
-        "walks to os through module attributes": "static gate",
-    }[escape]  # datetime.sys: not on the allowlist
+        "walks to os through module attributes": "static gate",  # datetime.sys: not on the allowlist
+        "formats an attribute field": "sandbox language layer",
+        "spins in reset": "sandbox time limit",
+    }[escape]
     assert layer.startswith(expected), (layer, outcome.attempts[0].evidence)
     assert f"refused by {layer}" in outcome.message
     assert not (tmp_path / "registry" / "exact-lookup").exists()

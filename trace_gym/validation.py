@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .errors import EnvContractError, TraceGymError
+from .sandbox.errors import SandboxError
 from .hashing import code_hash
 from .registry import VALIDATION_REPORT, get_entry, read_manifest
 from .result_shapes import load_result_shapes, result_problems
@@ -108,6 +109,7 @@ class CheckResult:
     evidence: str
     details: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
+    sandbox_layer: str | None = None  # a failed check: the sandbox layer that stopped the env code, if one did
 
 
 @dataclass
@@ -165,18 +167,25 @@ class _CheckStopped(Exception):
 
 
 class _BudgetedWorker:
-    """A sandbox worker whose every call is bounded by what is left of the budget."""
+    """A sandbox worker whose every call is bounded by what is left of the budget,
+    and whose refusals (a ``SandboxError`` with a ``layer``) are noted in ``layers``."""
 
-    def __init__(self, worker: Any, deadline: float):
+    def __init__(self, worker: Any, deadline: float, layers: list[str]):
         self._worker = worker
         self._deadline = deadline
+        self._layers = layers
 
     def call(self, op: str, timeout: float | None = None, **payload: Any) -> Any:
         left = self._deadline - time.monotonic()
         if left <= 0:
             self._worker.close()
             raise _TimeBudgetExhausted(f"before {op}()")
-        return self._worker.call(op, timeout=min(timeout or self._worker.limits.call_timeout_s, left), **payload)
+        try:
+            return self._worker.call(op, timeout=min(timeout or self._worker.limits.call_timeout_s, left), **payload)
+        except SandboxError as exc:
+            if exc.layer:
+                self._layers.append(exc.layer)
+            raise
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._worker, name)
@@ -198,6 +207,7 @@ class _Context:
         self.deadline = time.monotonic() + config.time_budget_s
         self.run_seed = config.seed if config.seed is not None else secrets.randbits(31)
         self.env = None
+        self.layers: list[str] = []  # sandbox layers that refused env code during the running check
         self.episodes: list[Episode] = []
         self.step_times: list[float] = []
 
@@ -213,8 +223,13 @@ class _Context:
 
         if time.monotonic() >= self.deadline:
             raise _TimeBudgetExhausted("before starting a worker")
-        env = SandboxedEnv(self.path, backend=self.backend)
-        env.worker = _BudgetedWorker(env.worker, self.deadline)
+        try:
+            env = SandboxedEnv(self.path, backend=self.backend)
+        except SandboxError as exc:  # refused while loading: the module's own code
+            if exc.layer:
+                self.layers.append(exc.layer)
+            raise
+        env.worker = _BudgetedWorker(env.worker, self.deadline, self.layers)
         env.declared_max_steps = env.worker.info.get("max_steps")
         env.max_steps = min(env.max_steps, self.config.max_episode_steps)
         return env
@@ -292,6 +307,7 @@ def validate(
         if progress:
             progress(check.__name__.removeprefix("check_"))
         t0 = time.perf_counter()
+        ctx.layers.clear()
         try:
             result = check(ctx)
         except TraceGymError as exc:
@@ -316,6 +332,8 @@ def validate(
             )
             _revive_quietly(ctx)
         result.seconds = round(time.perf_counter() - t0, 3)
+        if result.passed is False and ctx.layers:
+            result.sandbox_layer = ctx.layers[0]
         results.append(result)
         if (
             result.passed is False

@@ -34,7 +34,7 @@ from typing import Any, Callable
 from trace_gym.errors import TraceGymError
 from trace_gym.hashing import code_hash
 from trace_gym.registry import EnvEntry, discover
-from trace_gym.validation import ValidationConfig, ValidationReport, validate
+from trace_gym.validation import CheckResult, ValidationConfig, ValidationReport, validate
 
 from .prompt import TEMPLATE_VERSION, Capability, TargetContext, generation_prompt, render, template_hash
 
@@ -515,33 +515,10 @@ def _calibration_figures(calibration: dict[str, Any] | None) -> dict[str, Any]:
 
 
 # --- evidence and layers -------------------------------------------------------------
-_RUNTIME_MARKERS = {
-    "sandbox language layer (RestrictedPython guards)": ("refused by the language layer",),
-    "sandbox worker (restricted builtins and module proxies)": (
-        "not available in the sandbox",
-        "not an allowed module",
-        "not allowed in the sandbox",
-        "read-only in the sandbox",
-    ),
-    "sandbox seccomp filter": ("seccomp",),
-    "sandbox jail and limits (the worker was killed)": (
-        "the worker exited",
-        "the worker is gone",
-        "container is gone",
-        "the worker is no longer running",
-    ),
-    "sandbox time limit": ("no answer within",),
-}
-
-
-def stopping_layer(failed: list[Any]) -> str:
-    """Which layer refused a candidate that passed the gate: a sandbox layer when the
-    evidence shows one, else the validator's checks."""
-    text = " ".join(c.evidence for c in failed)
-    for layer, markers in _RUNTIME_MARKERS.items():
-        if any(m in text for m in markers):
-            return layer
-    return "validation"
+def stopping_layer(failed: list[CheckResult]) -> str:
+    """Which layer refused a candidate that passed the gate: the sandbox layer a failed
+    check met (its typed error's ``layer``), else the validator's checks."""
+    return next((c.sandbox_layer for c in failed if c.sandbox_layer), "validation")
 
 
 def _evidence_text(evidence: dict[str, str]) -> str:
