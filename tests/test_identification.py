@@ -309,3 +309,15 @@ def test_compare_gold_does_not_change_the_selection(tmp_path):
     assert compared.agreement["communicates_required_info"] == pytest.approx(1.0)
     assert compared.selected == plain.selected and "communicates_required_info" not in compared.selected
     assert [c.name for c in compared.capabilities] == [c.name for c in plain.capabilities]
+
+
+def test_offline_analysts_take_the_llm_analysts_options_and_call_no_model(tmp_path):
+    from trace_gym.errors import TraceGymError
+    from trace_gym.identification.reference import ReferenceAnalyst
+
+    cache = tmp_path / "cache"
+    for spec, kind in (("gold", GoldActionAnalyst), ("reference", ReferenceAnalyst)):
+        assert isinstance(make_analyst(spec, cache_dir=cache, per_trajectory=True), kind)
+    assert not cache.exists()  # nothing to cache: no model was asked
+    with pytest.raises(TraceGymError, match="unknown analyst 'openai'"):
+        make_analyst("openai", cache_dir=cache)

@@ -849,13 +849,11 @@ def cmd_identify(args: argparse.Namespace) -> int:
 
     config = SelectionConfig(delta=args.delta, rho=args.rho, runs=args.runs, min_runs=args.k)
     trajectories = read_trajectories(args.trajectories)
-    options = {}
-    if args.analyst.startswith("openai:"):
-        options = {
-            "per_trajectory": args.per_trajectory,
-            "cache_dir": Path(args.cache or Path(args.out) / ".analyst_cache"),
-        }
-    analyst = make_analyst(args.analyst, **options)
+    analyst = make_analyst(
+        args.analyst,
+        per_trajectory=args.per_trajectory,
+        cache_dir=Path(args.cache or Path(args.out) / ".analyst_cache"),
+    )
     result = identify(
         trajectories,
         analyst,

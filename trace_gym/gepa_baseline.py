@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .errors import TraceGymError
+from .llm.registry import is_chat_endpoint
 
 COMPONENT = "instructions"
 DEFAULT_SEED_PROMPT = (
@@ -150,7 +151,7 @@ class RolloutAdapter:
         self.transcript_chars = transcript_chars
         self.calls = len(list(self.folder.glob("call-*.jsonl")))
         self.rollouts = played_episodes(self.folder)  # a resumed search has already paid for these
-        self.local = not config.model.startswith("openai:")
+        self.local = not is_chat_endpoint(config.model)
 
     def evaluate(self, batch: list[str], candidate: dict[str, str], capture_traces: bool = False) -> Any:
         from gepa.core.adapter import EvaluationBatch
@@ -521,7 +522,7 @@ def evaluate_prompt(
     from .store import read_trajectories
 
     env_kwargs = {"max_steps": config.max_steps} if config.max_steps else {}
-    local = not config.model.startswith("openai:")
+    local = not is_chat_endpoint(config.model)
     rollout(
         config.env,
         "llm",

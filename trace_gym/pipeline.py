@@ -36,6 +36,7 @@ from typing import Any, Callable, Literal
 from .config import ConfigError, from_table, read_toml, to_table
 from .errors import TraceGymError
 from .identification.stats import SelectionConfig
+from .llm.registry import is_chat_endpoint
 from .synthesis.loop import SynthesisConfig
 
 STAGES = ("rollout", "identify", "synthesize", "train", "gepa", "evaluate")
@@ -398,7 +399,7 @@ def _check_analyst(spec: str, where: str, offline: tuple[str, ...]) -> None:
 
     if spec in offline:
         return
-    if spec.startswith("openai:"):
+    if is_chat_endpoint(spec):
         if not os.environ.get("OPENAI_BASE_URL") and not os.environ.get("OPENAI_API_KEY"):
             raise ConfigError(f"{where}: {spec} needs an analyst endpoint: set OPENAI_BASE_URL (and OPENAI_API_KEY)")
         return
@@ -833,10 +834,7 @@ def stage_identify(config: PipelineConfig, state: RunState, say: Callable[[str],
     upstream = _require(state, "rollout", "identify")
     trajectories = read_trajectories(upstream["trajectories"])
     out = config.run_dir / "identify"
-    options: dict[str, Any] = {}
-    if config.identify.analyst.startswith("openai:"):
-        options = {"cache_dir": out / ".analyst_cache"}
-    analyst = make_analyst(config.identify.analyst, **options)
+    analyst = make_analyst(config.identify.analyst, cache_dir=out / ".analyst_cache")
     try:
         result = identify(
             trajectories, analyst, out, config=config.identify.selection, seed=config.run.seed, progress=say
@@ -1216,10 +1214,9 @@ def _held_out_labels(
     capabilities = _measured_capabilities(ctx)
     if not capabilities or not played:
         return {}
-    options = {"cache_dir": out / ".analyst_cache"} if config.identify.analyst.startswith("openai:") else {}
     candidates = {c.name: c.description for c in ctx.identification.candidates}
     try:
-        analyst = make_analyst(config.identify.analyst, **options)
+        analyst = make_analyst(config.identify.analyst, cache_dir=out / ".analyst_cache")
         return {name: label_all(analyst, trajectories, candidates) for name, (trajectories, _, _) in played.items()}
     except TraceGymError as exc:
         say(

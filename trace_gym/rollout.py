@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable
 
 from .agents.base import LockStepAgent, Observes, Reports
 from .errors import AgentGaveUp, TraceGymError
+from .llm.registry import is_chat_endpoint
 from .seeding import derive_seed
 from .store import TrajectoryStore
 from .trajectory import Message, Trajectory, episode_id
@@ -602,7 +603,7 @@ def _with_local_adapter(agent: str, agent_kwargs: dict[str, Any], executor: str)
     that adapter loaded under its path, so every agent of the run uses it. A
     server's adapter (vLLM multi-LoRA) is a name the server knows: left alone."""
     adapter, model = agent_kwargs.get("adapter"), agent_kwargs.get("model")
-    if agent != "llm" or not adapter or (isinstance(model, str) and model.startswith("openai:")):
+    if agent != "llm" or not adapter or (isinstance(model, str) and is_chat_endpoint(model)):
         return agent_kwargs
     if model is not None and not isinstance(model, str) and adapter in getattr(model, "adapters", {}):
         return agent_kwargs  # a backend object that already holds it

@@ -274,9 +274,10 @@ def policy_backend(model: str, adapters: AdapterSet) -> Any:
     """The policy with every trained adapter loaded under its name. An OpenAI-compatible
     server (vLLM) must already serve them under those names (``--lora-modules name=path``)."""
     from ..llm import make_backend
+    from ..llm.registry import is_chat_endpoint
 
     backend = make_backend(model)
-    if not model.startswith("openai:"):
+    if not is_chat_endpoint(model):
         for a in adapters.adapters:
             backend.load_adapter(a.name, a.adapter)
     return backend

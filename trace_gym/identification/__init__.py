@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trace_gym.errors import TraceGymError
+from trace_gym.llm.registry import is_chat_endpoint
 from trace_gym.trajectory import Trajectory
 
 from .gold import GOLD_CAPABILITIES, GoldActionAnalyst
@@ -66,9 +67,11 @@ class IdentificationResult:
         return [c.name for c in self.capabilities if c.selected]
 
 
-def make_analyst(spec: str, **kwargs: Any):
+def make_analyst(spec: str, **llm_options: Any):
     """``gold`` (τ²'s gold actions), ``milestone`` (ToolSandbox's milestones), ``reference``
-    (any target's reference solutions, ``oracle_actions()``) or ``openai:<model>``."""
+    (any target's reference solutions, ``oracle_actions()``) or ``openai:<model>``.
+    ``llm_options`` (``cache_dir``, ``per_trajectory``, ...) are the LLM analyst's; an
+    offline analyst calls no model and has none, so callers pass them either way."""
     if spec == "gold":
         return GoldActionAnalyst()
     if spec == "reference":
@@ -79,10 +82,10 @@ def make_analyst(spec: str, **kwargs: Any):
         from .milestone import MilestoneAnalyst
 
         return MilestoneAnalyst()
-    if spec.startswith("openai:"):
+    if is_chat_endpoint(spec):
         from .llm_analyst import LLMAnalyst
 
-        return LLMAnalyst(spec, **kwargs)
+        return LLMAnalyst(spec, **llm_options)
     raise TraceGymError(f"unknown analyst '{spec}'; use gold, milestone, reference or openai:<model>")
 
 

@@ -11,12 +11,19 @@ from .embedded import EMBEDDED_MODELS, EMBEDDED_NAME
 EMBEDDED_DEFAULT = EMBEDDED_NAME
 
 
-REMOTE_PREFIXES = ("openai:", "vllm:")
+CHAT_ENDPOINT = "openai:"
+REMOTE_PREFIXES = (CHAT_ENDPOINT, "vllm:")
 TEMPLATE_OPTION = "?template="
 """A local or ``vllm:`` spec may name the chat template its model plays under:
 ``hf:/models/qwen3-8b?template=qwen3_training`` (``templates.CHOICES``, a TRL template's
 name or a ``.jinja`` path). ``[policy] chat_template`` and ``--chat-template`` write it so;
 the spec then carries it through every stage, into run records and resume checks."""
+
+
+def is_chat_endpoint(spec: str) -> bool:
+    """An ``openai:<model>`` spec: a server that renders conversations itself, knows its
+    adapters by name (vLLM's ``--lora-modules``) and is played by concurrent requests."""
+    return spec.startswith(CHAT_ENDPOINT)
 
 
 def split_spec(spec: str) -> tuple[str, str]:
@@ -39,7 +46,7 @@ def with_template(spec: str, template: str | None) -> str:
     check_choice(template)
     if current not in ("auto", template):
         raise LLMError(f"model '{spec}' already names chat template '{current}', not '{template}'")
-    if model.startswith("openai:"):
+    if is_chat_endpoint(model):
         raise LLMError(
             f"{model}: an OpenAI-compatible server renders conversations with its own chat template; "
             "set it on the server (vLLM: --chat-template), or use vllm:<model> to render here"
@@ -111,10 +118,10 @@ def make_backend(spec: str, **kwargs: Any) -> LLMBackend:
         folder, template = local_folder(model)
         kwargs.setdefault("name", spec)  # what run records compare: the folder and the template, not a folder's name
         return LocalHF(folder, **({"chat_template": template} if template else {}), **kwargs)
-    if model.startswith("openai:"):
+    if is_chat_endpoint(model):
         from .openai_compat import OpenAICompatible
 
-        return OpenAICompatible(model.removeprefix("openai:"), **kwargs)
+        return OpenAICompatible(model.removeprefix(CHAT_ENDPOINT), **kwargs)
     if model.startswith("vllm:"):
         from .vllm_tokens import VLLMTokens
 
@@ -150,7 +157,7 @@ def check_spec(spec: str, *, endpoint: bool = True) -> None:
         if not Path(model[3:]).is_dir():
             raise LLMError(f"no model folder at {model[3:]}")
         return
-    if model.startswith("openai:"):
+    if is_chat_endpoint(model):
         if endpoint and not os.environ.get("OPENAI_BASE_URL") and not os.environ.get("OPENAI_API_KEY"):
             raise LLMError(f"{model} needs an endpoint: set OPENAI_BASE_URL (and OPENAI_API_KEY)")
         return

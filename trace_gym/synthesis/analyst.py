@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_gym.errors import TraceGymError
+from trace_gym.llm.registry import CHAT_ENDPOINT, is_chat_endpoint
 
 
 class SynthesisAnalyst:
@@ -28,7 +29,7 @@ class SynthesisAnalyst:
     ):
         from trace_gym.identification.llm_analyst import AnswerCache, LLMAnalyst
 
-        if not spec.startswith("openai:") or spec == "openai:":
+        if not is_chat_endpoint(spec) or spec == CHAT_ENDPOINT:
             raise TraceGymError(f"unknown analyst '{spec}'; use registry or openai:<model>")
         self.name = spec
         self._client = LLMAnalyst(spec, cache_dir=cache_dir, base_url=base_url, api_key=api_key)
