@@ -76,3 +76,18 @@ def test_matplotlib_and_the_transformers_dtype_keyword_are_declared():
     assert uses_dtype
     floor = re.search(r">=\s*([\d.]+)", names["transformers"]).group(1)
     assert tuple(int(x) for x in floor.split(".")[:2]) >= (4, 56), names["transformers"]
+
+
+def test_every_package_folder_is_declared_for_the_wheel():
+    """A package folder missing from ``[tool.setuptools] packages`` works in a clone and is
+    absent from an installed wheel."""
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    dirs = {name: REPO / path for name, path in setuptools["package-dir"].items()}
+    found = set()
+    for name, folder in dirs.items():
+        for init in folder.rglob("__init__.py"):
+            relative = init.parent.relative_to(folder).parts
+            if "__pycache__" not in relative and not any(p in ("tests", "prompts") for p in relative):
+                found.add(".".join((name, *relative)))
+    nested = {p for p in found if any(p.startswith(f"{d}.") for d in dirs if d != "trace_gym")}
+    assert sorted(found - nested - set(setuptools["packages"])) == []

@@ -237,3 +237,16 @@ def test_the_stored_reports_of_the_registry_are_current():
     rows = {e.id: e.validation_status() for e in discover().values() if e.kind == "synthesized"}
     assert set(REFERENCE_ENVS) <= set(rows)
     assert all(status == "passed" for status in rows.values()), rows
+
+
+def test_every_check_runs_after_the_checks_whose_results_it_reads():
+    from trace_gym.validation.checks import CHECKS, NEEDS, order_problems
+
+    assert order_problems(CHECKS) == []
+    assert set(NEEDS) <= set(CHECKS)
+    needs_fidelity = [c for c in CHECKS if c in NEEDS][0]
+    swapped = [c for c in CHECKS if c is not needs_fidelity]
+    swapped.insert(0, needs_fidelity)  # before interface_fidelity, which starts the env it uses
+    assert order_problems(swapped) == [
+        f"{needs_fidelity.__name__} runs before check_interface_fidelity, which it needs"
+    ]

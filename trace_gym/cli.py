@@ -23,7 +23,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except TraceGymError as exc:
-        from .validation import printable  # env code's text can reach an error: no control characters
+        from .text import printable  # env code's text can reach an error: no control characters
 
         print(f"trace-gym: error: {printable(exc)}", file=sys.stderr)
         return 2

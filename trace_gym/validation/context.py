@@ -1,0 +1,185 @@
+"""What the checks share: one sandboxed env whose calls are bounded by the time budget, the
+episodes played so far and their step times, and the run's seeds."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import TraceGymError
+from ..hashing import code_hash
+from ..registry import get_entry, read_manifest
+from ..result_shapes import load_result_shapes
+from ..sandbox.errors import SandboxError
+from ..tools import load_frozen_tools
+
+
+from .report import ValidationConfig
+
+
+def draw_seeds(run_seed: int, purpose: str, n: int) -> list[int]:
+    """``n`` env seeds as training draws them: 31-bit, from the run's seed
+    (``seeding.derive_seed``, the project's one seed formula)."""
+    from ..rollout import episode_seed
+
+    return [episode_seed(run_seed, purpose, i) for i in range(n)]
+
+
+@dataclass
+class Episode:
+    policy: str
+    seed: int
+    reward: float | None
+    terminated: bool
+    truncated: bool
+    steps: int
+    error: str | None = None
+    observations: list[str] = field(default_factory=list)
+    reward_info: dict[str, Any] = field(default_factory=dict)
+
+
+class TimeBudgetExhausted(Exception):
+    """The validation's time budget ran out (not a TraceGymError, so that no check
+    swallows it: the loop in ``validate`` fails the running check and stops)."""
+
+
+class CheckStopped(Exception):
+    """A check met a decisive failure (the worker hung or died in an episode): it
+    fails at once with this evidence instead of paying the same time-out per seed."""
+
+
+class BudgetedWorker:
+    """A sandbox worker whose every call is bounded by what is left of the budget,
+    and whose refusals (a ``SandboxError`` with a ``layer``) are noted in ``layers``."""
+
+    def __init__(self, worker: Any, deadline: float, layers: list[str]):
+        self._worker = worker
+        self._deadline = deadline
+        self._layers = layers
+
+    def call(self, op: str, timeout: float | None = None, **payload: Any) -> Any:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            self._worker.close()
+            raise TimeBudgetExhausted(f"before {op}()")
+        try:
+            return self._worker.call(op, timeout=min(timeout or self._worker.limits.call_timeout_s, left), **payload)
+        except SandboxError as exc:
+            if exc.layer:
+                self._layers.append(exc.layer)
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._worker, name)
+
+
+class Context:
+    """What the checks share: the env folder, one sandboxed env, episodes seen."""
+
+    def __init__(self, path: Path, backend: Any, config: ValidationConfig):
+        self.path = path
+        self.backend = backend
+        self.config = config
+        self.entry = read_manifest(path)
+        self.source = (path / "env.py").read_text(encoding="utf-8")
+        target = get_entry(self.entry.target)
+        self.target_tools = load_frozen_tools(target.tools_path)
+        self.result_shapes = load_result_shapes(target.path)
+        self.target_hash = code_hash(target.path)
+        self.deadline = time.monotonic() + config.time_budget_s
+        self.run_seed = config.seed if config.seed is not None else secrets.randbits(31)
+        self.env = None
+        self.layers: list[str] = []  # sandbox layers that refused env code during the running check
+        # what checks leave for later ones (checks.NEEDS says which reads what)
+        self.openings: dict[int, str] = {}  # seed -> system prompt and first observation (reset_every_seed)
+        self.episodes: list[Episode] = []  # every recorded episode played so far
+        self.step_times: list[float] = []  # the round trip of every step played so far
+
+    def seeds(self, purpose: str, n: int) -> list[int]:
+        """This run's seeds for one use (the main list, floors, probes, ...)."""
+        return draw_seeds(self.run_seed, purpose, n)
+
+    def make_env(self):
+        """A fresh sandboxed env: its calls bounded by the budget, its episodes by
+        the validator's step cap (the env's declared ``max_steps`` is kept in
+        ``declared_max_steps`` for the termination check)."""
+        from trace_gym.sandbox.env import SandboxedEnv
+
+        if time.monotonic() >= self.deadline:
+            raise TimeBudgetExhausted("before starting a worker")
+        try:
+            env = SandboxedEnv(self.path, backend=self.backend)
+        except SandboxError as exc:  # refused while loading: the module's own code
+            if exc.layer:
+                self.layers.append(exc.layer)
+            raise
+        env.worker = BudgetedWorker(env.worker, self.deadline, self.layers)
+        env.declared_max_steps = env.worker.info.get("max_steps")
+        env.max_steps = min(env.max_steps, self.config.max_episode_steps)
+        return env
+
+    def play(self, env, agent_name: str, seed: int, *, record: bool = True) -> Episode:
+        from trace_gym.agents import make_agent
+
+        agent = make_agent(agent_name, seed=seed)
+        try:
+            obs, info = env.reset(seed=seed)
+            agent.reset(obs, {**info, "episode_seed": seed}, env)
+            observations = [obs]
+            reward, terminated, truncated, step_info = 0.0, False, False, {}
+            while not (terminated or truncated):
+                action = agent.act(obs)
+                t0 = time.perf_counter()
+                obs, reward, terminated, truncated, step_info = env.step(action)
+                self.step_times.append(time.perf_counter() - t0)
+                observations.append(obs)
+                if hasattr(agent, "observe"):
+                    agent.observe(obs, step_info)
+            episode = Episode(
+                agent_name,
+                seed,
+                reward,
+                terminated,
+                truncated,
+                env.unwrapped.steps,
+                observations=observations,
+                reward_info=step_info.get("reward_info") or {},
+            )
+        except TraceGymError as exc:
+            episode = Episode(agent_name, seed, None, False, False, 0, error=str(exc))
+            if not env.unwrapped.worker.alive:  # it hung or died: decisive; a fresh worker for the next check
+                if record:
+                    self.episodes.append(episode)
+                env.close()
+                self.env = self.make_env()
+                raise CheckStopped(f"the worker hung or died in a {agent_name} episode (seed {seed}): {exc}") from None
+        if record:
+            self.episodes.append(episode)
+        return episode
+
+
+def revive_quietly(ctx: Context) -> None:
+    try:
+        revive(ctx)
+    except Exception:  # noqa: BLE001 - the next check reports a worker that cannot start
+        ctx.env = None
+
+
+def note_crash(ctx: Context, crashes: list[str], where: str, exc: Exception) -> bool:
+    """Record a crash and give the check a live env; True when the worker hung or
+    died (decisive: the check stops there rather than pay a time-out per call)."""
+    crashes.append(f"{where}: {exc}")
+    hung = ctx.env is None or not ctx.env.worker.alive
+    revive(ctx)
+    return hung
+
+
+def revive(ctx: Context) -> None:
+    """A check that killed the worker gets a fresh env for the checks after it."""
+    if ctx.env is None or not ctx.env.worker.alive:
+        if ctx.env is not None:
+            ctx.env.close()
+        ctx.env = ctx.make_env()
