@@ -37,6 +37,7 @@ from pathlib import Path
 
 WORKER_SOURCE = Path(__file__).with_name("worker.py")
 LANGUAGE_SOURCE = Path(__file__).with_name("language.py")
+WORLD_SOURCE = Path(__file__).with_name("world.py")
 WORKER_DIR = "/opt/trace-gym"
 WORKER_IN_ROOTFS = f"{WORKER_DIR}/worker.py"
 SANDBOX_UID = 65534
@@ -100,6 +101,7 @@ def rootfs_key() -> str:
         str(interpreter()),
         WORKER_SOURCE.read_text(),
         LANGUAGE_SOURCE.read_text(),
+        WORLD_SOURCE.read_text(),
     ):
         digest.update(part.encode() + b"\0")
     return digest.hexdigest()[:16]
@@ -163,6 +165,7 @@ def _build(root: Path) -> None:
         (root / "dev" / device).touch()
     _copy_file(WORKER_SOURCE, root, dest=WORKER_IN_ROOTFS)
     _copy_file(LANGUAGE_SOURCE, root, dest=f"{WORKER_DIR}/language.py")
+    _copy_file(WORLD_SOURCE, root, dest=f"{WORKER_DIR}/world.py")
     for path in [root, *root.rglob("*")]:
         if path.is_symlink():
             continue

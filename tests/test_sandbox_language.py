@@ -28,7 +28,11 @@ def run(source: str) -> dict:
     """Trusted test snippets only: compiled by the gate's compiler, run with the worker's guards."""
     code, errors = compile_env(source)
     assert not errors, errors
-    modules = {name: __import__(name, fromlist=["_"]) for name in language.ALLOWED_MODULES}
+    # in the jail the world kit sits beside the worker; here it is the package's module
+    modules = {
+        name: __import__("trace_gym.sandbox.world" if name == "world" else name, fromlist=["_"])
+        for name in language.ALLOWED_MODULES
+    }
     namespace = language.env_globals(modules, sys.stdout)
     exec(code, namespace)
     return namespace

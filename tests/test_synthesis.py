@@ -20,7 +20,8 @@ from trace_gym.synthesis import SynthesisConfig, load_capabilities, synthesize
 from trace_gym.validation import ValidationConfig
 
 TARGET = "trace/tau2-retail-v0"
-GOOD = (FIXTURE_ENVS / "order-lookup" / "env.py").read_text()
+# what the replayed analyst writes: an env on the world kit (import world), as the prompt teaches
+GOOD = (FIXTURE_ENVS.parent / "kit_lookup_env.py").read_text()
 QUICK = ValidationConfig(seeds=30, floor_seeds=10, determinism_seeds=2, calibration_seeds=4, k=2, seed=0)
 BUGGY = GOOD.replace('return {"reward": reward,', 'return {"reward": reward * 2,')  # out of [0, 1]: reward_range
 ESCAPES = {
@@ -116,6 +117,7 @@ def test_a_bug_the_validator_catches_is_repaired_from_its_evidence(tmp_path):
 
     folder = tmp_path / "registry" / "exact-lookup"
     assert sorted(p.name for p in folder.iterdir()) == ["README.md", "env.py", "manifest.toml", "validation.json"]
+    assert "import world" in (folder / "env.py").read_text()  # registered on the world kit
     assert not any((tmp_path / "registry" / ".synthesis").iterdir())
     env = gym.make(outcome.env_id, backend="bwrap")
     obs, info = env.reset(seed=3)
@@ -388,3 +390,15 @@ def test_the_prompt_is_built_from_any_target_and_the_capability_evidence(tmp_pat
     assert context.tool_results and context.tool_results[0] in prompt
     assert "order id W123 without '#'" in prompt and cap.description in prompt
     assert "Transfer rationale" in prompt and "random.Random(seed)" in prompt
+    assert "world kit (`import world`)" in prompt and "It has nothing for trace/tau2-mock-v0 yet" in prompt
+
+
+def test_the_prompt_teaches_the_world_kit_from_the_kits_own_functions():
+    from trace_gym.sandbox import world
+    from trace_gym.synthesis.prompt import world_kit_text
+
+    text = world_kit_text("trace/tau2-retail-v0")
+    public = [n for n in vars(world) if n.startswith("retail_") and callable(getattr(world, n))]
+    assert public and all(f"`world.{n}(" in text for n in public)
+    assert "return_delivered_order_items" in text and "_retail_call" not in text
+    assert world_kit_text("trace/tau2-airline-v0").startswith("It has nothing for trace/tau2-airline-v0")

@@ -175,6 +175,31 @@ def _from_live_target(entry: EnvEntry, samples: int, per_result: int) -> tuple[s
     return policy, results, ""
 
 
+WORLD_KITS = {"trace/tau2-retail-v0": "retail_"}
+"""The targets the world kit (``sandbox/world.py``) builds records for: the prefix of their functions."""
+
+
+def world_kit_text(target: str) -> str:
+    """What the generation prompt says about the world kit for ``target``: each of its
+    functions with its signature and docstring, read from the kit itself."""
+    import inspect
+
+    from trace_gym.sandbox import world
+
+    prefix = WORLD_KITS.get(target)
+    if prefix is None:
+        return f"It has nothing for {target} yet: build the records yourself, with every field the results above show."
+    lines = [f"For {target} (each `seed` an int drawn from your rng: `rng.randrange(2**31)`):"]
+    for name in sorted(vars(world)):
+        value = getattr(world, name)
+        if name.startswith(prefix) and callable(value):
+            doc = " ".join((inspect.getdoc(value) or "").split())
+            lines.append(f"   - `world.{name}{inspect.signature(value)}`: {doc}")
+    tools = ", ".join(getattr(world, prefix.upper() + "TOOLS"))
+    lines.append(f"   It plays {tools}; answer other tools yourself.")
+    return "\n".join(lines)
+
+
 def generation_prompt(capability: Capability, context: TargetContext) -> str:
     from trace_gym.sandbox.language import MODULES
 
@@ -190,5 +215,10 @@ def generation_prompt(capability: Capability, context: TargetContext) -> str:
         tools=tools,
         tool_results="\n\n".join(context.tool_results) or "(not available: follow the schemas' descriptions)",
         contract=template_text("contract"),
-        allowed_imports="; ".join(f"{m} ({', '.join(sorted(names))})" for m, names in sorted(MODULES.items())),
+        allowed_imports="; ".join(
+            f"{m} ({', '.join(sorted(names))})"
+            for m, names in sorted(MODULES.items())
+            if m != "world" or context.entry.id in WORLD_KITS  # the kit only where it has this target's records
+        ),
+        world_kit=world_kit_text(context.entry.id),
     )

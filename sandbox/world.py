@@ -1,0 +1,233 @@
+"""The world kit: target-shaped records and the target's own answers, for env code.
+
+Runs inside the jail beside the worker, as an allowed module (``import world``;
+``language.MODULES`` lists what env code may call). An env states its scenario,
+its reward and its oracle; the kit builds the records the target's tools return,
+with every field the target writes, and answers the target's tools over them as
+the target does (its checks, its changes, its error texts). What it hands env
+code is plain JSON data only (dicts, lists, strings, numbers), never an object
+of its own, so it adds nothing to what the language layer must guard.
+
+τ²-retail (``retail_*``): a customer with payment methods, orders of items, and
+``retail_answer`` for the read tools and the return and cancel write tools,
+checked against tau2-bench's own ``RetailTools`` by the test suite.
+
+Standard library only, like the worker.
+"""
+
+import json
+import random
+
+FIRST = ["Yusuf", "Mia", "Noah", "Aarav", "Olivia", "Lucas", "Fatima", "Chen", "Sofia", "Ivan", "Amara", "Mateo"]
+LAST = ["Rossi", "Garcia", "Kim", "Patel", "Smith", "Novak", "Okafor", "Silva", "Muller", "Tanaka", "Haddad", "Lopez"]
+STREETS = ["Oak Avenue", "Maple Drive", "Cedar Lane", "Elm Street", "Pine Road", "Lake View"]
+CITIES = [("Denver", "CO"), ("Austin", "TX"), ("Seattle", "WA"), ("Columbus", "OH"), ("Phoenix", "AZ")]
+PRODUCTS = {
+    "Headphones": ("color", ["black", "blue", "red", "white"]),
+    "T-Shirt": ("size", ["S", "M", "L", "XL"]),
+    "Water Bottle": ("capacity", ["500ml", "750ml", "1000ml"]),
+    "Sneakers": ("size", ["8", "9", "10", "11"]),
+    "Desk Lamp": ("color", ["black", "silver", "white"]),
+    "Backpack": ("color", ["black", "green", "grey"]),
+    "Yoga Mat": ("thickness", ["4mm", "6mm", "8mm"]),
+    "Coffee Maker": ("capacity", ["4 cups", "8 cups", "12 cups"]),
+}
+PAYMENT_SOURCES = ("credit_card", "paypal", "gift_card")
+CANCEL_REASONS = ("no longer needed", "ordered by mistake")
+
+
+def _seeded(seed):
+    if type(seed) is not int:
+        raise TypeError("world: a seed is an int (draw one with rng.randrange(2**31))")
+    return random.Random(seed)
+
+
+def _digits(rng, n):
+    return "%0*d" % (n, rng.randrange(10**n))
+
+
+def _id(text, n=10):
+    """A stable id of ``n`` digits for a name: the same product or option is the same id in every order."""
+    value = 0
+    for ch in text:
+        value = (value * 131 + ord(ch)) % 10**n
+    return "%0*d" % (n, value)
+
+
+def retail_products():
+    """The products the kit sells: {name: (option, [values])}, a fresh copy."""
+    return {name: (kind, list(values)) for name, (kind, values) in PRODUCTS.items()}
+
+
+def retail_user(seed, payment=PAYMENT_SOURCES):
+    """A τ²-retail User: name, address, email, one payment method per source in
+    ``payment`` (credit_card, paypal, gift_card) and, so far, no orders."""
+    rng = _seeded(seed)
+    first, last = rng.choice(FIRST), rng.choice(LAST)
+    city, state = rng.choice(CITIES)
+    methods = {}
+    for source in payment:
+        if source not in PAYMENT_SOURCES:
+            raise ValueError("world: payment sources are %s" % ", ".join(PAYMENT_SOURCES))
+        method = {"source": source, "id": "%s_%s" % (source, _digits(rng, 7))}
+        if source == "credit_card":
+            method.update(brand=rng.choice(["visa", "mastercard"]), last_four=_digits(rng, 4))
+        elif source == "gift_card":
+            method["balance"] = round(rng.uniform(0, 200), 2)
+        methods[method["id"]] = method
+    return {
+        "user_id": "%s_%s_%s" % (first.lower(), last.lower(), _digits(rng, 4)),
+        "name": {"first_name": first, "last_name": last},
+        "address": {
+            "address1": "%d %s" % (rng.randrange(1, 999), rng.choice(STREETS)),
+            "address2": rng.choice(["", "Suite %d" % rng.randrange(100, 999)]),
+            "city": city,
+            "country": "USA",
+            "state": state,
+            "zip": _digits(rng, 5),
+        },
+        "email": "%s.%s%s@example.com" % (first.lower(), last.lower(), _digits(rng, 4)),
+        "payment_methods": methods,
+        "orders": [],
+    }
+
+
+def retail_item(seed, product=None, option=None):
+    """A τ²-retail OrderItem of ``product`` (a name from ``retail_products()``, drawn when None)
+    with its option set to ``option`` (drawn when None). One product has one
+    product_id; each option value is its own item_id."""
+    rng = _seeded(seed)
+    product = product if product is not None else rng.choice(sorted(PRODUCTS))
+    if product not in PRODUCTS:
+        raise ValueError("world: products are %s" % ", ".join(sorted(PRODUCTS)))
+    kind, values = PRODUCTS[product]
+    value = option if option is not None else rng.choice(values)
+    if value not in values:
+        raise ValueError("world: %s comes in %s %s" % (product, kind, ", ".join(values)))
+    return {
+        "name": product,
+        "product_id": _id(product),
+        "item_id": _id(product + "/" + value),
+        "price": round(rng.uniform(15, 300), 2),
+        "options": {kind: value},
+    }
+
+
+def retail_order(seed, user, items, status="delivered", paid_with=None):
+    """A τ²-retail Order of ``user`` for ``items`` (``retail_item`` records), with every
+    field tau2's Order has (unset ones as null), paid in full with ``paid_with`` (a
+    payment method id of the user; its first one when None). The order id is added
+    to ``user["orders"]``."""
+    rng = _seeded(seed)
+    paid_with = paid_with if paid_with is not None else sorted(user["payment_methods"])[0]
+    if paid_with not in user["payment_methods"]:
+        raise ValueError("world: %s is not a payment method of the user" % paid_with)
+    order = {
+        "order_id": "#W%s" % _digits(rng, 7),
+        "user_id": user["user_id"],
+        "address": dict(user["address"]),
+        "items": [dict(item, options=dict(item["options"])) for item in items],
+        "status": status,
+        "fulfillments": [],
+        "payment_history": [
+            {
+                "transaction_type": "payment",
+                "amount": round(sum(item["price"] for item in items), 2),
+                "payment_method_id": paid_with,
+            }
+        ],
+        "cancel_reason": None,
+        "exchange_items": None,
+        "exchange_new_items": None,
+        "exchange_payment_method_id": None,
+        "exchange_price_difference": None,
+        "return_items": None,
+        "return_payment_method_id": None,
+    }
+    if status not in ("pending", "cancelled"):  # shipped: one parcel with every item
+        order["fulfillments"] = [{"tracking_id": [_digits(rng, 12)], "item_ids": [i["item_id"] for i in items]}]
+    user["orders"].append(order["order_id"])
+    return order
+
+
+RETAIL_TOOLS = (
+    "find_user_id_by_email",
+    "find_user_id_by_name_zip",
+    "get_user_details",
+    "get_order_details",
+    "return_delivered_order_items",
+    "cancel_pending_order",
+)
+
+
+def retail_answer(users, orders, name, arguments):
+    """τ²-retail's answer to the call ``name(**arguments)`` over ``users`` and
+    ``orders`` (lists of ``retail_user`` and ``retail_order`` records), as the
+    target's tool message reads: the record as JSON, an id, or ``Error: <why>`` in
+    tau2's words. A write changes the order (and a gift card's balance) as tau2
+    does. None for a tool the kit does not play (``RETAIL_TOOLS`` lists those it does)."""
+    try:
+        result = _retail_call(users, orders, name, arguments)
+    except ValueError as exc:
+        return "Error: %s" % exc
+    return result if result is None or isinstance(result, str) else json.dumps(result)
+
+
+def _retail_call(users, orders, name, args):
+    by_user = {u["user_id"]: u for u in users}
+    by_order = {o["order_id"]: o for o in orders}
+    if name == "find_user_id_by_email":
+        found = [u for u in users if u["email"].lower() == args["email"].lower()]
+        return _first(found, "User not found")["user_id"]
+    if name == "find_user_id_by_name_zip":
+        found = [
+            u
+            for u in users
+            if u["name"]["first_name"].lower() == args["first_name"].lower()
+            and u["name"]["last_name"].lower() == args["last_name"].lower()
+            and u["address"]["zip"] == args["zip"]
+        ]
+        return _first(found, "User not found")["user_id"]
+    if name == "get_user_details":
+        return _first([by_user.get(args["user_id"])], "User not found")
+    if name not in ("get_order_details", "return_delivered_order_items", "cancel_pending_order"):
+        return None
+    order = _first([by_order.get(args["order_id"])], "Order not found")
+    if name == "get_order_details":
+        return order
+    methods = _first([by_user.get(order["user_id"])], "User not found")["payment_methods"]
+    if name == "cancel_pending_order":
+        if order["status"] != "pending":
+            raise ValueError("Non-pending order cannot be cancelled")
+        if args["reason"] not in CANCEL_REASONS:
+            raise ValueError("Invalid reason")
+        refunds = []
+        for payment in order["payment_history"]:
+            refunds.append(dict(payment, transaction_type="refund"))
+            method = _first([methods.get(payment["payment_method_id"])], "Payment method not found")
+            if method["source"] == "gift_card":  # refunded at once
+                method["balance"] = round(method["balance"] + payment["amount"], 2)
+        order.update(status="cancelled", cancel_reason=args["reason"])
+        order["payment_history"].extend(refunds)
+        return order
+    if order["status"] != "delivered":
+        raise ValueError("Non-delivered order cannot be returned")
+    method = _first([methods.get(args["payment_method_id"])], "Payment method not found")
+    if method["source"] != "gift_card" and method["id"] != order["payment_history"][0]["payment_method_id"]:
+        raise ValueError("Payment method should be the original payment method")
+    bought = [item["item_id"] for item in order["items"]]
+    if any(args["item_ids"].count(i) > bought.count(i) for i in args["item_ids"]):
+        raise ValueError("Some item not found")
+    order.update(
+        status="return requested",
+        return_items=sorted(args["item_ids"]),
+        return_payment_method_id=args["payment_method_id"],
+    )
+    return order
+
+
+def _first(found, error):
+    found = [f for f in found if f is not None]
+    if not found:
+        raise ValueError(error)
+    return found[0]

@@ -1,0 +1,197 @@
+"""The world kit (``sandbox/world.py``, ``import world`` in env code): its records have
+the target's shapes, its answers are tau2-bench's own, it hands env code plain data
+only, and its insides stay out of env code's reach."""
+
+import json
+import random
+
+import pytest
+
+from conftest import REPO
+from trace_gym.result_shapes import load_result_shapes, result_problems
+from trace_gym.sandbox import SandboxEnvError, SandboxWorker, check_source
+from trace_gym.sandbox import world
+
+KIT_ENV = """
+import json
+import random
+import world
+
+TOOLS = ["get_order_details"]
+
+
+class Environment:
+    def reset(self, seed, hint=False):
+        rng = random.Random(seed)
+        self.user = world.retail_user(rng.randrange(2**31))
+        items = [world.retail_item(rng.randrange(2**31)) for _ in range(2)]
+        self.order = world.retail_order(rng.randrange(2**31), self.user, items)
+        return {"system_prompt": "s", "user_message": "my order is " + self.order["order_id"]}
+
+    def step(self, action):
+        answer = world.retail_answer([self.user], [self.order], action["name"], action["arguments"])
+        return {"observation": answer, "done": False}
+
+    def reward(self):
+        return {"reward": 1.0 if self.order["status"] == "delivered" else 0.0, "components": {}, "reason": ""}
+"""
+
+
+def shop(seed: int, status: str = "delivered", n: int = 3):
+    rng = random.Random(seed)
+    user = world.retail_user(rng.randrange(2**31))
+    items = [world.retail_item(rng.randrange(2**31)) for _ in range(n)]
+    order = world.retail_order(rng.randrange(2**31), user, items, status=status)
+    return user, order
+
+
+def test_an_env_on_the_kit_runs_in_the_jail_and_gets_plain_data(sandbox_backend):
+    assert check_source(KIT_ENV) == []
+    with SandboxWorker(KIT_ENV, backend=sandbox_backend) as worker:
+        opening = worker.call("reset", seed=3, hint=False)
+        order_id = opening["user_message"].split()[-1]
+        answer = worker.call(
+            "step", action={"type": "tool_call", "name": "get_order_details", "arguments": {"order_id": order_id}}
+        )
+        assert json.loads(answer["observation"])["order_id"] == order_id
+        missing = {"type": "tool_call", "name": "get_order_details", "arguments": {"order_id": "#W0"}}
+        assert worker.call("step", action=missing)["observation"] == "Error: Order not found"
+
+
+@pytest.mark.parametrize(
+    "line, refused_by",
+    [
+        ("world._retail_call([], [], 'x', {})", "static gate"),  # a private name of a module
+        ("world.PRODUCTS", "static gate"),  # the kit's own mutable table: not on the allowlist
+        ("'{0._first}'.format(world)", "refused by the language layer"),  # a format field walking into it
+        ("[world][0].PRODUCTS", "not on the sandbox's allowlist"),
+        ("[world][0].json", "not on the sandbox's allowlist"),  # no module the kit imports
+        ("[world.retail_user][0].__globals__", "static gate"),
+    ],
+)
+def test_the_kits_insides_are_out_of_reach(sandbox_backend, line, refused_by):
+    source = KIT_ENV.replace("        answer = world", f"        out = {line}\n        answer = world")
+    findings = check_source(source)
+    if refused_by == "static gate":
+        assert findings, line
+        return
+    assert findings == [], findings
+    with SandboxWorker(source, backend=sandbox_backend) as worker:
+        worker.call("reset", seed=0, hint=False)
+        with pytest.raises(SandboxEnvError, match=refused_by):
+            worker.call(
+                "step", action={"type": "tool_call", "name": "get_order_details", "arguments": {"order_id": "x"}}
+            )
+
+
+def test_a_seed_must_be_an_int_and_names_must_be_the_kits():
+    with pytest.raises(TypeError, match="a seed is an int"):
+        world.retail_user("1")
+    with pytest.raises(ValueError, match="products are"):
+        world.retail_item(1, product="Spaceship")
+    with pytest.raises(ValueError, match="comes in color"):
+        world.retail_item(1, product="Headphones", option="XL")
+    with pytest.raises(ValueError, match="payment sources are"):
+        world.retail_user(1, payment=("bitcoin",))
+
+
+def test_records_and_answers_have_the_targets_frozen_shapes():
+    shapes = load_result_shapes(REPO / "env_registry" / "tau2-retail")
+    for seed in range(20):
+        user, order = shop(seed, status=["delivered", "pending", "processed"][seed % 3])
+        calls = [
+            ("find_user_id_by_email", {"email": user["email"]}),
+            ("get_user_details", {"user_id": user["user_id"]}),
+            ("get_order_details", {"order_id": order["order_id"]}),
+            ("get_order_details", {"order_id": "#W1"}),
+            ("cancel_pending_order", {"order_id": order["order_id"], "reason": "no longer needed"}),
+        ]
+        for name, args in calls:
+            answer = world.retail_answer([user], [order], name, args)
+            assert result_problems(shapes, name, answer) == [], (name, answer)
+
+
+def tau2_answer(db, name: str, args: dict) -> str:
+    """What τ²-retail itself answers: its tool on a RetailDB, as its environment writes the message."""
+    from tau2.domains.retail.tools import RetailTools
+    from tau2.environment.environment import Environment
+
+    try:
+        return Environment.to_json_str(getattr(RetailTools(db), name)(**args))
+    except ValueError as exc:
+        return f"Error: {exc}"
+
+
+def tau2_db(users: list, orders: list):
+    from tau2.domains.retail.data_model import RetailDB
+
+    products: dict = {}
+    for order in orders:
+        for item in order["items"]:
+            product = products.setdefault(
+                item["product_id"], {"name": item["name"], "product_id": item["product_id"], "variants": {}}
+            )
+            variant = {
+                "item_id": item["item_id"],
+                "options": item["options"],
+                "available": True,
+                "price": item["price"],
+            }
+            product["variants"][item["item_id"]] = variant
+    return RetailDB.model_validate(
+        {"products": products, "users": {u["user_id"]: u for u in users}, "orders": {o["order_id"]: o for o in orders}}
+    )
+
+
+def scripted_calls(user: dict, order: dict, rng: random.Random) -> list[tuple[str, dict]]:
+    items = [i["item_id"] for i in order["items"]]
+    methods = sorted(user["payment_methods"])
+    first, last, zip_code = user["name"]["first_name"], user["name"]["last_name"], user["address"]["zip"]
+    return [
+        ("find_user_id_by_email", {"email": user["email"].upper()}),  # tau2 ignores case
+        ("find_user_id_by_email", {"email": "nobody@example.com"}),
+        ("find_user_id_by_name_zip", {"first_name": first.lower(), "last_name": last, "zip": zip_code}),
+        ("find_user_id_by_name_zip", {"first_name": first, "last_name": last, "zip": "00000"}),
+        ("get_user_details", {"user_id": user["user_id"]}),
+        ("get_user_details", {"user_id": "nobody_1"}),
+        ("get_order_details", {"order_id": order["order_id"].lstrip("#")}),  # the '#' matters
+        ("cancel_pending_order", {"order_id": order["order_id"], "reason": "changed my mind"}),
+        (
+            "cancel_pending_order",
+            {"order_id": order["order_id"], "reason": rng.choice(["no longer needed", "ordered by mistake"])},
+        ),
+        (
+            "return_delivered_order_items",
+            {"order_id": order["order_id"], "item_ids": items[:1] * 2, "payment_method_id": methods[0]},
+        ),
+        (
+            "return_delivered_order_items",
+            {"order_id": order["order_id"], "item_ids": ["123"], "payment_method_id": methods[0]},
+        ),
+        (
+            "return_delivered_order_items",
+            {"order_id": order["order_id"], "item_ids": items[:2], "payment_method_id": rng.choice(methods)},
+        ),
+        (
+            "return_delivered_order_items",
+            {"order_id": order["order_id"], "item_ids": items[:1], "payment_method_id": "paypal_0"},
+        ),
+        ("get_order_details", {"order_id": order["order_id"]}),
+        ("get_user_details", {"user_id": user["user_id"]}),
+    ]
+
+
+@pytest.mark.parametrize("status", ["delivered", "pending", "processed"])
+def test_the_kit_answers_every_call_as_tau2_bench_does(status):
+    for seed in range(15):
+        user, order = shop(seed, status=status)
+        paid = sorted(user["payment_methods"])[seed % 3]  # paid by card, PayPal or gift card
+        order["payment_history"][0]["payment_method_id"] = paid
+        db = tau2_db([json.loads(json.dumps(user))], [json.loads(json.dumps(order))])
+        for name, args in scripted_calls(user, order, random.Random(seed)):
+            ours = world.retail_answer([user], [order], name, args)
+            theirs = tau2_answer(db, name, args)
+            if theirs.startswith("{"):  # a record: the same fields and values (tau2 writes floats its own way)
+                assert json.loads(ours) == json.loads(theirs), (name, args)
+            else:  # an id or an error, word for word
+                assert ours == theirs, (name, args)
