@@ -87,7 +87,8 @@ MODULES: dict[str, frozenset[str]] = {
         "copy": "copy deepcopy",
         "dataclasses": "dataclass field fields asdict astuple replace is_dataclass",
         # the world kit (world.py beside the worker): plain data in, plain data out
-        "world": "retail_user retail_item retail_order retail_answer retail_products RETAIL_TOOLS PAYMENT_SOURCES "
+        "world": "retail_address retail_user retail_item retail_order retail_answer retail_products RETAIL_TOOLS "
+        "PAYMENT_SOURCES ADDRESS_FIELDS "
         "CANCEL_REASONS",
     }.items()
 }

@@ -9,8 +9,10 @@ code is plain JSON data only (dicts, lists, strings, numbers), never an object
 of its own, so it adds nothing to what the language layer must guard.
 
 τ²-retail (``retail_*``): a customer with payment methods, orders of items, and
-``retail_answer`` for the read tools and the return and cancel write tools,
-checked against tau2-bench's own ``RetailTools`` by the test suite.
+``retail_answer`` for the read tools and the return, cancel and modify-address
+and -payment write tools (``RETAIL_TOOLS``), checked call by call against
+tau2-bench's own ``RetailTools`` by the test suite. A value of the wrong JSON
+type gets Python's own error where tau2's pydantic would word it its way.
 
 Standard library only, like the worker.
 """
@@ -59,12 +61,25 @@ def retail_products():
     return {name: (kind, list(values)) for name, (kind, values) in PRODUCTS.items()}
 
 
+def retail_address(seed):
+    """A τ²-retail address (UserAddress: address1, address2, city, country, state, zip)."""
+    rng = _seeded(seed)
+    city, state = rng.choice(CITIES)
+    return {
+        "address1": "%d %s" % (rng.randrange(1, 999), rng.choice(STREETS)),
+        "address2": rng.choice(["", "Suite %d" % rng.randrange(100, 999)]),
+        "city": city,
+        "country": "USA",
+        "state": state,
+        "zip": _digits(rng, 5),
+    }
+
+
 def retail_user(seed, payment=PAYMENT_SOURCES):
     """A τ²-retail User: name, address, email, one payment method per source in
     ``payment`` (credit_card, paypal, gift_card) and, so far, no orders."""
     rng = _seeded(seed)
     first, last = rng.choice(FIRST), rng.choice(LAST)
-    city, state = rng.choice(CITIES)
     methods = {}
     for source in payment:
         if source not in PAYMENT_SOURCES:
@@ -78,14 +93,7 @@ def retail_user(seed, payment=PAYMENT_SOURCES):
     return {
         "user_id": "%s_%s_%s" % (first.lower(), last.lower(), _digits(rng, 4)),
         "name": {"first_name": first, "last_name": last},
-        "address": {
-            "address1": "%d %s" % (rng.randrange(1, 999), rng.choice(STREETS)),
-            "address2": rng.choice(["", "Suite %d" % rng.randrange(100, 999)]),
-            "city": city,
-            "country": "USA",
-            "state": state,
-            "zip": _digits(rng, 5),
-        },
+        "address": retail_address(rng.randrange(2**31)),
         "email": "%s.%s%s@example.com" % (first.lower(), last.lower(), _digits(rng, 4)),
         "payment_methods": methods,
         "orders": [],
@@ -157,15 +165,20 @@ RETAIL_TOOLS = (
     "get_order_details",
     "return_delivered_order_items",
     "cancel_pending_order",
+    "modify_pending_order_address",
+    "modify_pending_order_payment",
+    "modify_user_address",
 )
+ADDRESS_FIELDS = ("address1", "address2", "city", "country", "state", "zip")
 
 
 def retail_answer(users, orders, name, arguments):
     """τ²-retail's answer to the call ``name(**arguments)`` over ``users`` and
     ``orders`` (lists of ``retail_user`` and ``retail_order`` records), as the
     target's tool message reads: the record as JSON, an id, or ``Error: <why>`` in
-    tau2's words. A write changes the order (and a gift card's balance) as tau2
-    does. None for a tool the kit does not play (``RETAIL_TOOLS`` lists those it does)."""
+    tau2's words. A write changes the records (an order, a user's address, a gift
+    card's balance) as tau2 does. None for a tool the kit does not play
+    (``RETAIL_TOOLS`` lists those it does)."""
     try:
         result = _retail_call(users, orders, name, arguments)
     except ValueError as exc:
@@ -188,14 +201,24 @@ def _retail_call(users, orders, name, args):
             and u["address"]["zip"] == args["zip"]
         ]
         return _first(found, "User not found")["user_id"]
-    if name == "get_user_details":
-        return _first([by_user.get(args["user_id"])], "User not found")
-    if name not in ("get_order_details", "return_delivered_order_items", "cancel_pending_order"):
+    if name in ("get_user_details", "modify_user_address"):
+        user = _first([by_user.get(args["user_id"])], "User not found")
+        if name == "modify_user_address":
+            user["address"] = {field: args[field] for field in ADDRESS_FIELDS}
+        return user
+    if name not in RETAIL_TOOLS:
         return None
     order = _first([by_order.get(args["order_id"])], "Order not found")
     if name == "get_order_details":
         return order
+    if name.startswith("modify_pending_order_") and "pending" not in order["status"]:
+        raise ValueError("Non-pending order cannot be modified")
+    if name == "modify_pending_order_address":
+        order["address"] = {field: args[field] for field in ADDRESS_FIELDS}
+        return order
     methods = _first([by_user.get(order["user_id"])], "User not found")["payment_methods"]
+    if name == "modify_pending_order_payment":
+        return _change_payment(order, methods, args["payment_method_id"])
     if name == "cancel_pending_order":
         if order["status"] != "pending":
             raise ValueError("Non-pending order cannot be cancelled")
@@ -223,6 +246,26 @@ def _retail_call(users, orders, name, args):
         return_items=sorted(args["item_ids"]),
         return_payment_method_id=args["payment_method_id"],
     )
+    return order
+
+
+def _change_payment(order, methods, new_id):
+    method = _first([methods.get(new_id)], "Payment method not found")
+    history = order["payment_history"]
+    if len(history) != 1 or history[0]["transaction_type"] != "payment":
+        raise ValueError("There should be exactly one payment for a pending order")
+    old_id, amount = history[0]["payment_method_id"], history[0]["amount"]
+    if old_id == new_id:
+        raise ValueError("The new payment method should be different from the current one")
+    if method["source"] == "gift_card" and method["balance"] < amount:
+        raise ValueError("Insufficient gift card balance to pay for the order")
+    history.append({"transaction_type": "payment", "amount": amount, "payment_method_id": new_id})
+    history.append({"transaction_type": "refund", "amount": amount, "payment_method_id": old_id})
+    if method["source"] == "gift_card":
+        method["balance"] = round(method["balance"] - amount, 2)
+    old = _first([methods.get(old_id)], "Payment method not found")
+    if old["source"] == "gift_card":  # refunded at once
+        old["balance"] = round(old["balance"] + amount, 2)
     return order
 
 

@@ -80,6 +80,33 @@ def test_a_target_schema_change_selects_every_env_of_that_target(env_repo):
     assert all("its target trace/tau2-retail-v0" in r for r in selection.reasons.values())
 
 
+def test_a_world_kit_change_selects_every_env_on_the_kit_and_stales_its_report(env_repo, monkeypatch):
+    from trace_gym.hashing import interface_hash
+    from trace_gym.registry import read_manifest
+    from trace_gym.sandbox import world
+
+    registry = env_repo / "env_registry"
+    kit_env = (REPO / "tests" / "fixtures" / "kit_lookup_env.py").read_text()
+    (registry / "alpha-lookup" / "env.py").write_text(kit_env)  # alpha on the kit, beta not
+    kit = env_repo / "sandbox" / "world.py"
+    kit.parent.mkdir()
+    kit.write_text(Path(world.__file__).read_text())
+    git(env_repo, "add", "-A")
+    git(env_repo, "commit", "-q", "-m", "alpha on the world kit")
+    kit.write_text(kit.read_text() + "\n# a change\n")
+    selection = changed_envs("HEAD", repo=env_repo)
+    assert sorted(selection.envs) == ["trace/alpha-lookup-v0"]
+    assert "the world kit it imports (sandbox/world.py) changed" in selection.reasons["trace/alpha-lookup-v0"]
+
+    # what a report records: the kit's code for alpha, the target's interface alone for beta
+    target = registry / "tau2-retail"
+    before = {name: interface_hash(target, registry / name) for name in ("alpha-lookup", "beta-lookup")}
+    monkeypatch.setattr(world, "__file__", str(kit))
+    after = {name: interface_hash(target, registry / name) for name in ("alpha-lookup", "beta-lookup")}
+    assert before["alpha-lookup"] != after["alpha-lookup"] and before["beta-lookup"] == after["beta-lookup"]
+    assert read_manifest(registry / "beta-lookup").validation_status() != "stale"
+
+
 def test_a_new_env_folder_is_selected_and_a_removed_one_reported(env_repo):
     registry = env_repo / "env_registry"
     assert (

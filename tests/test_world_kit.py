@@ -147,6 +147,14 @@ def scripted_calls(user: dict, order: dict, rng: random.Random) -> list[tuple[st
     items = [i["item_id"] for i in order["items"]]
     methods = sorted(user["payment_methods"])
     first, last, zip_code = user["name"]["first_name"], user["name"]["last_name"], user["address"]["zip"]
+    address = {
+        "address1": "1 New Street",
+        "address2": "",
+        "city": "Reno",
+        "country": "USA",
+        "state": "NV",
+        "zip": "89501",
+    }
     return [
         ("find_user_id_by_email", {"email": user["email"].upper()}),  # tau2 ignores case
         ("find_user_id_by_email", {"email": "nobody@example.com"}),
@@ -155,6 +163,13 @@ def scripted_calls(user: dict, order: dict, rng: random.Random) -> list[tuple[st
         ("get_user_details", {"user_id": user["user_id"]}),
         ("get_user_details", {"user_id": "nobody_1"}),
         ("get_order_details", {"order_id": order["order_id"].lstrip("#")}),  # the '#' matters
+        ("modify_pending_order_address", {"order_id": order["order_id"], **address}),
+        ("modify_user_address", {"user_id": user["user_id"], **address}),
+        ("modify_user_address", {"user_id": "nobody_1", **address}),
+        *[
+            ("modify_pending_order_payment", {"order_id": order["order_id"], "payment_method_id": method})
+            for method in [*rng.sample(methods, len(methods)), "paypal_0"]  # the same one, others, a gift card
+        ],
         ("cancel_pending_order", {"order_id": order["order_id"], "reason": "changed my mind"}),
         (
             "cancel_pending_order",

@@ -44,3 +44,32 @@ def code_hash(folder: Path) -> str:
             data = b"\n".join(_hashed_manifest_lines(data.splitlines()))
         digest.update(name.encode() + b"\0" + data + b"\0")
     return digest.hexdigest()
+
+
+def uses_world_kit(env_source: str) -> bool:
+    """Whether env code imports the world kit (``import world``, ``from world import ...``)."""
+    import ast
+
+    try:
+        tree = ast.parse(env_source)
+    except SyntaxError:
+        return False
+    return any(
+        (isinstance(node, ast.Import) and any(a.name == "world" for a in node.names))
+        or (isinstance(node, ast.ImportFrom) and node.module == "world")
+        for node in ast.walk(tree)
+    )
+
+
+def interface_hash(target_folder: Path, env_folder: Path) -> str:
+    """What an env was judged against: its target's frozen interface (``code_hash`` of the
+    target folder) and, for an env on the world kit, the kit's code, whose records and
+    answers it plays. A validation report goes stale when this changes."""
+    target = code_hash(target_folder)
+    env = Path(env_folder) / "env.py"
+    if not env.exists() or not uses_world_kit(env.read_text(encoding="utf-8")):
+        return target
+    from .sandbox import world  # local: keeps import trace_gym small
+
+    kit = Path(world.__file__).read_bytes()
+    return hashlib.sha256(target.encode() + b"\0world.py\0" + kit).hexdigest()

@@ -87,12 +87,12 @@ class EnvEntry:
             report = json.loads(report_path.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError):
             return "unvalidated"
-        from .hashing import code_hash  # local: keeps import trace_gym small
+        from .hashing import code_hash, interface_hash  # local: keeps import trace_gym small
 
         if report.get("code_hash") != code_hash(self.path):
             return "stale"
         try:
-            target_hash = code_hash(get_entry(self.target).path)
+            target_hash = interface_hash(get_entry(self.target).path, self.path)
         except UnknownEnvError:
             return "stale"  # its target is gone: nothing it was judged against is left
         if report.get("target_hash") != target_hash:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from .errors import ManifestError, TraceGymError
+from .hashing import uses_world_kit
 from .registry import EnvEntry, read_manifest
 
 
@@ -97,9 +98,13 @@ def registry_folders(registry: Path) -> dict[str, EnvEntry]:
     return entries
 
 
+WORLD_KIT = "sandbox/world.py"
+
+
 def changed_envs(ref: str, *, repo: Path | str | None = None, registry: Path | str | None = None) -> ChangeSelection:
     """The synthesized envs of ``registry`` (default ``<repo>/env_registry``) that a
-    change since ``ref`` touches: their own folder, or their target's folder."""
+    change since ``ref`` touches: their own folder, their target's folder, or the
+    world kit they import."""
     root = repo_root(repo or ".")
     registry_dir = Path(registry).resolve() if registry else root / "env_registry"
     if not registry_dir.is_dir():
@@ -131,6 +136,11 @@ def changed_envs(ref: str, *, repo: Path | str | None = None, registry: Path | s
                 if other.kind == "synthesized" and other.target == entry.id:
                     selection.envs.setdefault(other.id, other)
                     selection.reasons.setdefault(other.id, f"its target {entry.id} ({prefix}/{name}/) changed")
+    if WORLD_KIT in files:  # the kit's records and answers are part of what its envs were judged against
+        for entry in folders.values():
+            if entry.kind == "synthesized" and uses_world_kit((entry.path / "env.py").read_text(encoding="utf-8")):
+                selection.envs.setdefault(entry.id, entry)
+                selection.reasons.setdefault(entry.id, f"the world kit it imports ({WORLD_KIT}) changed")
     return selection
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TraceGymError
-from ..hashing import code_hash
+from ..hashing import interface_hash
 from ..registry import get_entry, read_manifest
 from ..result_shapes import load_result_shapes
 from ..sandbox.errors import SandboxError
@@ -88,7 +88,7 @@ class Context:
         target = get_entry(self.entry.target)
         self.target_tools = load_frozen_tools(target.tools_path)
         self.result_shapes = load_result_shapes(target.path)
-        self.target_hash = code_hash(target.path)
+        self.target_hash = interface_hash(target.path, path)
         self.deadline = time.monotonic() + config.time_budget_s
         self.run_seed = config.seed if config.seed is not None else secrets.randbits(31)
         self.env = None

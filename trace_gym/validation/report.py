@@ -84,8 +84,9 @@ class ValidationReport:
     validated_at: str
     config: dict[str, Any]
     target_hash: str = ""
-    """Hash of the target's frozen interface (tools.json, results.json, manifest)
-    the env was judged against: the report goes stale when it changes."""
+    """Hash of what the env was judged against (``hashing.interface_hash``): the
+    target's frozen interface (tools.json, results.json, manifest) and, for an env on
+    the world kit, the kit; the report goes stale when it changes."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
