@@ -25,6 +25,8 @@ import secrets
 import sys
 from typing import Any
 
+from trace_gym.closing import Closing
+
 from .backends import Backend, Limits, select_backend
 from .channel import Channel
 from .errors import (
@@ -44,7 +46,7 @@ MAX_TEXT = 2000
 CHECK = "refused by the host reply check"
 
 
-class SandboxWorker:
+class SandboxWorker(Closing):
     def __init__(
         self,
         source: str,
@@ -121,18 +123,6 @@ class SandboxWorker:
         if self._channel is not None:
             self._channel.close()
             self._channel = None
-
-    def __enter__(self) -> "SandboxWorker":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def _send(self, message: dict[str, Any]) -> None:
         self._channel.send((json.dumps(message) + "\n").encode("utf-8"))

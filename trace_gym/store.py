@@ -28,6 +28,7 @@ from typing import Any, Iterator
 
 from pydantic import ValidationError
 
+from .closing import Closing
 from .errors import OtherRunError, TrajectoryStoreError
 from .trajectory import Trajectory
 
@@ -50,7 +51,7 @@ def normalize_settings(settings: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(settings, sort_keys=True, default=str))
 
 
-class TrajectoryStore:
+class TrajectoryStore(Closing):
     """Args:
     path: the JSONL file.
     resume: continue a run in an existing file (its episodes are ``completed``).
@@ -142,18 +143,6 @@ class TrajectoryStore:
         if getattr(self, "_fd", None) is not None:
             os.close(self._fd)
             self._fd = None
-
-    def __enter__(self) -> "TrajectoryStore":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 @dataclass
