@@ -9,14 +9,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
+
 from ..errors import TraceGymError
 from ..hashing import interface_hash
 from ..registry import get_entry, read_manifest
 from ..result_shapes import load_result_shapes
 from ..sandbox.errors import SandboxError
 from ..tools import load_frozen_tools
-
-
 from .report import ValidationConfig
 
 
@@ -37,7 +37,6 @@ class Episode:
     truncated: bool
     steps: int
     error: str | None = None
-    observations: list[str] = field(default_factory=list)
     reward_info: dict[str, Any] = field(default_factory=dict)
 
 
@@ -74,6 +73,20 @@ class BudgetedWorker:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._worker, name)
+
+
+class _TimedSteps(gym.Wrapper):
+    """The env, each answered ``step``'s round trip (sandbox included) appended to ``times``."""
+
+    def __init__(self, env: Any, times: list[float]):
+        super().__init__(env)
+        self._times = times
+
+    def step(self, action: Any) -> Any:
+        t0 = time.perf_counter()
+        result = self.env.step(action)
+        self._times.append(time.perf_counter() - t0)
+        return result
 
 
 class Context:
@@ -122,31 +135,27 @@ class Context:
         return env
 
     def play(self, env, agent_name: str, seed: int, *, record: bool = True) -> Episode:
-        from trace_gym.agents import make_agent
+        """One episode of ``agent_name`` on this run's ``seed``, played as rollouts play
+        them (``rollout.run_episode``), each step's round trip timed."""
+        from ..agents import make_agent
+        from ..rollout import Episode as Planned
+        from ..rollout import run_episode
 
-        agent = make_agent(agent_name, seed=seed)
         try:
-            obs, info = env.reset(seed=seed)
-            agent.reset(obs, {**info, "episode_seed": seed}, env)
-            observations = [obs]
-            reward, terminated, truncated, step_info = 0.0, False, False, {}
-            while not (terminated or truncated):
-                action = agent.act(obs)
-                t0 = time.perf_counter()
-                obs, reward, terminated, truncated, step_info = env.step(action)
-                self.step_times.append(time.perf_counter() - t0)
-                observations.append(obs)
-                if hasattr(agent, "observe"):
-                    agent.observe(obs, step_info)
+            played = run_episode(
+                _TimedSteps(env, self.step_times),
+                make_agent(agent_name, seed=seed),
+                self.entry.id,
+                Planned(None, 0, seed),
+            )
             episode = Episode(
                 agent_name,
                 seed,
-                reward,
-                terminated,
-                truncated,
-                env.unwrapped.steps,
-                observations=observations,
-                reward_info=step_info.get("reward_info") or {},
+                played.reward,
+                played.terminated,
+                played.truncated,
+                played.steps,
+                reward_info=played.reward_info,
             )
         except TraceGymError as exc:
             episode = Episode(agent_name, seed, None, False, False, 0, error=str(exc))
