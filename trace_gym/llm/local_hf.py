@@ -24,7 +24,8 @@ token in, token out.
 - ``score(conversation, labels)``: each label's full token sequence logprob as
   the next reply.
 
-Loads only from local files; never downloads weights.
+Loads only from local files; never downloads weights. The key/value store is
+``kv_cache.py``; adapters by name are ``lora.py``'s mixin.
 """
 
 from __future__ import annotations
@@ -33,114 +34,22 @@ import contextlib
 import hashlib
 import threading
 import time
-from collections import Counter, OrderedDict
-from dataclasses import dataclass, field
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from . import shared_prefix
 from .base import Completion, GenerationRequest, Generates, LLMError
+from .kv_cache import DEFAULT_CACHE_BYTES, KVEntry, KVStore, in_place_groups, own_segments, write_right_aligned
+from .lora import LoraAdapters
 from .registry import load_local
 from .token_template import TokenTemplate
 
-DEFAULT_CACHE_BYTES = 4 * 2**30
 PREFILL_TOKENS = 2048  # new tokens (padding included) per batched prefill forward
 PREFILL_SLOTS = 32768  # key slots (rows x (own cached + new tokens), padding included) per batched prefill forward
 
 
-def _own_segments(entry: "_KV", in_place: bool, layer: int) -> list[tuple[Any, Any]]:
-    """The keys and values of ``entry`` that a row's batch cache holds: with its
-    shared prefix attended to in place, only the tokens after it (none for the
-    prefix entry itself); otherwise all of them."""
-    if not in_place:
-        return entry.segments(layer)
-    return [] if entry.shared else [entry.layers[layer]]
-
-
-def _write_right_aligned(keys: Any, values: Any, row: int, segments: list[tuple[Any, Any]], end: int) -> None:
-    """Copy a row's segments into slots ``..end`` of a batch cache layer (left padding before them)."""
-    at = end - sum(k.shape[2] for k, _ in segments)
-    for k, v in segments:
-        keys[row, :, at : at + k.shape[2]] = k[0]
-        values[row, :, at : at + k.shape[2]] = v[0]
-        at += k.shape[2]
-
-
-def _in_place(bases: list["_KV | None"]) -> dict[str, Any]:
-    """The forward's ``shared_prefix`` keyword for rows whose prefix (``bases[i]``,
-    None: the row holds all its tokens) is attended to in place, one group per
-    prefix; empty when no row has one."""
-    if all(base is None for base in bases):
-        return {}
-    groups: dict[int, tuple[Any, list[int]]] = {}
-    for i, base in enumerate(bases):
-        groups.setdefault(id(base), (base.layers if base is not None else None, []))[1].append(i)
-    return {"shared_prefix": [(layers, None if len(groups) == 1 else rows) for layers, rows in groups.values()]}
-
-
-@dataclass
-class _KV:
-    """Keys and values of ``ids`` for one adapter. ``base`` is a shared prefix
-    entry whose tensors hold ``ids[:len(base.ids)]``; ``layers`` hold the rest."""
-
-    ids: list[int]
-    adapter: str | None
-    layers: list[tuple[Any, Any]]  # per layer (keys, values), each [1, heads, tokens, head_dim]
-    base: "_KV | None" = None
-    shared: bool = False  # a prefix entry that episodes extend
-    nbytes: int = field(default=0)
-
-    def __post_init__(self) -> None:
-        self.nbytes = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self.layers)
-
-    def segments(self, layer: int) -> list[tuple[Any, Any]]:
-        return [*(self.base.segments(layer) if self.base is not None else []), self.layers[layer]]
-
-    def full(self, layer: int) -> tuple[Any, Any]:
-        import torch
-
-        k, v = self.layers[layer]
-        if self.base is None:
-            return k, v
-        bk, bv = self.base.full(layer)
-        return torch.cat([bk, k], dim=2), torch.cat([bv, v], dim=2)
-
-
-class KVStore:
-    """Cached keys and values, bounded in bytes; least recently used out first."""
-
-    def __init__(self, max_bytes: int):
-        self.max_bytes = max_bytes
-        self.entries: OrderedDict[tuple, _KV] = OrderedDict()
-        self.hits = 0
-        self.misses = 0
-
-    @property
-    def nbytes(self) -> int:
-        return sum(e.nbytes for e in self.entries.values())
-
-    def get(self, key: tuple) -> _KV | None:
-        entry = self.entries.get(key)
-        if entry is not None:
-            self.entries.move_to_end(key)
-        return entry
-
-    def put(self, key: tuple, entry: _KV) -> None:
-        self.entries.pop(key, None)
-        self.entries[key] = entry
-        total = self.nbytes
-        while total > self.max_bytes and len(self.entries) > 1:
-            _, evicted = self.entries.popitem(last=False)
-            total -= evicted.nbytes
-
-    def drop(self, key: tuple) -> None:
-        self.entries.pop(key, None)
-
-    def clear(self) -> None:
-        self.entries.clear()
-
-
-class LocalHF(TokenTemplate, Generates):
+class LocalHF(LoraAdapters, TokenTemplate, Generates):
     """Args:
     path: a local model folder (``from_model`` takes a model object instead).
     adapters: LoRA adapters to load, name -> folder.
@@ -220,78 +129,7 @@ class LocalHF(TokenTemplate, Generates):
         ``clear_cache()`` whenever its weights change."""
         return cls(model=model, tokenizer=tokenizer, name=name, **kwargs)
 
-    # --- adapters -------------------------------------------------------------------
-    def load_adapter(self, name: str, path: str) -> None:
-        """Load a peft LoRA adapter under ``name``; requests with ``adapter=name`` use it."""
-        from peft import PeftModel
-
-        if not Path(path).exists():
-            raise LLMError(f"no adapter at {path}")
-        with self._lock:
-            if not hasattr(self.model, "peft_config"):
-                self.model = PeftModel.from_pretrained(self.model, path, adapter_name=name)
-            else:
-                self.model.load_adapter(path, adapter_name=name)
-            self.model.eval()
-            self.adapters[name] = path
-            self._drop_adapter_cache(name)
-
-    def add_summed_adapter(self, name: str, sources: list[str]) -> None:
-        """A new adapter ``name`` whose weight update is the sum of the ``sources``' updates
-        (peft ``add_weighted_adapter``, ``cat``: the LoRA factors are concatenated, so
-        B A = sum of B_i A_i exactly, whatever the ranks): the "adapters' weights added"
-        baseline that routing is compared with."""
-        for source in sources:
-            self._check_adapter(source)
-        if len(sources) < 2:
-            raise LLMError(f"summing adapters needs at least two, got {sources}")
-        with self._lock:
-            self.model.add_weighted_adapter(
-                adapters=list(sources), weights=[1.0] * len(sources), adapter_name=name, combination_type="cat"
-            )
-            self.model.eval()
-            self.adapters[name] = "sum of " + " + ".join(sources)
-            self._drop_adapter_cache(name)
-
-    def save_adapter(self, name: str, folder: str | Path) -> Path:
-        """Write adapter ``name`` (a summed one too) as a PEFT folder that peft, vLLM
-        (``--lora-modules name=folder``) and ``load_adapter`` read; returns the folder."""
-        import shutil
-        import tempfile
-
-        self._check_adapter(name)
-        if name not in getattr(self.model, "peft_config", {}):
-            raise LLMError(f"{self.name} holds no peft adapter named '{name}'")
-        folder = Path(folder)
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))  # beside it: one rename away
-        old = folder.with_name(f".{folder.name}-old")
-        try:
-            with self._lock:
-                self.model.save_pretrained(str(tmp / "saved"), selected_adapters=[name])
-            written = tmp / "saved" / name if (tmp / "saved" / name / "adapter_config.json").exists() else tmp / "saved"
-            shutil.rmtree(old, ignore_errors=True)
-            if folder.exists():
-                folder.rename(old)  # the old folder stays whole until the new one is in place
-            written.rename(folder)
-            shutil.rmtree(old, ignore_errors=True)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        return folder
-
-    def _check_adapter(self, adapter: str | None) -> None:
-        if adapter is None:
-            return
-        if not self.adapters:
-            raise LLMError(f"adapter '{adapter}' is not loaded (no adapters are)")
-        if adapter not in self.adapters:
-            raise LLMError(f"adapter '{adapter}' is not loaded; loaded: {', '.join(self.adapters)}")
-
-    def _drop_adapter_cache(self, adapter: str | None) -> None:
-        for key in [k for k, e in self.store.entries.items() if e.adapter == adapter]:
-            self.store.drop(key)
-
-    # --- caches ---------------------------------------------------------------------
+    # --- caches (the adapters are lora.LoraAdapters') ------------------------------
     def clear_cache(self) -> None:
         """Forget every cached key and value (after the weights change)."""
         with self._lock:
@@ -376,7 +214,7 @@ class LocalHF(TokenTemplate, Generates):
             inputs["adapter_names"] = [a if a is not None else "__base__" for a in adapters]
         return self.model(**inputs, use_cache=True)
 
-    def _prefix_entry(self, ids: list[int], adapter: str | None, stats: dict[str, Any] | None = None) -> _KV:
+    def _prefix_entry(self, ids: list[int], adapter: str | None, stats: dict[str, Any] | None = None) -> KVEntry:
         key = ("prefix", adapter, hashlib.sha256(str(ids).encode()).hexdigest())
         entry = self.store.get(key)
         if entry is None:
@@ -387,14 +225,14 @@ class LocalHF(TokenTemplate, Generates):
             self.store.put(key, entry)
         return entry
 
-    def _prefill(self, ids: list[int], start: _KV | None, adapter: str | None) -> tuple[_KV, Any]:
+    def _prefill(self, ids: list[int], start: KVEntry | None, adapter: str | None) -> tuple[KVEntry, Any]:
         """Run ``ids`` after ``start``'s cached tokens; the entry (beside ``start``'s
         shared prefix, if it has one) and the last logits."""
         return self._prefill_rows([(ids, start, adapter)])[0]
 
     def _prefill_rows(
-        self, items: list[tuple[list[int], _KV | None, str | None]], stats: dict[str, Any] | None = None
-    ) -> list[tuple[_KV, Any]]:
+        self, items: list[tuple[list[int], KVEntry | None, str | None]], stats: dict[str, Any] | None = None
+    ) -> list[tuple[KVEntry, Any]]:
         """``_prefill`` for each (ids, start, adapter). Rows that continue a cached
         entry run together, up to ``PREFILL_TOKENS`` new tokens and
         ``PREFILL_SLOTS`` key slots (padded) per forward (a row larger than that
@@ -404,14 +242,14 @@ class LocalHF(TokenTemplate, Generates):
         the repeats' tokens as cached. A row with nothing cached, or a model
         without shared-prefix attention, runs alone under the model's own masks."""
         keys = [(adapter, id(start), tuple(ids)) for ids, start, adapter in items]
-        firsts: dict[tuple, tuple[list[int], _KV | None, str | None]] = {}
+        firsts: dict[tuple, tuple[list[int], KVEntry | None, str | None]] = {}
         for key, (ids, start, adapter) in zip(keys, items):
             if key in firsts and stats is not None:
                 repeated = len(ids) - (len(start.ids) if start is not None else 0)
                 stats["prefill_tokens"] -= repeated
                 stats["cached_tokens"] += repeated
             firsts.setdefault(key, (ids, start, adapter))
-        results: dict[tuple, tuple[_KV, Any]] = {}
+        results: dict[tuple, tuple[KVEntry, Any]] = {}
         batched = []
         for key, (ids, start, adapter) in firsts.items():
             if self.shared_prefix and start is not None:
@@ -441,7 +279,7 @@ class LocalHF(TokenTemplate, Generates):
                 chunk.append(key)
         return [results[key] for key in keys]
 
-    def _prefill_whole(self, ids: list[int], start: _KV | None, adapter: str | None) -> tuple[_KV, Any]:
+    def _prefill_whole(self, ids: list[int], start: KVEntry | None, adapter: str | None) -> tuple[KVEntry, Any]:
         """One row, its whole cache (prefix included) copied in front of it."""
         from transformers import DynamicCache
 
@@ -463,10 +301,10 @@ class LocalHF(TokenTemplate, Generates):
             logits_to_keep=1,
         )
         layers = [(layer.keys, layer.values) for layer in output.past_key_values.layers]
-        entry = _KV(list(ids), adapter, layers)
+        entry = KVEntry(list(ids), adapter, layers)
         if base is not None:  # keep only this episode's own tokens beside the shared prefix
             cut = len(base.ids)
-            entry = _KV(
+            entry = KVEntry(
                 entry.ids,
                 adapter,
                 [(k[:, :, cut:].contiguous(), v[:, :, cut:].contiguous()) for k, v in layers],
@@ -474,7 +312,7 @@ class LocalHF(TokenTemplate, Generates):
             )
         return entry, output.logits[0, -1].float()
 
-    def _prefill_batch(self, items: list[tuple[list[int], _KV, str | None]]) -> list[tuple[_KV, Any]]:
+    def _prefill_batch(self, items: list[tuple[list[int], KVEntry, str | None]]) -> list[tuple[KVEntry, Any]]:
         """Rows that each continue a cached entry, in one forward. Layout of row i's
         key slots: its own cached tokens right-aligned in the first ``H`` slots (the
         shared prefix, if any, is attended to in place), then its new tokens
@@ -488,7 +326,7 @@ class LocalHF(TokenTemplate, Generates):
         news = [ids[len(start.ids) :] for ids, start, _ in items]
         n_layers = len(starts[0].layers)
         owns = [
-            [_own_segments(start, base is not None, layer) for layer in range(n_layers)]
+            [own_segments(start, base is not None, layer) for layer in range(n_layers)]
             for start, base in zip(starts, bases)
         ]
         held = [sum(k.shape[2] for k, _ in own[0]) for own in owns]
@@ -512,10 +350,10 @@ class LocalHF(TokenTemplate, Generates):
                 keys = k0.new_zeros((rows, k0.shape[1], h, k0.shape[3]))
                 values = v0.new_zeros((rows, v0.shape[1], h, v0.shape[3]))
                 for i, own in enumerate(owns):
-                    _write_right_aligned(keys, values, i, own[layer], h)
+                    write_right_aligned(keys, values, i, own[layer], h)
                 layers.append((keys, values))
             cache = DynamicCache(ddp_cache_data=layers)
-        extra = _in_place(bases)
+        extra = in_place_groups(bases)
         with shared_prefix.use_shared_prefix(self.model.config) if extra else contextlib.nullcontext():
             output = self._forward(
                 [adapter for _, _, adapter in items],
@@ -532,13 +370,13 @@ class LocalHF(TokenTemplate, Generates):
             mine = [*range(h - held[i], h), *range(h + lead[i], h + q)]  # the row's own and new slots
             index = torch.tensor(mine, device=self.device)
             layers = [(k[i : i + 1].index_select(2, index), v[i : i + 1].index_select(2, index)) for k, v in out_layers]
-            results.append((_KV(list(ids), adapter, layers, base=bases[i]), output.logits[i, -1].float()))
+            results.append((KVEntry(list(ids), adapter, layers, base=bases[i]), output.logits[i, -1].float()))
         return results
 
-    def _find_start(self, request: GenerationRequest, ids: list[int], stats: dict[str, Any]) -> _KV | None:
+    def _find_start(self, request: GenerationRequest, ids: list[int], stats: dict[str, Any]) -> KVEntry | None:
         """The longest cached prefix of a prompt this backend holds: the episode's
         own cache, else the shared prefix (computed now if new), else nothing."""
-        start: _KV | None = None
+        start: KVEntry | None = None
         before = stats["prefix_tokens"]
         if self.kv_cache:
             if request.session is not None:
@@ -636,7 +474,7 @@ class LocalHF(TokenTemplate, Generates):
         bases = [entry.base if self.shared_prefix else None for entry, _ in rows]
         sharing = Counter(id(b) for b in bases if b is not None)
         bases = [b if b is not None and sharing[id(b)] > 1 else None for b in bases]
-        extra = _in_place(bases)
+        extra = in_place_groups(bases)
         cascade = bool(extra)
         held = [n - (len(b.ids) if b is not None else 0) for n, b in zip(lengths, bases)]  # tokens in the decode cache
         longest = max(held)
@@ -652,8 +490,8 @@ class LocalHF(TokenTemplate, Generates):
                     v0.new_zeros((len(rows), v0.shape[1], 1, v0.shape[3])),
                 )
                 for i, (entry, _) in enumerate(rows):  # left padding before each row's tokens, masked out
-                    _write_right_aligned(
-                        layer.keys, layer.values, i, _own_segments(entry, bases[i] is not None, layer_index), longest
+                    write_right_aligned(
+                        layer.keys, layer.values, i, own_segments(entry, bases[i] is not None, layer_index), longest
                     )
                 layer.cumulative_length.fill_(longest)
             adapters = [r.adapter for r in requests]
@@ -694,7 +532,7 @@ class LocalHF(TokenTemplate, Generates):
                         )
                         for (k, v), (dk, dv) in zip(entry.layers, decoded_layers)
                     ]
-                    entry = _KV([*ids, *sampled[i][:fed]], entry.adapter, layers, base=entry.base)
+                    entry = KVEntry([*ids, *sampled[i][:fed]], entry.adapter, layers, base=entry.base)
                 self.store.put(("session", request.session), entry)
             completions.append(self._completion(ids, sampled[i], logprobs[i]))
         stats["total_s"] += time.perf_counter() - t0
@@ -749,7 +587,7 @@ class LocalHF(TokenTemplate, Generates):
             values, indices = torch.topk(torch.log_softmax(last_logits.float(), dim=-1), k)
         return [(int(i), float(v)) for i, v in zip(indices.tolist(), values.tolist())]
 
-    def _score_tail(self, prompt: _KV, label_ids: list[int], adapter: str | None) -> tuple[None, float]:
+    def _score_tail(self, prompt: KVEntry, label_ids: list[int], adapter: str | None) -> tuple[None, float]:
         from transformers import DynamicCache
 
         torch = self.torch
