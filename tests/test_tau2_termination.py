@@ -27,7 +27,7 @@ def tau2_run(domain: str, task_id: str, actions: list[str], **limits):
     from tau2.registry import registry
     from tau2.user.base import BaseUser
 
-    from trace_gym.targets.tau2_user import ScriptedUser
+    from trace_gym.targets.tau2 import ScriptedUser
 
     task = next(t for t in registry.get_tasks_loader(domain)(None) if t.id == task_id)
     environment = registry.get_env_constructor(domain)(solo_mode=False)

@@ -134,7 +134,7 @@ def play_in_toolsandbox(env, name, actions, tmp_path, agent=None):
     from tool_sandbox.roles.base_role import BaseRole
     from tool_sandbox.roles.execution_environment import ExecutionEnvironment
 
-    from trace_gym.targets.toolsandbox import LOCK, _role_classes
+    from trace_gym.targets.toolsandbox import LOCK, role_classes
 
     class ScriptAgent(BaseRole):
         role_type = RoleType.AGENT
@@ -176,7 +176,7 @@ def play_in_toolsandbox(env, name, actions, tmp_path, agent=None):
     scenario = env.unwrapped.get_task(name)
     roles = {
         RoleType.AGENT: agent or ScriptAgent(),
-        RoleType.USER: _role_classes()[1](),
+        RoleType.USER: role_classes()[1](),
         RoleType.EXECUTION_ENVIRONMENT: ExecutionEnvironment(),
     }
     with LOCK:

@@ -6,7 +6,7 @@ calls go to ``tau2.environment.Environment.get_response`` and the episode is
 scored by ``tau2.evaluator.evaluate_simulation`` (``EvaluationType.ALL``, the
 type ``tau2 run`` uses) on the exact tau2 message list the episode produced.
 What this module adds is the turn-taking of tau2's orchestrator in the
-Gymnasium shape, and the choice of user simulator (``tau2_user``).
+Gymnasium shape, and the choice of user simulator (``user.py``).
 
 Termination follows ``tau2.orchestrator.Orchestrator`` rule for rule: every
 orchestrator step counts against ``max_steps`` (an agent message, a user
@@ -32,10 +32,10 @@ import uuid
 from datetime import datetime, timezone
 from typing import Any
 
-from ..actions import ToolCall, format_tool_call
-from ..env import Reply, Score, Start, TextEnv, ToolResult
-from ..errors import TargetUnavailableError, UnknownTaskError
-from ..trajectory import Message, ToolCallRecord
+from ...actions import ToolCall, format_tool_call
+from ...env import Reply, Score, Start, TextEnv, ToolResult
+from ...errors import TargetUnavailableError, UnknownTaskError
+from ...trajectory import Message, ToolCallRecord
 
 DOMAINS = ("retail", "airline", "telecom", "mock")
 STOP_TOKEN = "###STOP###"  # tau2's agent stop signal
@@ -78,7 +78,7 @@ class Tau2Env(TextEnv):
         split: tau2's task split that ``reset(seed=...)`` samples from (``train``,
             ``test``, ``base`` = all); ``options={"task_id": ...}`` may name any task
             of the domain.
-        user: ``scripted`` (offline, see ``tau2_user.ScriptedUser``) or ``llm`` (tau2's
+        user: ``scripted`` (offline, see ``user.ScriptedUser``) or ``llm`` (tau2's
             own ``UserSimulator`` through an OpenAI-compatible endpoint).
         user_model, user_base_url, user_api_key: for ``user="llm"``; default to the
             environment variables ``TRACE_GYM_USER_MODEL``, ``OPENAI_BASE_URL`` and
@@ -287,7 +287,7 @@ class Tau2Env(TextEnv):
         return {"error_prefix": failed.content.split(":", 1)[0] + ": ", "tools": shapes}
 
     def oracle_actions(self) -> list[str] | None:
-        """The task's gold actions as action texts; see ``tau2_user`` for the user side."""
+        """The task's gold actions as action texts; see ``user.py`` for the user side."""
         if self._task is None:
             return None
         return oracle_actions_for(self._task)
@@ -314,7 +314,7 @@ class Tau2Env(TextEnv):
         return list(self._tau2_messages)
 
     def _make_user(self, task):
-        from .tau2_user import LLMUser, ScriptedUser
+        from .user import LLMUser, ScriptedUser
 
         if self.user_kind == "scripted":
             return ScriptedUser(task, self._tau2_env, max_turns=self.max_user_turns)

@@ -22,272 +22,18 @@ use of it here happens under one lock with the episode's own context set.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import json
-import os
-import random
-import threading
 import warnings
-from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
-from ..actions import ToolCall
-from ..env import Reply, Score, Start, TextEnv, ToolResult
-from ..errors import TargetUnavailableError, UnknownTaskError, UserSimulatorError
-from ..trajectory import Message, ToolCallRecord
+from ...actions import ToolCall
+from ...env import Reply, Score, Start, TextEnv, ToolResult
+from ...errors import UnknownTaskError, UserSimulatorError
+from ...trajectory import Message, ToolCallRecord
 
-INSTALL_HINT = (
-    "pip install 'trace-gym[toolsandbox]' and then, without its pinned dependencies, "
-    "pip install --no-deps 'tool_sandbox @ git+https://github.com/apple/ToolSandbox@165848b'"
-)
-LIVE_API_MODULE = "tool_sandbox.tools.rapid_api_search_tools"  # RapidAPI: the live web
-SHUFFLE_SEED = 0  # named_scenarios shuffles tool allow lists with the global `random`
-VARIANTS = (
-    "base",
-    "3_distraction_tools",
-    "10_distraction_tools",
-    "all_tools",
-    "tool_description_scrambled",
-    "arg_description_scrambled",
-    "arg_type_scrambled",
-    "tool_name_scrambled",
-)
-SPLITS = (*VARIANTS, "all")
-
-LOCK = threading.RLock()  # ToolSandbox's execution context is a process global
-
-
-class ScenarioExclusionWarning(UserWarning):
-    """Scenarios of the requested split that this env will not play, and why."""
-
-
-def import_tool_sandbox():
-    """Import ToolSandbox, or say how to install it."""
-    try:
-        import langchain_core  # noqa: F401  (first: on import it re-enables its deprecation warnings)
-
-        with _quiet():
-            import tool_sandbox.common.tool_conversion  # noqa: F401
-            import tool_sandbox.roles.execution_environment  # noqa: F401
-            import tool_sandbox.scenarios  # noqa: F401
-    except ImportError as exc:
-        raise TargetUnavailableError(
-            f"the ToolSandbox target needs the tool_sandbox package ({exc}); {INSTALL_HINT}"
-        ) from None
-    import tool_sandbox
-
-    return tool_sandbox
-
-
-@dataclass(frozen=True)
-class ScenarioEntry:
-    """What the env knows of one scenario before playing it."""
-
-    name: str
-    variant: str
-    multi_turn: bool
-    live_tools: tuple[str, ...]
-    categories: tuple[str, ...]
-
-
-@dataclass
-class Catalogue:
-    scenarios: dict[str, Any]
-    entries: dict[str, ScenarioEntry]
-    all_agent_tools: list[dict[str, Any]] = field(default_factory=list)
-
-
-_CATALOGUE: Catalogue | None = None
-
-
-def catalogue() -> Catalogue:
-    """ToolSandbox's scenarios, built once per process (about 10-20 s).
-
-    ``named_scenarios`` shuffles each allow list with the global ``random``; it
-    runs under a fixed seed (the caller's random state is restored) so that
-    the order of an episode's tools does not change from one process to the next.
-    Its scenarios take some timestamps from the clock: they are as of this call.
-    """
-    global _CATALOGUE
-    with LOCK:
-        if _CATALOGUE is None:
-            import_tool_sandbox()
-            from tool_sandbox.common.execution_context import ScenarioCategories
-            from tool_sandbox.common.tool_discovery import ToolBackend
-            from tool_sandbox.scenarios import named_scenarios
-
-            state = random.getstate()
-            random.seed(SHUFFLE_SEED)
-            try:
-                with _quiet():
-                    scenarios = named_scenarios(preferred_tool_backend=ToolBackend.DEFAULT)
-            finally:
-                random.setstate(state)
-            live = live_api_tools()
-            entries = {}
-            for name, scenario in scenarios.items():
-                context = scenario.starting_context
-                entries[name] = ScenarioEntry(
-                    name=name,
-                    variant=variant_of(scenario),
-                    multi_turn=ScenarioCategories.MULTIPLE_USER_TURN in scenario.categories,
-                    live_tools=tuple(sorted(set(context.tool_allow_list or live) & live)),
-                    categories=tuple(str(c) for c in scenario.categories),
-                )
-            _CATALOGUE = Catalogue(scenarios, entries, agent_tools_of_package(live))
-        return _CATALOGUE
-
-
-def live_api_tools() -> set[str]:
-    """Names of the tools that call RapidAPI (defined in its module, not imported there)."""
-    import importlib
-
-    from tool_sandbox.common.tool_discovery import ToolBackend, find_tools_by_module
-
-    module = importlib.import_module(LIVE_API_MODULE)
-    return {
-        name
-        for name, tool in find_tools_by_module(module, ToolBackend.DEFAULT).items()
-        if tool.__module__ == LIVE_API_MODULE
-    }
-
-
-def variant_of(scenario: Any) -> str:
-    """base, a distraction level, or the tool augmentation a scenario adds."""
-    from tool_sandbox.common.execution_context import ScenarioCategories as C
-
-    augmentations = scenario.starting_context.tool_augmentation_list
-    if augmentations:
-        return str(augmentations[0]).lower()
-    for category, name in (
-        (C.ALL_TOOLS_AVAILABLE, "all_tools"),
-        (C.TEN_DISTRACTION_TOOLS, "10_distraction_tools"),
-        (C.THREE_DISTRACTION_TOOLS, "3_distraction_tools"),
-    ):
-        if category in scenario.categories:
-            return name
-    return "base"
-
-
-def agent_tools_of_package(live: set[str]) -> list[dict[str, Any]]:
-    """Every agent-visible tool's schema as ToolSandbox writes it, unscrambled;
-    the live-web tools left out (no playable scenario offers them)."""
-    from tool_sandbox.common.execution_context import ExecutionContext
-
-    with episode_context(ExecutionContext()):
-        tools = agent_side().get_available_tools()
-        return _schemas({name: tool for name, tool in tools.items() if name not in live})
-
-
-def _schemas(name_to_tool: dict[str, Any]) -> list[dict[str, Any]]:
-    from tool_sandbox.common.tool_conversion import convert_to_openai_tools
-
-    with _quiet():
-        return convert_to_openai_tools(name_to_tool)
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    # langchain_core warns that ToolSandbox imports its pydantic_v1 shim; polars
-    # and attrs warn about ToolSandbox's older idioms. Not ours to fix, not news.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
-
-
-@dataclass
-class _Holder:
-    context: Any
-
-
-@contextlib.contextmanager
-def episode_context(context: Any) -> Iterator[_Holder]:
-    """Hold the lock with ``context`` as ToolSandbox's current context.
-
-    ToolSandbox may replace the current context while it works (parallel calls
-    are replayed in every order on copies); the one current at the end is the
-    episode's from then on, handed back in ``holder.context``.
-    """
-    from tool_sandbox.common.execution_context import get_current_context, set_current_context
-
-    with LOCK:
-        previous = get_current_context()
-        set_current_context(context)
-        holder = _Holder(context)
-        try:
-            yield holder
-        finally:
-            if holder.context is not None:
-                holder.context = get_current_context()
-            set_current_context(previous)
-
-
-@functools.cache
-def _role_classes():
-    """The roles this env drives, defined on ToolSandbox's own base class."""
-    from tool_sandbox.common.execution_context import RoleType
-    from tool_sandbox.roles.base_role import BaseRole
-
-    class AgentSide(BaseRole):
-        """The agent's seat: its messages come from Gymnasium steps, not from respond()."""
-
-        role_type = RoleType.AGENT
-
-    class ScriptedUser(BaseRole):
-        """The user of a single-turn scenario: its request is already in the
-        scenario, so once the agent has answered it ends the conversation, with
-        the ``end_conversation`` call ToolSandbox's LLM user would make."""
-
-        role_type = RoleType.USER
-
-        def respond(self, ending_index: int | None = None) -> None:
-            from openai.types.chat.chat_completion_message_tool_call import ChatCompletionMessageToolCall, Function
-            from tool_sandbox.common.message_conversion import Message as TSMessage
-            from tool_sandbox.common.message_conversion import openai_tool_call_to_python_code
-
-            messages = self.get_messages(ending_index=ending_index)
-            self.messages_validation(messages=messages)
-            if self.filter_messages(messages=messages)[-1].sender == RoleType.SYSTEM:
-                return
-            tools = self.get_available_tools()
-            call = ChatCompletionMessageToolCall(
-                id="scripted_user_end", type="function", function=Function(name="end_conversation", arguments="{}")
-            )
-            code = openai_tool_call_to_python_code(call, set(tools), execution_facing_tool_name=None)
-            self.add_messages(
-                [TSMessage(sender=self.role_type, recipient=RoleType.EXECUTION_ENVIRONMENT, content=code)]
-            )
-
-    return AgentSide, ScriptedUser
-
-
-def agent_side():
-    return _role_classes()[0]
-
-
-def llm_user(model: str | None, base_url: str | None, api_key: str | None):
-    """ToolSandbox's own ``OpenAIAPIUser`` (its prompts, its end_conversation
-    tool) talking to any OpenAI-compatible endpoint instead of api.openai.com."""
-    from openai import OpenAI
-    from tool_sandbox.roles.openai_api_user import OpenAIAPIUser
-
-    model = model or os.environ.get("TRACE_GYM_USER_MODEL")
-    base_url = base_url or os.environ.get("OPENAI_BASE_URL")
-    if not model or not base_url:
-        raise UserSimulatorError(
-            "ToolSandbox's multi-turn scenarios need its LLM user: pass user='llm' with user_model and "
-            "user_base_url (or set TRACE_GYM_USER_MODEL and OPENAI_BASE_URL) naming an OpenAI-compatible endpoint"
-        )
-
-    class EndpointUser(OpenAIAPIUser):
-        def __init__(self) -> None:  # OpenAIAPIUser pins api.openai.com; this one is configurable
-            self.model_name = model
-            self.openai_client = OpenAI(
-                base_url=base_url, api_key=api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY", max_retries=0
-            )
-
-    return EndpointUser()
+from .roles import agent_side, episode_context, llm_user, quiet, role_classes
+from .scenarios import SPLITS, ScenarioEntry, ScenarioExclusionWarning, catalogue, catalogue_tools, schemas_of
+from .scoring import called_name, score_from_evaluation
 
 
 class ToolSandboxEnv(TextEnv):
@@ -408,7 +154,7 @@ class ToolSandboxEnv(TextEnv):
         scenario = self.get_task(name)
         self._scenario, self._entry = scenario, self._catalogue.entries[name]
         self._end_reason = None
-        _, scripted_user = _role_classes()
+        _, scripted_user = role_classes()
         user = llm_user(**self._user_config) if self.user_kind == "llm" else scripted_user()
         self._roles = {RoleType.USER: user, RoleType.EXECUTION_ENVIRONMENT: ExecutionEnvironment()}
         with episode_context(copy.deepcopy(scenario.starting_context)) as holder:
@@ -427,7 +173,7 @@ class ToolSandboxEnv(TextEnv):
             self._message_limit = scenario.max_messages + first
             ended = self._advance()
             agent = agent_side().filter_messages(agent_side().get_messages())
-            self._tools = _schemas(agent_side().get_available_tools())
+            self._tools = schemas_of(agent_side().get_available_tools())
         self._context = holder.context
         if ended:
             raise UnknownTaskError(f"ToolSandbox scenario '{name}' ended before the agent's first turn ({ended})")
@@ -528,7 +274,7 @@ class ToolSandboxEnv(TextEnv):
                         content=m.content,
                         tool_calls=[
                             ToolCallRecord(
-                                id=m.openai_tool_call_id or "user_call", name=_called_name(m.content), arguments={}
+                                id=m.openai_tool_call_id or "user_call", name=called_name(m.content), arguments={}
                             )
                         ],
                     )
@@ -541,7 +287,7 @@ class ToolSandboxEnv(TextEnv):
         return super()._finish(self._end_reason or reason)
 
     def _score(self, termination_reason: str) -> Score:
-        with episode_context(self._context) as holder, _quiet():
+        with episode_context(self._context) as holder, quiet():
             result = self._scenario.evaluation.evaluate(
                 execution_context=holder.context, max_turn_count=self._scenario.max_messages
             )
@@ -576,7 +322,7 @@ class ToolSandboxEnv(TextEnv):
             recipient = last["recipient"][-1]
             if recipient == RoleType.AGENT:
                 return None
-            with _quiet():
+            with quiet():
                 self._roles[recipient].respond()
 
     def result_shapes(self) -> dict[str, Any]:
@@ -607,108 +353,3 @@ class ToolSandboxEnv(TextEnv):
 
     def oracle_actions(self) -> list[str] | None:
         return None  # ToolSandbox's milestones are not action scripts
-
-
-def _called_name(code: str) -> str:
-    """The function a user-side code message calls."""
-    for line in code.splitlines():
-        if "_response = " in line:
-            return line.split("_response = ", 1)[1].split("(", 1)[0].strip()
-    return code.split("(", 1)[0].strip()
-
-
-def score_from_evaluation(result: Any, scenario: Any, entry: ScenarioEntry, termination_reason: str) -> Score:
-    """ToolSandbox's EvaluationResult as our Score: the reward is its similarity;
-    components are each milestone's similarity and whether every minefield was
-    avoided; details keep what each milestone constrains (for the milestone analyst)."""
-    milestones = describe(scenario.evaluation.milestone_matcher.milestones, result.milestone_mapping)
-    minefields = describe(scenario.evaluation.minefield_matcher.milestones, result.minefield_mapping)
-    components = {f"milestone_{m['index']}": m["similarity"] for m in milestones}
-    if minefields:
-        components["minefields_avoided"] = 1.0 if result.minefield_similarity == 0 else 0.0
-    unmet = [
-        f"milestone {m['index']} ({', '.join(m['constrains']) or 'conversation'}) at {m['similarity']:.2f}"
-        for m in milestones
-        if m["similarity"] < 1.0
-    ]
-    hit = [f"minefield {m['index']} ({', '.join(m['constrains'])})" for m in minefields if m["similarity"] > 0]
-    reason = (
-        "every milestone met, no minefield hit"
-        if not unmet and not hit
-        else "; ".join(unmet + (["hit " + ", ".join(hit)] if hit else []))
-    )
-    details = {
-        "scenario": entry.name,
-        "variant": entry.variant,
-        "categories": list(entry.categories),
-        "similarity": float(result.similarity),
-        "milestone_similarity": float(result.milestone_similarity),
-        "minefield_similarity": float(result.minefield_similarity),
-        "turn_count": int(result.turn_count),
-        "milestones": milestones,
-        "minefields": minefields,
-    }
-    return Score(reward=float(result.similarity), components=components, reason=reason, details=details)
-
-
-def describe(milestones: list[Any], mapping: dict[int, tuple[int, float]]) -> list[dict[str, Any]]:
-    """Each milestone (or minefield) with its matched similarity and what it constrains."""
-    out = []
-    for index, milestone in enumerate(milestones):
-        snapshot, similarity = mapping.get(index, (None, 0.0))
-        out.append(
-            {
-                "index": index,
-                "similarity": float(similarity),
-                "snapshot_index": snapshot,
-                "constrains": constraint_kinds(milestone),
-            }
-        )
-    return out
-
-
-def constraint_kinds(milestone: Any) -> list[str]:
-    """``tool_call:<name>``, ``message_to_user``, ``user_message`` or ``state:<database>``
-    per constraint of a milestone (its guardrails left out)."""
-    kinds = []
-    for constraint in milestone.snapshot_constraints:
-        if getattr(constraint.snapshot_constraint, "__name__", "") == "guardrail_similarity":
-            continue
-        namespace = str(constraint.database_namespace)
-        target = constraint.target_dataframe
-        rows = target.to_dicts() if target is not None else [{}]
-        for row in rows:
-            if namespace != "SANDBOX":
-                kind = f"state:{namespace.lower()}"
-            elif row.get("tool_trace"):
-                kind = "tool_call:" + "|".join(traced_tool_names(row["tool_trace"]))
-            elif str(row.get("sender")) == "AGENT" and str(row.get("recipient")) == "EXECUTION_ENVIRONMENT":
-                kind = f"tool_call:{row.get('content') or '?'}"  # the agent's call, by the tool it names
-            elif str(row.get("sender")) == "AGENT" and str(row.get("recipient")) == "USER":
-                kind = "message_to_user"
-            else:
-                kind = "conversation"
-            if kind not in kinds:
-                kinds.append(kind)
-    return kinds
-
-
-def traced_tool_names(tool_trace: str) -> list[str]:
-    """The tool(s) a milestone's expected trace names; a list of traces holds alternatives."""
-    try:
-        trace = json.loads(tool_trace)
-    except (TypeError, ValueError):
-        return ["?"]
-    names = []
-    for item in trace if isinstance(trace, list) else [trace]:
-        name = item.get("tool_name", "?") if isinstance(item, dict) else "?"
-        if name not in names:
-            names.append(name)
-    return names or ["?"]
-
-
-def catalogue_tools() -> dict[str, Any]:
-    """Every tool function ToolSandbox registers, by name."""
-    from tool_sandbox.common.tool_discovery import ToolBackend, get_all_tools
-
-    return get_all_tools(ToolBackend.DEFAULT)

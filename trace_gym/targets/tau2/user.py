@@ -26,7 +26,7 @@ import os
 import re
 from typing import Any, Iterator
 
-from ..errors import UserSimulatorError
+from ...errors import UserSimulatorError
 
 STOP = "###STOP###"
 TRANSFER = "###TRANSFER###"
