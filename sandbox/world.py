@@ -103,7 +103,7 @@ def retail_user(seed, payment=PAYMENT_SOURCES):
 def retail_item(seed, product=None, option=None):
     """A τ²-retail OrderItem of ``product`` (a name from ``retail_products()``, drawn when None)
     with its option set to ``option`` (drawn when None). One product has one
-    product_id; each option value is its own item_id."""
+    product_id; each option value is its own item_id, at one price in every order."""
     rng = _seeded(seed)
     product = product if product is not None else rng.choice(sorted(PRODUCTS))
     if product not in PRODUCTS:
@@ -116,7 +116,7 @@ def retail_item(seed, product=None, option=None):
         "name": product,
         "product_id": _id(product),
         "item_id": _id(product + "/" + value),
-        "price": round(rng.uniform(15, 300), 2),
+        "price": round(15 + int(_id(product + "/" + value + "/price", 5)) % 28500 / 100, 2),  # one price per item
         "options": {kind: value},
     }
 

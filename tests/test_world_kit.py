@@ -210,3 +210,12 @@ def test_the_kit_answers_every_call_as_tau2_bench_does(status):
                 assert json.loads(ours) == json.loads(theirs), (name, args)
             else:  # an id or an error, word for word
                 assert ours == theirs, (name, args)
+
+
+def test_one_item_is_one_id_at_one_price_in_every_order():
+    items = [world.retail_item(seed) for seed in range(300)]
+    by_id: dict = {}
+    for item in items:
+        by_id.setdefault(item["item_id"], set()).add((item["name"], json.dumps(item["options"]), item["price"]))
+    assert len(by_id) > 20 and all(len(seen) == 1 for seen in by_id.values())
+    assert all(15 <= item["price"] <= 300 for item in items)

@@ -3,11 +3,12 @@ episodes played so far and their step times, and the run's seeds."""
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import gymnasium as gym
 
@@ -50,6 +51,18 @@ class CheckStopped(Exception):
     fails at once with this evidence instead of paying the same time-out per seed."""
 
 
+@contextlib.contextmanager
+def noting_layer(layers: list[str]) -> Iterator[None]:
+    """Note in ``layers`` the sandbox layer that stopped env code (a ``SandboxError``'s
+    ``layer``) and let the error go on."""
+    try:
+        yield
+    except SandboxError as exc:
+        if exc.layer:
+            layers.append(exc.layer)
+        raise
+
+
 class BudgetedWorker:
     """A sandbox worker whose every call is bounded by what is left of the budget,
     and whose refusals (a ``SandboxError`` with a ``layer``) are noted in ``layers``."""
@@ -64,12 +77,8 @@ class BudgetedWorker:
         if left <= 0:
             self._worker.close()
             raise TimeBudgetExhausted(f"before {op}()")
-        try:
+        with noting_layer(self._layers):
             return self._worker.call(op, timeout=min(timeout or self._worker.limits.call_timeout_s, left), **payload)
-        except SandboxError as exc:
-            if exc.layer:
-                self._layers.append(exc.layer)
-            raise
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._worker, name)
@@ -123,12 +132,8 @@ class Context:
 
         if time.monotonic() >= self.deadline:
             raise TimeBudgetExhausted("before starting a worker")
-        try:
+        with noting_layer(self.layers):  # refused while loading: the module's own code
             env = SandboxedEnv(self.path, backend=self.backend)
-        except SandboxError as exc:  # refused while loading: the module's own code
-            if exc.layer:
-                self.layers.append(exc.layer)
-            raise
         env.worker = BudgetedWorker(env.worker, self.deadline, self.layers)
         env.declared_max_steps = env.worker.info.get("max_steps")
         env.max_steps = min(env.max_steps, self.config.max_episode_steps)
