@@ -1079,7 +1079,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from .training import GRPOTrainingConfig, train
+    from .training import GRPOTrainingConfig, ranks, train
 
     options = {
         "iterations": args.iterations,
@@ -1113,6 +1113,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         **{k: v for k, v in options.items() if v is not None},
     )
     result = train(config, resume=args.resume)
+    if not ranks.is_main():  # under a launcher, rank 0 speaks for the run
+        return 0
     if args.json:
         print(json.dumps({k: str(v) if hasattr(v, "parts") else v for k, v in vars(result).items()}))
     else:

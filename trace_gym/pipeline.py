@@ -531,7 +531,14 @@ def run_pipeline(
     config: PipelineConfig, *, resume: bool = False, from_stage: str | None = None, say: Callable[[str], None] = print
 ) -> Path:
     """Run the configured stages in order; returns the path of ``report.md``."""
+    from .training.ranks import world_size
+
     run_dir = config.run_dir
+    if world_size() > 1:
+        raise PipelineError(
+            f"trace-gym run under a launcher ({world_size()} ranks): every rank would run every stage; run the "
+            "pipeline as one process (a launcher spreads `trace-gym train` over ranks, one job at a time)"
+        )
     if from_stage is not None and from_stage not in config.run.stages:
         raise PipelineError(f"--from {from_stage}: not one of this run's stages ({', '.join(config.run.stages)})")
     if run_dir.exists() and (run_dir / "state.json").exists() and not resume and from_stage is None:

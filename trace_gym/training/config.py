@@ -291,8 +291,10 @@ class GRPOTrainingConfig:
         optimizer step per iteration, checkpoints every ``save_every`` iterations."""
         from trl import GRPOConfig
 
+        from .ranks import world_size
+
         micro = self.micro_batch or self.rollouts_per_group
-        steps = self.rollouts_per_iteration // micro
+        steps = self.rollouts_per_iteration // (micro * world_size())  # under a launcher, each rank its share
         cpu = self.device == "cpu"
         return GRPOConfig(
             output_dir=str(self.checkpoint_dir),

@@ -39,6 +39,7 @@ decoded text (the model layer keeps the sampled ids).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -137,6 +138,25 @@ class IterationRecord:
     played: list[str] = field(default_factory=list)
     """Every group played, draws included: ``env|task ID`` or ``env|seed N`` (K episodes each)."""
     rollout_s: float = 0.0
+
+    @classmethod
+    def merged(cls, records: list["IterationRecord"]) -> "IterationRecord":
+        """One record of several ranks' parts of one iteration, groups in rank order
+        (as TRL gathers their rows); the ranks play at once, so its time is the longest."""
+        if len(records) == 1:
+            return records[0]
+        whole = cls()
+        for record in records:
+            for f in dataclasses.fields(cls):
+                mine, theirs = getattr(whole, f.name), getattr(record, f.name)
+                if f.name == "components":
+                    for name, values in theirs.items():
+                        mine.setdefault(name, []).extend(values)
+                elif f.name == "rollout_s":
+                    whole.rollout_s = max(mine, theirs)
+                else:
+                    setattr(whole, f.name, mine + theirs)  # lists concatenate, counts add up
+        return whole
 
     def first_groups(self) -> list[list[float | None]]:
         """The first draw's rewards, group by group (a group's K rows are consecutive)."""

@@ -37,8 +37,9 @@ from typing import Any, Callable
 
 from .config import GRPOTrainingConfig, TrainingError, native_bf16
 from .log import TrainLog, plot_reward_curve
+from . import ranks
 from .pool import EnvPool
-from .rollouts import EnvRolloutFunc, env_reward, plan_groups
+from .rollouts import EnvRolloutFunc, IterationRecord, env_reward, plan_groups
 
 
 # Settings a resumed run must share with the run it continues (iterations may grow).
@@ -271,8 +272,9 @@ def _calibrate(
                     func = EnvRolloutFunc(
                         dataclasses.replace(config, max_draws=1), pool, tokenizer, tasks, adapter=None
                     )
-                    func.play(keys, backend)
-                    return func.records[-1].groups
+                    mine = ranks.share(keys)  # under a launcher each rank plays its share, every rank gets all
+                    func.play(mine, backend)
+                    return [group for part in ranks.gather(func.records[-1].groups) for group in part]
                 finally:
                     pool.close()
 
@@ -282,10 +284,11 @@ def _calibrate(
                 tasks[env_id],
                 levels[env_id],
                 play,
-                say=lambda m: print(f"trace-gym: {m}", file=sys.stderr, flush=True),
+                say=lambda m: ranks.is_main() and print(f"trace-gym: {m}", file=sys.stderr, flush=True),
             )
         calibrations.append(calibration)
-        save_calibrations(path, calibrations)
+        if ranks.is_main():
+            save_calibrations(path, calibrations)
         check_trainable(calibration, config)
         if calibration.level is not None:
             env_kwargs[env_id]["level"] = calibration.level
@@ -321,7 +324,7 @@ class _IterationLog:
             initial=start,
             desc=f"GRPO {','.join(config.env_ids)}",
             unit="it",
-            disable=None if progress is None else not progress,
+            disable=(None if progress is None else not progress) or not ranks.is_main(),
         )
 
     def callback(self) -> Any:
@@ -344,7 +347,12 @@ class _IterationLog:
         wall = now - self.t_last
         self.t_last = now
         self.elapsed += wall
-        summary = self.rollout.records[-1].summary() if self.rollout.records else {}
+        mine = self.rollout.records[-1] if self.rollout.records else IterationRecord()
+        parts = ranks.gather((mine, vars(self.rollout.pool.stats)))  # one line for all ranks' episodes
+        if not ranks.is_main():
+            return
+        summary = IterationRecord.merged([record for record, _ in parts]).summary() if self.rollout.records else {}
+        pool = {k: sum(stats[k] for _, stats in parts) for k in parts[0][1] if k != "failures"}
         self.episodes_played += summary.get("episodes_played", 0)
         row = {
             "iteration": iteration,
@@ -357,7 +365,7 @@ class _IterationLog:
             "episodes_played": self.episodes_played,
             "calibration_episodes": self.calibration_episodes,
             "levels": self.levels,
-            "pool": {k: v for k, v in vars(self.rollout.pool.stats).items() if k != "failures"},
+            "pool": pool,
             "dtype": self.config.dtype,
             "wall_s": round(wall, 3),
             "elapsed_s": round(self.elapsed, 3),
@@ -382,6 +390,7 @@ def build_trainer(
     config.check()
     config = dataclasses.replace(config, dtype=_check_run_folder(config, resume))  # `auto` decided once, here
     _check_machine(config)
+    ranks.check_launcher(config.groups, config.rollouts_per_group, config.micro_batch or config.rollouts_per_group)
     tasks, env_kwargs, levels = _env_plan(config)
     resolve_model(config.model)  # a bad model spec is one line here, before the run folder is written
 
@@ -403,12 +412,17 @@ def build_trainer(
     checkpoint = last_checkpoint(config.checkpoint_dir) if resume else None
     start = int(checkpoint.name.split("-", 1)[1]) if checkpoint else 0
     log = TrainLog(out / "train_log.jsonl")
-    previous = log.truncate_to(start) if resume else []
     if config.iterations <= start:
         raise TrainingError(
             f"the run in {out} already finished {start} iterations; raise --iterations to train further"
         )
-    (out / "run.json").write_text(json.dumps(config.as_dict(), indent=2) + "\n", encoding="utf-8")
+    ranks.start(config.device)
+    if ranks.is_main():
+        previous = log.truncate_to(start) if resume else []
+        (out / "run.json").write_text(json.dumps(config.as_dict(), indent=2) + "\n", encoding="utf-8")
+    ranks.barrier()
+    if not ranks.is_main():
+        previous = log.read()
 
     model, tokenizer, _ = load_policy(config.model, config.dtype)
     calibrations = _calibrate(config, out, model, tokenizer, tasks, env_kwargs, levels, resume)
@@ -473,12 +487,15 @@ def run_trainer(config: GRPOTrainingConfig, trainer: Any, parts: dict[str, Any])
         checkpoint = parts["checkpoint"]
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
         adapter = out / "adapter"
-        trainer.model.save_pretrained(str(adapter))
+        if ranks.is_main():
+            trainer.model.save_pretrained(str(adapter))
+        ranks.barrier()  # every rank returns what rank 0 wrote
     finally:
         parts["pool"].close()
         parts["iteration_log"].bar.close()
     rows = parts["log"].read()
-    curve = plot_reward_curve(rows, out / "reward_curve.png", title=f"{config.model} on {', '.join(config.env_ids)}")
+    title = f"{config.model} on {', '.join(config.env_ids)}"
+    curve = plot_reward_curve(rows, out / "reward_curve.png", title=title) if ranks.is_main() else None
     last = rows[-1] if rows else {}
     return TrainingResult(
         out=out,
