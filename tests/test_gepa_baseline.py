@@ -21,7 +21,7 @@ REFLECTION = f"The agent never used its tools. A better instruction:\n```\n{KEY}
 TASKS = ["0", "1", "2", "3", "4", "5", "6", "7"]  # the first 8 of the train split: 4 train, 4 validation
 
 
-def serve(split="train", tasks=TASKS, reflector_down=None):
+def serve(split="train", tasks=TASKS, reflector_down=None, key="test-key"):
     env = gym.make("trace/tau2-retail-v0", split=split)
     scripts = {}
     for tid in env.unwrapped.task_ids[: len(tasks)]:
@@ -39,7 +39,7 @@ def serve(split="train", tasks=TASKS, reflector_down=None):
             return gold(body)
         return {"content": "I am sorry, I cannot help with that. Is there anything else I can help you with?"}
 
-    return OpenAIDouble(answer, models=("policy", "reflector"))
+    return OpenAIDouble(answer, models=("policy", "reflector"), key=key)
 
 
 def episodes_served(server):
@@ -230,7 +230,9 @@ def test_feedback_names_what_the_env_found_missing():
     assert "not solved" in text and "DB=0" in text and "cancel_pending_order" in text and "refund 10" in text
 
 
-def test_the_pipeline_shows_the_gepa_row_beside_the_others_when_the_config_asks(api, tmp_path):
+def pipeline_config(tmp_path, policy_server="", reflection_server=""):
+    """A run of the gepa and evaluate stages with both models on the double; the
+    ``*_server`` lines go in [policy] and [gepa]."""
     config = tmp_path / "run.toml"
     config.write_text(f"""
 [run]
@@ -240,9 +242,11 @@ stages = ["gepa", "evaluate"]
 
 [policy]
 model = "openai:policy"
+{policy_server}
 
 [gepa]
 reflection = "openai:reflector"
+{reflection_server}
 budget = 12
 tasks = 8
 val_tasks = 4
@@ -253,6 +257,11 @@ split = "train"   # the double knows the train split's tasks
 tasks = 3
 methods = ["base", "gepa"]
 """)
+    return config
+
+
+def test_the_pipeline_shows_the_gepa_row_beside_the_others_when_the_config_asks(api, tmp_path):
+    config = pipeline_config(tmp_path)
     env = {"OPENAI_BASE_URL": api.base_url, "OPENAI_API_KEY": "test-key"}
     result = run_cli("run", str(config), env=env)
     assert result.returncode == 0, result.stderr
@@ -267,6 +276,29 @@ methods = ["base", "gepa"]
     served = len(api.requests)
     again = run_cli("run", str(config), "--resume", env=env)
     assert again.returncode == 0 and "[gepa] unchanged" in again.stderr and len(api.requests) == served
+
+
+def test_the_policy_and_the_reflection_model_each_reach_their_own_server(tmp_path):
+    with serve(key="policy-key") as policy, serve(key="reflector-key") as reflector:
+        config = pipeline_config(
+            tmp_path,
+            f'base_url = "{policy.base_url}"\napi_key_env = "POLICY_KEY"',
+            f'base_url = "{reflector.base_url}"\napi_key_env = "REFLECTOR_KEY"',
+        )
+        env = {  # the shared variables point nowhere: every request must go to its role's own server
+            "OPENAI_BASE_URL": "http://127.0.0.1:9/v1",
+            "OPENAI_API_KEY": "nobody's",
+            "POLICY_KEY": "policy-key",
+            "REFLECTOR_KEY": "reflector-key",
+        }
+        result = run_cli("run", str(config), env=env)
+    assert result.returncode == 0, result.stderr
+    assert policy.requests and {r["model"] for r in policy.requests} == {"policy"}
+    assert reflector.requests and {r["model"] for r in reflector.requests} == {"reflector"}
+    rows = {r["method"]: r for r in json.loads((tmp_path / "run" / "eval" / "results.json").read_text())["results"]}
+    assert rows["gepa"]["pass_1"] == 1.0  # the reflection's instruction reached the policy
+    written = [p.read_text(errors="replace") for p in (tmp_path / "run").rglob("*") if p.is_file()]
+    assert not any("policy-key" in text or "reflector-key" in text for text in written), "a key was written down"
 
 
 @pytest.mark.slow

@@ -129,6 +129,31 @@ BAD = [
         "[gepa] reflection: openai:gpt-x needs an endpoint",
     ),
     (
+        "[rollout]",
+        '[policy]\nbase_url = "http://127.0.0.1:8000/v1"\n[rollout]',
+        "[policy] base_url: only an openai: or vllm: model has a server, not 'smollm2-135m-instruct'",
+    ),
+    (
+        "[rollout]",
+        '[policy]\nmodel = "openai:m"\nbase_url = "127.0.0.1:8000/v1"\n[rollout]',
+        "[policy] base_url: an http:// or https:// address",
+    ),
+    (
+        "[rollout]",
+        '[identify]\nanalyst = "openai:gpt-x"\nbase_url = "http://127.0.0.1:9/v1"\napi_key_env = "NO_SUCH_KEY_VAR"\n[rollout]',
+        "[identify] api_key_env: the variable NO_SUCH_KEY_VAR is not set",
+    ),
+    (
+        "[rollout]",
+        '[identify]\nanalyst = "gold"\nbase_url = "http://127.0.0.1:9/v1"\n[rollout]',
+        "[identify] base_url: only an openai: or vllm: model has a server, not 'gold'",
+    ),
+    (
+        "[rollout]",
+        '[evaluate]\nbase_url = "http://127.0.0.1:9/v1"\n[rollout]',
+        "[evaluate] base_url: for [evaluate] model, which is not set",
+    ),
+    (
         'stages = ["rollout", "identify"]',
         'stages = ["gepa"]\n[gepa]\nbudget = 5\nval_tasks = 4',
         "[gepa] a budget of 5 episodes cannot pay for the seed prompt's validation",
@@ -180,7 +205,11 @@ def test_the_example_configs_are_valid(tmp_path, monkeypatch):
     model.mkdir()
     gpu = tmp_path / "gpu.toml"
     gpu.write_text((examples / "gpu.toml").read_text().replace("/models/Llama-3.1-8B-Instruct", str(model)))
+    with pytest.raises(ConfigError, match="api_key_env: the variable ANALYST_KEY is not set"):
+        load_config(gpu)
+    monkeypatch.setenv("ANALYST_KEY", "sk-test")
     config = load_config(gpu)
+    assert config.identify.endpoint() == {"base_url": "https://api.openai.com/v1", "api_key": "sk-test"}
     assert "gepa" in config.run.stages and config.gepa.reflection == "openai:gpt-4.1" and config.gepa.budget is None
 
 
@@ -203,3 +232,20 @@ def test_merged_is_a_baseline_only_over_two_or_more_capability_envs(tmp_path):
     )
     merged = next(job for job in two if job["name"] == "merged")
     assert merged["envs"] == ["trace/complete-actions-v0", "trace/tool-precision-v0"] and merged["scale"] == 2
+
+
+def test_each_role_names_its_own_server_and_the_key_stays_in_the_environment(tmp_path, monkeypatch):
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.setenv("ANALYST_KEY", "sk-analyst")
+    text = GOOD.replace(
+        "[rollout]",
+        '[policy]\nmodel = "openai:policy"\nbase_url = "http://127.0.0.1:8001/v1"\n'
+        '[identify]\nanalyst = "openai:gpt-x"\nbase_url = "http://127.0.0.1:8002/v1"\napi_key_env = "ANALYST_KEY"\n'
+        "[rollout]",
+    )
+    config = load_config(write(tmp_path, text))  # no OPENAI_BASE_URL: each role's own address suffices
+    assert config.policy.endpoint() == {"base_url": "http://127.0.0.1:8001/v1"}
+    assert config.identify.endpoint() == {"base_url": "http://127.0.0.1:8002/v1", "api_key": "sk-analyst"}
+    assert config.eval_endpoint == config.policy.endpoint()
+    assert config.synthesize.endpoint() == {}

@@ -86,6 +86,9 @@ class GEPAConfig:
     """API policies: episodes played in parallel threads."""
     reflection_max_tokens: int = 1024
     seed: int = 0
+    servers: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)
+    """Where the ``policy`` and the ``reflection`` model are served when not at the environment's
+    ``OPENAI_BASE_URL`` (``{"policy": {"base_url": ..., "api_key": ...}}``); never recorded."""
 
     def check(self) -> "GEPAConfig":
         if self.budget < 1:
@@ -105,7 +108,7 @@ class GEPAConfig:
 
     def settings(self) -> dict[str, Any]:
         """What makes two searches the same (a resumed one must match)."""
-        return {k: v for k, v in asdict(self).items() if k not in ("out", "batch", "workers")}
+        return {k: v for k, v in asdict(self).items() if k not in ("out", "batch", "workers", "servers")}
 
 
 @dataclass
@@ -373,9 +376,9 @@ def make_models(config: GEPAConfig) -> tuple[Any, Any, str | None]:
     same model) and the warning a too-small reflection model earns."""
     from .llm import EMBEDDED_DEFAULT, make_backend
 
-    policy = make_backend(config.model)
+    policy = make_backend(config.model, **config.servers.get("policy", {}))
     spec = config.reflection or EMBEDDED_DEFAULT
-    reflection = policy if spec == config.model else make_backend(spec)
+    reflection = policy if spec == config.model else make_backend(spec, **config.servers.get("reflection", {}))
     warning = SMALL_REFLECTOR_WARNING if spec == EMBEDDED_DEFAULT else None
     return policy, reflection, warning
 

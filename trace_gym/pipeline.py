@@ -62,7 +62,27 @@ class RunSettings:
 
 
 @dataclass
-class PolicySettings:
+class Endpoint:
+    """Where a section's ``openai:`` or ``vllm:`` model is served: each role (policy,
+    analysts, evaluation) may have its own server and key."""
+
+    base_url: str | None = None
+    """Its server, e.g. ``http://127.0.0.1:8000/v1`` (None: ``OPENAI_BASE_URL``)."""
+    api_key_env: str | None = None
+    """The environment variable holding its key (None: ``OPENAI_API_KEY``): a key never goes in a config file."""
+
+    def endpoint(self) -> dict[str, str]:
+        """The ``base_url``/``api_key`` options of its backend (none: the environment's)."""
+        import os
+
+        options = {"base_url": self.base_url} if self.base_url else {}
+        if self.api_key_env:
+            options["api_key"] = os.environ.get(self.api_key_env, "")
+        return options
+
+
+@dataclass
+class PolicySettings(Endpoint):
     """``[policy]``: the model being improved (and the router, which is the same base model)."""
 
     model: str = "smollm2-135m-instruct"
@@ -123,7 +143,7 @@ class RolloutStage:
 
 
 @dataclass
-class IdentifyStage:
+class IdentifyStage(Endpoint):
     """``[identify]`` (and ``[identify.selection]``): contrastive capability identification."""
 
     analyst: str = "gold"
@@ -133,7 +153,7 @@ class IdentifyStage:
 
 
 @dataclass
-class SynthesizeStage:
+class SynthesizeStage(Endpoint):
     """``[synthesize]`` (and ``[synthesize.loop]``): one training env per selected capability."""
 
     analyst: str = "registry"
@@ -162,7 +182,7 @@ class TrainStage:
 
 
 @dataclass
-class GEPAStage:
+class GEPAStage(Endpoint):
     """``[gepa]``: the GEPA baseline (reflective prompt evolution of the policy's instructions)."""
 
     reflection: str = "smollm2-135m-instruct"
@@ -182,7 +202,7 @@ class GEPAStage:
 
 
 @dataclass
-class EvaluateStage:
+class EvaluateStage(Endpoint):
     """``[evaluate]``: every method on the target's held-out split."""
 
     split: str = "test"
@@ -201,8 +221,8 @@ class EvaluateStage:
     model: str | None = None
     """The trained policy served elsewhere, for this stage only: the same base weights behind
     a ``vllm:<model>`` server (the adapters are loaded into it by name) or an ``openai:`` one
-    that already serves them. Changing it re-plays evaluation and nothing before it
-    (None: ``[policy]``'s model, in process)."""
+    that already serves them, at this section's ``base_url``. Changing it re-plays evaluation
+    and nothing before it (None: ``[policy]``'s model, in process)."""
 
 
 @dataclass
@@ -232,6 +252,11 @@ class PipelineConfig:
         if choice == "auto" and model.startswith("vllm:"):
             return with_template(model, self.policy.chat_template)
         return self.evaluate.model
+
+    @property
+    def eval_endpoint(self) -> dict[str, str]:
+        """The server options of ``eval_model``: ``[evaluate]``'s where it names a model, else the policy's."""
+        return (self.evaluate if self.evaluate.model is not None else self.policy).endpoint()
 
 
 def load_config(path: str | Path) -> PipelineConfig:
@@ -278,7 +303,9 @@ def check_config(config: PipelineConfig) -> None:
     if bad:
         raise ConfigError(f"[evaluate] methods: unknown method '{bad[0]}'; methods are {', '.join(REGISTERED)}")
     _check_template(config.policy)
-    _check_model(config.policy.model, "[policy] model")
+    for section in ("policy", "identify", "synthesize", "evaluate", "gepa"):
+        _check_endpoint(getattr(config, section), section)
+    _check_model(config.policy.model, "[policy] model", endpoint=not config.policy.base_url)
     if config.evaluate.model is not None:
         _check_model(config.evaluate.model, "[evaluate] model", endpoint=False)
     grpo_config(config, ["<env>"], "<out>")  # every [train.grpo] mistake, now
@@ -287,11 +314,11 @@ def check_config(config: PipelineConfig) -> None:
 
         if not serving_envs(capability, entry.id):
             raise ConfigError(f"[train] control: no registry env serves '{capability}' for {entry.id}")
-    _check_analyst(config.identify.analyst, "[identify] analyst", ("gold", "milestone", "reference"))
+    _check_analyst(config.identify, "[identify] analyst", ("gold", "milestone", "reference"))
     _check_analyst_fits(config.identify.analyst, entry)
-    _check_analyst(config.synthesize.analyst, "[synthesize] analyst", ("registry",))
+    _check_analyst(config.synthesize, "[synthesize] analyst", ("registry",))
     if "gepa" in config.run.stages:
-        _check_model(config.gepa.reflection, "[gepa] reflection")
+        _check_model(config.gepa.reflection, "[gepa] reflection", endpoint=not config.gepa.base_url)
         try:
             gepa_config(config, budget=config.gepa.budget or 10**6).check()
         except TraceGymError as exc:
@@ -372,6 +399,7 @@ def gepa_config(config: PipelineConfig, budget: int) -> Any:
         batch=p.batch,
         workers=p.workers,
         seed=config.run.seed,
+        servers={"policy": p.endpoint(), "reflection": g.endpoint()},
     )
 
 
@@ -394,14 +422,36 @@ def _check_template(policy: PolicySettings) -> None:
         raise ConfigError(f"[policy] chat_template: {exc}") from None
 
 
-def _check_analyst(spec: str, where: str, offline: tuple[str, ...]) -> None:
+def _check_endpoint(section: Endpoint, name: str) -> None:
+    """A section's server settings: an http(s) address, a key variable that is set, and
+    only where its model is reached over the network."""
     import os
 
+    if section.base_url is None and section.api_key_env is None:
+        return
+    setting = "base_url" if section.base_url is not None else "api_key_env"
+    model = next((getattr(section, f) for f in ("model", "analyst", "reflection") if getattr(section, f, None)), None)
+    if model is None and name == "evaluate":
+        raise ConfigError(f"[evaluate] {setting}: for [evaluate] model, which is not set ([policy]'s server serves)")
+    if model is None or not (is_chat_endpoint(model) or model.startswith("vllm:")):
+        raise ConfigError(f"[{name}] {setting}: only an openai: or vllm: model has a server, not {model!r}")
+    if section.base_url is not None and not section.base_url.startswith(("http://", "https://")):
+        raise ConfigError(f"[{name}] base_url: an http:// or https:// address, got {section.base_url!r}")
+    if section.api_key_env is not None and not os.environ.get(section.api_key_env):
+        raise ConfigError(f"[{name}] api_key_env: the variable {section.api_key_env} is not set")
+
+
+def _check_analyst(section: IdentifyStage | SynthesizeStage, where: str, offline: tuple[str, ...]) -> None:
+    import os
+
+    spec = section.analyst
     if spec in offline:
         return
     if is_chat_endpoint(spec):
-        if not os.environ.get("OPENAI_BASE_URL") and not os.environ.get("OPENAI_API_KEY"):
-            raise ConfigError(f"{where}: {spec} needs an analyst endpoint: set OPENAI_BASE_URL (and OPENAI_API_KEY)")
+        if not section.base_url and not os.environ.get("OPENAI_BASE_URL") and not os.environ.get("OPENAI_API_KEY"):
+            raise ConfigError(
+                f"{where}: {spec} needs an analyst endpoint: set base_url here, or OPENAI_BASE_URL (and OPENAI_API_KEY)"
+            )
         return
     raise ConfigError(f"{where}: unknown analyst '{spec}'; use {', '.join(offline)} or openai:<model>")
 
@@ -501,13 +551,15 @@ class RunState:
 
 
 HASHED_WHEN_SET = {"policy": {"chat_template": "auto"}, "evaluate": {"model": None}}
+NOT_HASHED = ("base_url", "api_key_env")
+"""Where a model is reached, not what it is: a run moved to another server keeps its stages."""
 """Settings added after runs were recorded, with their defaults: hashed only when set, so
 that an earlier run resumes with its finished stages kept."""
 
 
 def _hashed(section: str, table: dict[str, Any]) -> dict[str, Any]:
     late = HASHED_WHEN_SET.get(section, {})
-    return {k: v for k, v in table.items() if not (k in late and v == late[k])}
+    return {k: v for k, v in table.items() if not (k in late and v == late[k]) and k not in NOT_HASHED}
 
 
 def stage_inputs_hash(config: PipelineConfig, stage: str, state: RunState) -> str:
@@ -638,7 +690,9 @@ def route_run(
     from .llm import make_backend
 
     config, state = load_run(run_dir)
-    ctx = eval_context(config, state, make_backend(config.eval_model))  # the base model routes: no adapter needed
+    ctx = eval_context(
+        config, state, make_backend(config.eval_model, **config.eval_endpoint)
+    )  # the base model routes: no adapter needed
     try:
         router = get_method("trace").build(ctx).kwargs["router"]
     except Unavailable as exc:
@@ -671,6 +725,7 @@ def _agent_kwargs(config: PipelineConfig, **extra: Any) -> dict[str, Any]:
         "model": config.policy.spec,
         "temperature": config.policy.temperature,
         "max_new_tokens": config.policy.max_new_tokens,
+        **config.policy.endpoint(),
         **extra,
     }
 
@@ -841,7 +896,7 @@ def stage_identify(config: PipelineConfig, state: RunState, say: Callable[[str],
     upstream = _require(state, "rollout", "identify")
     trajectories = read_trajectories(upstream["trajectories"])
     out = config.run_dir / "identify"
-    analyst = make_analyst(config.identify.analyst, cache_dir=out / ".analyst_cache")
+    analyst = make_analyst(config.identify.analyst, cache_dir=out / ".analyst_cache", **config.identify.endpoint())
     try:
         result = identify(
             trajectories, analyst, out, config=config.identify.selection, seed=config.run.seed, progress=say
@@ -921,6 +976,7 @@ def stage_synthesize(config: PipelineConfig, state: RunState, say: Callable[[str
             trajectories=state.stages["rollout"].outputs["trajectories"] if "rollout" in state.stages else None,
             cache_dir=out / ".analyst_cache",
             progress=say,
+            **config.synthesize.endpoint(),
         )
         from .registry import read_manifest
 
@@ -1124,7 +1180,7 @@ def stage_evaluate(config: PipelineConfig, state: RunState, say: Callable[[str],
     out = config.run_dir / "eval"
     out.mkdir(parents=True, exist_ok=True)
     ctx = eval_context(config, state, None)
-    ctx.backend = policy_backend(config.eval_model, ctx.adapters)
+    ctx.backend = policy_backend(config.eval_model, ctx.adapters, **config.eval_endpoint)
     adapters = ctx.adapters
     env_kwargs = {"max_steps": config.evaluate.max_steps} if config.evaluate.max_steps else {}
     played = {}
@@ -1223,7 +1279,7 @@ def _held_out_labels(
         return {}
     candidates = {c.name: c.description for c in ctx.identification.candidates}
     try:
-        analyst = make_analyst(config.identify.analyst, cache_dir=out / ".analyst_cache")
+        analyst = make_analyst(config.identify.analyst, cache_dir=out / ".analyst_cache", **config.identify.endpoint())
         return {name: label_all(analyst, trajectories, candidates) for name, (trajectories, _, _) in played.items()}
     except TraceGymError as exc:
         say(

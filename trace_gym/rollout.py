@@ -586,7 +586,8 @@ def _run_local_batched(env, env_id, env_kwargs, agent, agent_kwargs, todo, batch
     if agent not in ("llm", "routed"):
         raise TraceGymError("--batch needs --agent llm (it batches model generation across episodes)")
     model = agent_kwargs.get("model") or EMBEDDED_DEFAULT
-    backend = make_backend(model) if isinstance(model, str) else model
+    server = {k: agent_kwargs[k] for k in ("base_url", "api_key") if k in agent_kwargs}
+    backend = make_backend(model, **server) if isinstance(model, str) else model
     size = min(batch, max(len(todo), 1))
     envs = [env] + [make(env_id, **env_kwargs) for _ in range(size - 1)]
     agents = [make_agent(agent, **{**agent_kwargs, "model": backend}) for _ in range(size)]

@@ -270,13 +270,14 @@ class GEPA(Method):
         }
 
 
-def policy_backend(model: str, adapters: AdapterSet) -> Any:
+def policy_backend(model: str, adapters: AdapterSet, **server: Any) -> Any:
     """The policy with every trained adapter loaded under its name. An OpenAI-compatible
-    server (vLLM) must already serve them under those names (``--lora-modules name=path``)."""
+    server (vLLM) must already serve them under those names (``--lora-modules name=path``);
+    ``server``: its ``base_url``/``api_key`` where they are not the environment's."""
     from ..llm import make_backend
     from ..llm.registry import is_chat_endpoint
 
-    backend = make_backend(model)
+    backend = make_backend(model, **server)
     if not is_chat_endpoint(model):
         for a in adapters.adapters:
             backend.load_adapter(a.name, a.adapter)
