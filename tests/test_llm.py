@@ -164,6 +164,20 @@ def test_ray_and_local_executors_give_the_same_trajectories(tmp_path):
     assert mine == theirs
 
 
+def test_ray_gives_each_local_model_worker_a_gpu_of_its_own_or_refuses():
+    """(Which GPU a worker then sees is Ray's CUDA_VISIBLE_DEVICES: no GPU here to watch it.)"""
+    from trace_gym.errors import TraceGymError
+    from trace_gym.rollout import ray_placement
+
+    assert ray_placement("llm", {"model": "hf:/models/m"}, gpus_here=2, cluster_gpus=2) == {"num_gpus": 1}
+    assert ray_placement("routed", {}, gpus_here=1, cluster_gpus=1) == {"num_gpus": 1}  # the embedded default
+    assert ray_placement("llm", {"model": "openai:m"}, gpus_here=2, cluster_gpus=2) == {}  # a server holds it
+    assert ray_placement("planted", {}, gpus_here=2, cluster_gpus=2) == {}  # no model to load
+    assert ray_placement("llm", {"model": "hf:/models/m"}, gpus_here=0, cluster_gpus=0) == {}  # CPU copies
+    with pytest.raises(TraceGymError, match="the Ray cluster offers no GPU"):
+        ray_placement("llm", {"model": "hf:/models/m"}, gpus_here=2, cluster_gpus=0)
+
+
 def test_planted_deficits_are_seeded_recorded_and_hurt():
     env = gym.make("trace/tau2-retail-v0", split="test")
     ids = env.unwrapped.task_ids[:12]

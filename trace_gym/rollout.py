@@ -9,6 +9,7 @@ episodes only in memory (each is stored as soon as it ends).
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -577,13 +578,17 @@ def rollout(
     return summary
 
 
+MODEL_AGENTS = ("llm", "routed")
+"""The agents that load a model (the others replay or script their actions)."""
+
+
 def _run_local_batched(env, env_id, env_kwargs, agent, agent_kwargs, todo, batch, record) -> None:
     from trace_gym.agents import make_agent
     from trace_gym.llm import EMBEDDED_DEFAULT, make_backend
 
     from .registry import make
 
-    if agent not in ("llm", "routed"):
+    if agent not in MODEL_AGENTS:
         raise TraceGymError("--batch needs --agent llm (it batches model generation across episodes)")
     model = agent_kwargs.get("model") or EMBEDDED_DEFAULT
     server = {k: agent_kwargs[k] for k in ("base_url", "api_key") if k in agent_kwargs}
@@ -680,6 +685,30 @@ def _ray_chunk(
         env.close()
 
 
+def ray_placement(agent: str, agent_kwargs: dict[str, Any], gpus_here: int, cluster_gpus: float) -> dict[str, Any]:
+    """Ray's resources for one worker: a local model loads a copy per worker, so where
+    this machine has GPUs each worker holds one of its own (Ray sets its
+    CUDA_VISIBLE_DEVICES; at most as many run at once as there are GPUs), rather than
+    every copy landing on GPU 0. A model behind a server needs none."""
+    from trace_gym.llm import EMBEDDED_DEFAULT
+    from trace_gym.llm.registry import EMBEDDED_MODELS, split_spec
+
+    model = agent_kwargs.get("model") or EMBEDDED_DEFAULT
+    local = (
+        agent in MODEL_AGENTS
+        and isinstance(model, str)
+        and (split_spec(model)[0] in EMBEDDED_MODELS or model.startswith("hf:"))
+    )
+    if not local or gpus_here == 0:
+        return {}
+    if cluster_gpus < 1:
+        raise TraceGymError(
+            f"--executor ray with a local model on this machine's {gpus_here} GPU(s): the Ray cluster offers no GPU, "
+            "so every worker's copy would share one; start Ray with its GPUs, or play with --batch instead"
+        )
+    return {"num_gpus": 1}
+
+
 def _run_ray(env_id, env_kwargs, agent, agent_kwargs, todo, workers):
     try:
         import ray
@@ -687,7 +716,13 @@ def _run_ray(env_id, env_kwargs, agent, agent_kwargs, todo, workers):
         raise TraceGymError("--executor ray needs ray: pip install 'trace-gym[ray]'") from None
     if not ray.is_initialized():
         ray.init(num_cpus=max(workers, 1), include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
-    remote = ray.remote(_ray_chunk)
+    gpus_here = 0
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        gpus_here = torch.cuda.device_count()
+    placement = ray_placement(agent, agent_kwargs, gpus_here, ray.cluster_resources().get("GPU", 0))
+    remote = ray.remote(**placement)(_ray_chunk) if placement else ray.remote(_ray_chunk)
     chunk = max(1, len(todo) // (max(workers, 1) * 4))
     from .registry import registry_dirs
 
