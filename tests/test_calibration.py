@@ -88,6 +88,17 @@ def test_calibration_moves_the_level_towards_the_band_and_records_every_level():
     assert [f.level for f in calibration.levels][:2] == [2, 1] and calibration.levels[0].all_zero_share == 1.0
 
 
+def test_levels_that_tie_choose_the_one_towards_the_band():
+    from trace_gym.training.calibration import LevelFigures, decide
+
+    zero = [[0.0] * 4, [0.0] * 4]
+    level, trainable, _ = decide([LevelFigures(1, zero, 8), LevelFigures(0, zero, 8)], [0.2, 0.6], 0.5)
+    assert level == 0 and not trainable  # nothing informative below the band: the easier level
+    full = [[1.0] * 4, [1.0] * 4]
+    level, _, _ = decide([LevelFigures(1, full, 8), LevelFigures(2, full, 8)], [0.2, 0.6], 0.5)
+    assert level == 2  # all solved above the band: the harder one
+
+
 def test_an_env_no_level_makes_informative_is_untrainable_and_refused():
     cfg = config(hint_share=0.0)  # without hints every group of the fixture is constant
     calibration = calibrate_env(cfg, LEVELS, None, 3, fixture_play(cfg), say=lambda m: None)

@@ -160,9 +160,16 @@ def decide(figures: list[LevelFigures], band: list[float], min_informative: floa
     def in_band(f: LevelFigures) -> bool:
         return f.mean_reward is not None and band[0] <= f.mean_reward <= band[1]
 
+    def closeness(f: LevelFigures) -> tuple[float, float, int]:
+        """Most informative groups, then nearest the band; on a tie (all zero, say) the
+        level towards the band: the easier one below it, the harder one above it."""
+        mean = f.mean_reward or 0.0
+        towards = -(f.level or 0) if mean < band[0] else (f.level or 0)
+        return f.informative_share, -abs(mean - sum(band) / 2), towards
+
     chosen = next((f for f in figures if in_band(f)), None)
     if chosen is None:
-        chosen = max(figures, key=lambda f: (f.informative_share, -abs((f.mean_reward or 0.0) - sum(band) / 2)))
+        chosen = max(figures, key=closeness)
     mean = "n/a" if chosen.mean_reward is None else f"{chosen.mean_reward:.3f}"
     where = f"level {chosen.level}" if chosen.level is not None else "its only level"
     trainable = chosen.informative_share >= min_informative
