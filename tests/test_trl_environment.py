@@ -20,7 +20,7 @@ RETAIL = "trace/tau2-retail-v0"
 
 @pytest.fixture(scope="module")
 def retail():
-    return environment_factory(RETAIL, split="train")
+    return environment_factory(RETAIL)  # a target: its train split
 
 
 def test_the_methods_trl_reads_are_the_envs_tools(retail):
@@ -28,7 +28,7 @@ def test_the_methods_trl_reads_are_the_envs_tools(retail):
 
     import gymnasium as gym
 
-    env = gym.make(RETAIL, split="train")
+    env = gym.make(RETAIL, split="train")  # (the tools are the same in every split)
     _, info = env.reset(seed=0)
     env.close()
     methods = {n for n, _ in inspect.getmembers(retail, inspect.isfunction) if not n.startswith("_")}
@@ -47,7 +47,7 @@ def test_the_methods_trl_reads_are_the_envs_tools(retail):
 
 
 def test_the_oracle_played_through_the_methods_scores_one_and_a_stop_is_scored(retail):
-    rows = dataset(RETAIL, range(3), split="train")
+    rows = dataset(RETAIL, range(3))
     assert all(row["task_id"] and row["prompt"][0]["role"] == "system" for row in rows)
     env = retail()
     env.reset(**rows[0])
@@ -58,6 +58,20 @@ def test_the_oracle_played_through_the_methods_scores_one_and_a_stop_is_scored(r
     assert env.get_reward() == 1.0
     env.reset(**rows[0])  # the model stops at once: τ² scores an agent that did nothing
     assert env.get_reward() == 0.0 and env._env.unwrapped.termination_reason == "agent_stop"
+
+
+def test_the_rows_and_the_env_play_the_train_split_never_the_held_out_one(retail):
+    from trace_gym.training.sft import held_out_tasks
+
+    rows = dataset(RETAIL, range(40))
+    assert rows and not {row["task_id"] for row in rows} & held_out_tasks(RETAIL)
+    assert retail()._env.unwrapped.task_ids and not set(retail()._env.unwrapped.task_ids) & held_out_tasks(RETAIL)
+    for make_held_out in (
+        lambda: dataset(RETAIL, range(1), split="test"),
+        lambda: environment_factory(RETAIL, split="test"),
+    ):
+        with pytest.raises(TraceGymError, match="split='test' is the held-out split"):
+            make_held_out()
 
 
 @pytest.mark.parametrize("name", ["look-up", "reset", "get_reward"])
@@ -99,7 +113,7 @@ def test_one_grpo_step_of_trls_tool_loop_over_a_registry_env(retail, tmp_path):
         model=tiny_model(tokenizer, arch="qwen2"),
         args=args,
         processing_class=tokenizer,
-        train_dataset=Dataset.from_list(dataset(RETAIL, range(2), split="train")),
+        train_dataset=Dataset.from_list(dataset(RETAIL, range(2))),
         environment_factory=Watched,
     )
     trainer.train()

@@ -287,6 +287,7 @@ def make(env_id: str, **kwargs: Any):
 
 
 TRAIN_SPLIT = "train"
+HELD_OUT_SPLIT = "test"  # evaluation's alone: no other stage plays it
 
 
 def make_train(env_id: str, **kwargs: Any) -> tuple[Any, str | None]:

@@ -87,9 +87,7 @@ class RegistryToolEnv:
     make_kwargs: dict[str, Any] = {}
 
     def __init__(self) -> None:
-        from .registry import make
-
-        self._env = make(self.env_id, **self.make_kwargs)
+        self._env = _make(self.env_id, self.make_kwargs)
         self._reward: float | None = None
         weakref.finalize(self, self._env.close)  # (no public close: TRL would offer it to the model as a tool)
 
@@ -113,6 +111,19 @@ class RegistryToolEnv:
         return observation
 
 
+def _make(env_id: str, make_kwargs: dict[str, Any]) -> Any:
+    """The env as training plays it: a target on its train split unless ``split`` names
+    another, never the held-out one (evaluation's alone)."""
+    from .registry import HELD_OUT_SPLIT, make, make_train
+
+    if make_kwargs.get("split") == HELD_OUT_SPLIT:
+        raise TraceGymError(
+            f"{env_id}: split='{HELD_OUT_SPLIT}' is the held-out split, played by evaluation alone; "
+            "leave split out to train on the train split"
+        )
+    return make(env_id, **make_kwargs) if "split" in make_kwargs else make_train(env_id, **make_kwargs)[0]
+
+
 def tool_methods(env_id: str, tools: list[dict[str, Any]]) -> dict[str, Any]:
     """One method per tool schema, by name; refuses, in one line, a tool name that
     cannot be a Python method or that TRL reserves."""
@@ -127,11 +138,9 @@ def tool_methods(env_id: str, tools: list[dict[str, Any]]) -> dict[str, Any]:
 
 def environment_factory(env_id: str, **make_kwargs: Any) -> type[RegistryToolEnv]:
     """The environment class TRL's ``GRPOTrainer(environment_factory=...)`` takes for
-    ``env_id`` (``make_kwargs``: ``registry.make``'s, e.g. ``split="train"``), with one
-    method per tool of the env."""
-    from .registry import make
-
-    env = make(env_id, **make_kwargs)
+    ``env_id`` (``make_kwargs``: ``registry.make``'s; a target plays its train split,
+    never the held-out one), with one method per tool of the env."""
+    env = _make(env_id, make_kwargs)
     try:
         _, info = env.reset(seed=0)
         tools = info.get("tools") or []
@@ -145,11 +154,11 @@ def environment_factory(env_id: str, **make_kwargs: Any) -> type[RegistryToolEnv
 def dataset(env_id: str, seeds: Iterable[int], **make_kwargs: Any) -> list[dict[str, Any]]:
     """TRL's rows for ``env_id``: per seed, ``prompt`` (the env's system prompt and first
     message, as its episode opens) and ``seed``; a target's rows also name the task, so
-    ``reset`` replays the same one."""
+    ``reset`` replays the same one. A target plays its train split; the held-out one
+    is refused, as in every stage but evaluation."""
     from .env import opening_messages
-    from .registry import make
 
-    env = make(env_id, **make_kwargs)
+    env = _make(env_id, make_kwargs)
     rows = []
     try:
         for seed in seeds:

@@ -40,9 +40,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import DTYPES, TrainingError, native_bf16
+from trace_gym.registry import HELD_OUT_SPLIT
 
-HELD_OUT_SPLIT = "test"
+from .config import DTYPES, TrainingError, native_bf16
 
 
 @dataclass
