@@ -691,14 +691,10 @@ def ray_placement(agent: str, agent_kwargs: dict[str, Any], gpus_here: int, clus
     CUDA_VISIBLE_DEVICES; at most as many run at once as there are GPUs), rather than
     every copy landing on GPU 0. A model behind a server needs none."""
     from trace_gym.llm import EMBEDDED_DEFAULT
-    from trace_gym.llm.registry import EMBEDDED_MODELS, split_spec
+    from trace_gym.llm.registry import is_local
 
     model = agent_kwargs.get("model") or EMBEDDED_DEFAULT
-    local = (
-        agent in MODEL_AGENTS
-        and isinstance(model, str)
-        and (split_spec(model)[0] in EMBEDDED_MODELS or model.startswith("hf:"))
-    )
+    local = agent in MODEL_AGENTS and isinstance(model, str) and is_local(model)
     if not local or gpus_here == 0:
         return {}
     if cluster_gpus < 1:

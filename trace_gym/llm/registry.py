@@ -26,6 +26,13 @@ def is_chat_endpoint(spec: str) -> bool:
     return spec.startswith(CHAT_ENDPOINT)
 
 
+def is_local(spec: str) -> bool:
+    """A model played in this process (the embedded one, an ``hf:`` folder), not through
+    a server (``openai:``, ``vllm:``)."""
+    model = split_spec(spec)[0]
+    return model in EMBEDDED_MODELS or model.startswith("hf:")
+
+
 def split_spec(spec: str) -> tuple[str, str]:
     """(model spec, chat template choice: ``auto`` unless the spec names one)."""
     model, sep, choice = spec.partition(TEMPLATE_OPTION)
@@ -112,7 +119,7 @@ def make_backend(spec: str, **kwargs: Any) -> LLMBackend:
     if choice != "auto":
         with_template(model, choice)  # refuses what names no template, or one for a server that renders its own
         kwargs.setdefault("template", choice)
-    if model in EMBEDDED_MODELS or model.startswith("hf:"):
+    if is_local(model):
         from .local_hf import LocalHF
 
         folder, template = local_folder(model)
