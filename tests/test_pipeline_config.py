@@ -249,3 +249,20 @@ def test_each_role_names_its_own_server_and_the_key_stays_in_the_environment(tmp
     assert config.identify.endpoint() == {"base_url": "http://127.0.0.1:8002/v1", "api_key": "sk-analyst"}
     assert config.eval_endpoint == config.policy.endpoint()
     assert config.synthesize.endpoint() == {}
+
+
+def test_moving_a_role_to_another_server_keeps_every_stage(tmp_path, monkeypatch):
+    from trace_gym.pipeline import RunState, stage_inputs_hash
+
+    monkeypatch.setenv("OTHER_KEY", "sk-other")
+    text = GOOD.replace(
+        "[rollout]", '[policy]\nmodel = "openai:policy"\nbase_url = "http://127.0.0.1:8001/v1"\n[rollout]'
+    )
+    here = load_config(write(tmp_path, text))
+    moved = load_config(write(tmp_path, text.replace("8001/v1", '8002/v1"\napi_key_env = "OTHER_KEY')))
+    other_model = load_config(write(tmp_path, text.replace("openai:policy", "openai:another")))
+    assert moved.policy.endpoint() == {"base_url": "http://127.0.0.1:8002/v1", "api_key": "sk-other"}
+    state = RunState(tmp_path / "state")
+    for stage in ("rollout", "identify"):
+        assert stage_inputs_hash(here, stage, state) == stage_inputs_hash(moved, stage, state)
+        assert stage_inputs_hash(here, stage, state) != stage_inputs_hash(other_model, stage, state)

@@ -551,10 +551,10 @@ class RunState:
 
 
 HASHED_WHEN_SET = {"policy": {"chat_template": "auto"}, "evaluate": {"model": None}}
-NOT_HASHED = ("base_url", "api_key_env")
-"""Where a model is reached, not what it is: a run moved to another server keeps its stages."""
 """Settings added after runs were recorded, with their defaults: hashed only when set, so
 that an earlier run resumes with its finished stages kept."""
+NOT_HASHED = ("base_url", "api_key_env")
+"""Where a model is reached, not what it is: a run moved to another server keeps its stages."""
 
 
 def _hashed(section: str, table: dict[str, Any]) -> dict[str, Any]:
