@@ -84,6 +84,14 @@ FLAWED = {
         },
         "hints",
     ),
+    "a difficulty level the oracle cannot solve": (
+        {
+            "STATUSES = [": "LEVELS = 2\nSTATUSES = [",
+            "def reset(self, seed, hint=False):": "def reset(self, seed, hint=False, level=1):\n        self.level = level",
+            '"Your order is %s." % self.status': '"Your order is %s." % (self.status if self.level else "lost")',
+        },
+        "levels",
+    ),
     "same scenario for every seed": ({"rng = random.Random(seed)": "rng = random.Random(7)"}, "seed_diversity"),
     "no transfer rationale": ({'"""Transfer rationale: the agent': '"""The agent'}, "contract_shape"),
     "result field renamed (orderId where tau2 writes order_id)": (
@@ -129,6 +137,7 @@ def test_a_good_env_passes_every_check(sandbox_backend):
         "seed_diversity",
         "determinism",
         "solvable",
+        "levels",
         "not_trivial",
         "reward_range",
         "termination",

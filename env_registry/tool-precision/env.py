@@ -28,9 +28,9 @@ class Environment:
         original = rng.choice([card, paypal])
         self.refund_to = rng.choice([original, gift]) if level else original
         products = world.retail_products()
-        product = rng.choice(sorted(products)[:5])
+        product = rng.choice(sorted(products))
         option, values = products[product]
-        other = rng.choice([p for p in sorted(products)[:5] if p != product])
+        other = rng.choice([p for p in sorted(products) if p != product])
         picked = rng.sample(values, [1, rng.randint(2, len(values)), len(values)][level])
         items = [world.retail_item(rng.randrange(2**31), product, v) for v in picked]
         items.append(world.retail_item(rng.randrange(2**31), other))

@@ -216,6 +216,34 @@ def check_solvable(ctx: Context) -> CheckResult:
     return CheckResult("solvable", share >= ctx.config.solvable_share, evidence, {"share": share})
 
 
+def check_levels(ctx: Context) -> CheckResult:
+    """Every difficulty level an env declares is one calibration may train at: each
+    resets and is solved by the oracle as the default level is (``solvable``)."""
+    env = ctx.env.unwrapped
+    if not env.levels:
+        return CheckResult("levels", True, "no LEVELS declared: one level, checked by solvable")
+    shares, errors, default = {}, [], env.level
+    try:
+        for level in range(env.levels):
+            env.level = level
+            episodes = [
+                ctx.play(ctx.env, "oracle", seed, record=False)
+                for seed in ctx.seeds(f"level {level}", ctx.config.level_seeds)
+            ]
+            shares[level] = sum(
+                e.reward is not None and e.reward >= ctx.config.solvable_reward for e in episodes
+            ) / len(episodes)
+            errors += [f"level {level} seed {e.seed}: {e.error}" for e in episodes if e.error][:2]
+    finally:
+        env.level = default
+    failed = [level for level, share in shares.items() if share < ctx.config.solvable_share]
+    evidence = "oracle solves " + ", ".join(f"level {k} {v:.0%}" for k, v in shares.items())
+    evidence += f" of {ctx.config.level_seeds} seeds each (need {ctx.config.solvable_share:.0%})"
+    if errors:
+        evidence += "; errors: " + "; ".join(errors[:3])
+    return CheckResult("levels", not failed, evidence, {"shares": shares})
+
+
 def check_not_trivial(ctx: Context) -> CheckResult:
     means = {}
     for policy in ("random", "noop", "message_only"):
@@ -439,6 +467,7 @@ CHECKS: list[Check] = [
     check_seed_diversity,
     check_determinism,
     check_solvable,
+    check_levels,
     check_not_trivial,
     check_reward_range,
     check_termination,
@@ -455,6 +484,7 @@ NEEDS: dict[Check, tuple[Check, ...]] = {
     check_reset_every_seed: (check_interface_fidelity,),  # the env it starts (ctx.env)
     check_seed_diversity: (check_reset_every_seed,),  # the openings it saw (ctx.openings)
     check_solvable: (check_interface_fidelity,),
+    check_levels: (check_interface_fidelity,),
     check_not_trivial: (check_interface_fidelity,),
     check_reward_range: (check_solvable, check_not_trivial),  # their oracle and floor episodes (ctx.episodes)
     check_termination: (check_solvable,),  # its oracle episodes

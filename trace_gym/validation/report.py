@@ -24,6 +24,8 @@ class ValidationConfig:
     """Reward at which an oracle episode counts as solved."""
     solvable_share: float = 0.95
     """Share of seeds the oracle must solve."""
+    level_seeds: int = 20
+    """Seeds per difficulty level of an env with ``LEVELS`` in the levels check."""
     trivial_max: float = 0.3
     """Highest mean reward allowed to each floor policy."""
     min_reward_levels: int = 3
