@@ -82,6 +82,42 @@ def test_oracle_scores_one_on_every_task_and_tau2_agrees(domain, count):
     assert not mismatches, mismatches[:3]
 
 
+def test_the_retail_oracle_looks_up_every_id_it_writes_and_keeps_the_gold_order(retail_env):
+    """tau2 lists the writes of 31 train tasks without the reads their ids come from; the
+    oracle, a demonstration for the warm start, reads the user, each order before its
+    first write and each product a write picks an item of, and keeps every gold action
+    in tau2's order (the slow test above scores each task 1.0)."""
+    from trace_gym.actions import parse_action
+    from trace_gym.targets.tau2.lookups import with_lookups
+    from trace_gym.tools import changes_state
+
+    env = retail_env.unwrapped
+    added = 0
+    for task_id in env.task_ids:
+        retail_env.reset(options={"task_id": task_id})
+        calls = [parse_action(a).tool_calls[0] for a in env.oracle_actions() if parse_action(a).is_tool_call]
+        gold = [(a.name, a.arguments) for a in env.get_task(task_id).evaluation_criteria.actions or []]
+        made = [(c.name, c.arguments) for c in calls]
+        it = iter(made)
+        assert all(g in it for g in gold), task_id  # the gold actions, in order, as a subsequence
+        added += len(made) > len(gold)
+        db = env._tau2_env.tools.db
+        for n, call in enumerate(calls):
+            if not changes_state(call.name):
+                continue
+            before = {(c.name, str(c.arguments)) for c in calls[:n]}
+            assert any(c.name.startswith("find_user_id") for c in calls[:n]), task_id
+            if "order_id" in call.arguments:
+                assert ("get_order_details", str({"order_id": call.arguments["order_id"]})) in before, task_id
+            for item in call.arguments.get("new_item_ids") or []:
+                [product] = [p.product_id for p in db.products.values() if item in p.variants]
+                assert ("get_product_details", str({"product_id": product})) in before, task_id
+    assert added >= 31  # the tasks whose gold list names ids it never read
+    assert with_lookups([("cancel_pending_order", {"order_id": "#Wnone"})], db, "nobody") == [
+        ("cancel_pending_order", {"order_id": "#Wnone"})
+    ]  # no user to be told: the gold list as it is
+
+
 def test_tau2_agrees_on_failed_episodes_too(retail_env):
     from trace_gym.agents import RandomAgent
 

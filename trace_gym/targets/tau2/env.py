@@ -36,6 +36,7 @@ from ...actions import ToolCall, format_tool_call
 from ...env import Reply, Score, Start, TextEnv, ToolResult
 from ...errors import TargetUnavailableError, UnknownTaskError
 from ...trajectory import Message, ToolCallRecord
+from .lookups import with_lookups
 
 DOMAINS = ("retail", "airline", "telecom", "mock")
 STOP_TOKEN = "###STOP###"  # tau2's agent stop signal
@@ -287,10 +288,12 @@ class Tau2Env(TextEnv):
         return {"error_prefix": failed.content.split(":", 1)[0] + ": ", "tools": shapes}
 
     def oracle_actions(self) -> list[str] | None:
-        """The task's gold actions as action texts; see ``user.py`` for the user side."""
+        """The task's gold actions as action texts, in retail with the reads their ids
+        come from put in front (``lookups.py``); see ``user.py`` for the user side."""
         if self._task is None:
             return None
-        return oracle_actions_for(self._task)
+        db = self._tau2_env.tools.db if self.domain == "retail" else None
+        return oracle_actions_for(self._task, db)
 
     # --- tau2 plumbing ------------------------------------------------------------
     def simulation_run(self, termination_reason: str):
@@ -457,26 +460,32 @@ def score_from_reward_info(reward_info, termination_reason: str) -> Score:
     return Score(reward=float(reward_info.reward), components=breakdown, reason=reason, details=details)
 
 
-def oracle_actions_for(task) -> list[str]:
+def oracle_actions_for(task, db: Any = None) -> list[str]:
     """The gold actions of a tau2 task as action texts.
 
-    Assistant-side gold actions become tool calls. Where the gold sequence hands
+    Assistant-side gold actions become tool calls; given the domain's database
+    (retail's), preceded by the reads an agent needs to know their ids
+    (``lookups.with_lookups``). Where the gold sequence hands
     over to the user (telecom's user-side device actions), the oracle asks the
     user to act, and the scripted user performs its side. The last message
     says everything the task requires to be communicated, then asks whether
     anything else is needed, which the scripted user answers by ending the call.
     """
     criteria = task.evaluation_criteria
+    gold = [(a.requestor, a.name, dict(a.arguments)) for a in (criteria.actions if criteria else None) or []]
+    if db is not None and all(side != "user" for side, _, _ in gold):
+        scenario = str(task.user_scenario)
+        gold = [("assistant", n, a) for n, a in with_lookups([(n, a) for _, n, a in gold], db, scenario)]
     actions: list[str] = []
     pending_user_side = False
-    for action in (criteria.actions if criteria else None) or []:
-        if action.requestor == "user":
+    for requestor, name, arguments in gold:
+        if requestor == "user":
             pending_user_side = True
             continue
         if pending_user_side:
             actions.append("Please do the steps on your device that we discussed, then tell me the result.")
             pending_user_side = False
-        actions.append(format_tool_call(action.name, action.arguments))
+        actions.append(format_tool_call(name, arguments))
     if pending_user_side:
         actions.append("Please do the steps on your device that we discussed, then tell me the result.")
     info = " ".join(criteria.communicate_info or []) if criteria else ""
