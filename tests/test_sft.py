@@ -17,6 +17,7 @@ pytest.importorskip("trl")
 from trace_gym.training import TrainingError  # noqa: E402
 from trace_gym.training.sft import (  # noqa: E402
     SFTTrainingConfig,
+    SharedPromptSampler,
     _Collator,
     agent_token_logps,
     demonstration_episode,
@@ -102,6 +103,25 @@ def test_a_demonstration_is_the_token_episode_a_rollout_would_record(demos, back
     prompt, _ = backend.encode_conversation(agent_conversation(trajectory.messages[:first_agent]), tools)
     assert episode.turns[0].prompt_ids == prompt
     assert len(episode.turns) == sum(m.raw is not None for m in trajectory.messages)
+
+
+def test_every_forward_pass_reads_rows_of_one_prompt():
+    """A mixture of a long-prompt target's demonstrations and another env's is read in
+    micro-batches of one prompt each (a mixed pass shares nothing and holds every row
+    whole): every row at least once an epoch, a group's short tail filled from that
+    group, the order fixed by seed and epoch and new each epoch."""
+    groups = ["tau2"] * 7 + ["env"] * 4 + ["other"]
+    sampler = SharedPromptSampler(groups, micro_batch=2, seed=0)
+    order = list(sampler)
+    assert len(order) == len(sampler) == 8 + 4 + 2
+    batches = [order[i : i + 2] for i in range(0, len(order), 2)]
+    assert all(len({groups[i] for i in b}) == 1 for b in batches)
+    assert set(order) == set(range(len(groups)))
+    assert order == list(SharedPromptSampler(groups, micro_batch=2, seed=0))
+    sampler.set_epoch(1)
+    assert list(sampler) != order
+    mixed = [order[i : i + 4] for i in range(0, len(order), 4)]  # read 4 at a time, the same order mixes
+    assert any(len({groups[i] for i in b}) > 1 for b in mixed)
 
 
 def test_a_held_out_task_is_refused_in_one_line(tmp_path):

@@ -253,9 +253,57 @@ def demonstration_rows(backend: Any, trajectories: list[Any], max_tokens: int) -
                 "completion_ids": grpo["completion_ids"],
                 "completion_mask": grpo["env_mask"],
                 "episode_id": trajectory.episode_id,
+                "prompt_group": _prompt_group(trajectory),
             }
         )
     return rows
+
+
+def _prompt_group(trajectory: Any) -> str:
+    """What a demonstration's prompt opens with: its env (the tools) and system prompt."""
+    import hashlib
+
+    system = next((m.content or "" for m in trajectory.messages if m.role == "system"), "")
+    return hashlib.sha256(f"{trajectory.env_id}\n{system}".encode()).hexdigest()[:16]
+
+
+class SharedPromptSampler:
+    """The order rows are read in, one epoch at a time: every run of ``micro_batch``
+    consecutive rows (one forward pass) opens with the same prompt, so that pass
+    runs that prompt once (``shared_prefix_logps``) instead of once per row, and no
+    pass mixes a 5k-token τ² prompt with another env's rows, which would share
+    nothing and hold every row's whole length in memory with gradients.
+
+    Rows are shuffled within their group and cut into micro-batches, a group's last
+    short one filled with rows of that group drawn again; the micro-batches are then
+    shuffled. The order is a function of ``seed`` and the epoch (``set_epoch``, as
+    the Trainer calls it), so a resumed run reads the same order."""
+
+    def __init__(self, groups: list[str], micro_batch: int, seed: int):
+        self.groups, self.micro_batch, self.seed, self.epoch = list(groups), micro_batch, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def batches(self) -> list[list[int]]:
+        import random
+
+        rng = random.Random(f"sft-order|{self.seed}|{self.epoch}")
+        out = []
+        for key in sorted(set(self.groups)):
+            rows = [i for i, g in enumerate(self.groups) if g == key]
+            rng.shuffle(rows)
+            short = -len(rows) % self.micro_batch
+            rows += [rng.choice(rows) for _ in range(short)]
+            out += [rows[i : i + self.micro_batch] for i in range(0, len(rows), self.micro_batch)]
+        rng.shuffle(out)
+        return out
+
+    def __iter__(self):
+        return iter([i for batch in self.batches() for i in batch])
+
+    def __len__(self) -> int:
+        return sum(-(-self.groups.count(g) // self.micro_batch) * self.micro_batch for g in set(self.groups))
 
 
 class _Collator:
@@ -313,6 +361,12 @@ def _trainer_class() -> type:
         agent's tokens, scored by ``agent_token_logps``."""
 
         prefix_gradient = True
+        prompt_groups: list[str] | None = None
+
+        def _get_train_sampler(self, train_dataset=None):
+            if self.prompt_groups is None:
+                return super()._get_train_sampler(train_dataset)
+            return SharedPromptSampler(self.prompt_groups, self.args.per_device_train_batch_size, self.args.seed)
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             logps, mask = agent_token_logps(model, inputs, self.prefix_gradient)
@@ -479,6 +533,7 @@ def sft(config: SFTTrainingConfig, *, progress: bool | None = None) -> SFTResult
         callbacks=[Log()],
     )
     trainer.prefix_gradient = config.prefix_gradient
+    trainer.prompt_groups = [r["prompt_group"] for r in rows]
     trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     adapter = out / "adapter"
     trainer.model.save_pretrained(str(adapter))
