@@ -296,18 +296,54 @@ def test_every_derived_seed_comes_from_the_one_formula_and_keeps_its_value():
     assert [e.seed for e in plan_seeded_episodes([5], 2, run_seed=3)] == [derive_seed(3, "seed-5", k) for k in range(2)]
 
 
-def test_lock_step_play_refuses_an_agent_that_cannot_split_its_turn():
-    """play_batched needs agents that declare agents.base.LockStepAgent; an oracle (which
-    acts, but never requests a generation) is refused in one line, not failed mid-batch."""
+def test_one_loop_plays_lock_step_agents_and_agents_that_act_side_by_side():
+    """play_batched is the one episode loop: an oracle (which acts) and a model agent (which
+    requests a generation) play side by side in one call, and run_episode is its one-episode
+    case: the same trajectory as the oracle's slot, step for step."""
     import gymnasium as gym
 
-    from trace_gym.agents import OracleAgent
-    from trace_gym.errors import TraceGymError
-    from trace_gym.rollout import Episode, play_batched
+    from trace_gym.agents import OracleAgent, make_agent
+    from trace_gym.rollout import Episode, play_batched, run_episode
 
-    env = gym.make("trace/tau2-mock-v0")
+    envs = [gym.make("trace/tau2-mock-v0") for _ in range(2)]
     try:
-        with pytest.raises(TraceGymError, match="OracleAgent cannot play in lock-step"):
-            list(play_batched([env], [OracleAgent()], "trace/tau2-mock-v0", [Episode("0", 0, 0)]))
+        model = make_agent("llm", model="smollm2-135m-instruct", max_new_tokens=8)
+        played = list(
+            play_batched(envs, [OracleAgent(), model], "trace/tau2-mock-v0", [Episode("create_task_1", 0, 0)] * 2)
+        )
+        by_agent = {p.trajectory.agent: p for p in played}
+        assert set(by_agent) == {"oracle", "llm"}
+        assert by_agent["oracle"].trajectory.reward == 1.0 and by_agent["oracle"].tokens is None
+        assert by_agent["llm"].tokens is not None and by_agent["llm"].tokens.turns
+        alone = run_episode(envs[0], OracleAgent(), "trace/tau2-mock-v0", Episode("create_task_1", 0, 0))
+        assert [m.model_dump() for m in alone.messages] == [
+            m.model_dump() for m in by_agent["oracle"].trajectory.messages
+        ]
     finally:
-        env.close()
+        for env in envs:
+            env.close()
+
+
+def test_a_lock_step_batch_is_generated_in_one_pass_whatever_the_models_default(tmp_path):
+    """`[policy] batch = 32` played as four generations of 8 rows, the local model's default:
+    the rollout's batch now reaches the model, so each turn is one batched generation."""
+    from trace_gym.llm import make_backend
+    from trace_gym.rollout import rollout
+
+    backend = make_backend("smollm2-135m-instruct")
+    assert backend.max_batch == 8
+    sizes: list[int] = []
+    inner = backend._complete_batch
+    backend._complete_batch = lambda requests, stats: sizes.append(len(requests)) or inner(requests, stats)
+    rollout(
+        "trace/tau2-mock-v0",
+        "llm",
+        tmp_path / "mock.jsonl",
+        agent_kwargs={"model": backend, "max_new_tokens": 4},
+        split="base",
+        samples=2,
+        batch=10,
+        env_kwargs={"max_steps": 3},
+        progress=False,
+    )
+    assert sizes[0] == 10 and backend.max_batch == 10

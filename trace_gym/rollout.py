@@ -250,27 +250,16 @@ def transcript_messages(transcript: list[dict[str, Any]]) -> list[Message]:
 
 
 def run_episode(env: Any, agent: Any, env_id: str, episode: Episode) -> Trajectory:
-    """Play one episode; the env's transcript becomes the trajectory record.
+    """Play one episode; the env's transcript becomes the trajectory record
+    (``play_batched``'s one-episode case).
 
     An agent that gives up (``AgentGaveUp``: its model never produced a valid
     action) ends the episode, truncated, with the reason in ``error``: a
     trace-gym env scores what was done so far (``TextEnv.end``: a synthesized
     env's partial credit, τ²'s 0 for an agent error); another env, 0.
     """
-    run = _start(env, agent, episode)
-    reward, terminated, truncated, step_info = 0.0, False, False, {}
-    while not (terminated or truncated):
-        a0 = time.perf_counter()
-        try:
-            action = agent.act(run.observation)
-        except AgentGaveUp as exc:
-            return _finish(env, agent, env_id, run, 0.0, False, True, {}, error=str(exc))
-        a1 = time.perf_counter()
-        observation, reward, terminated, truncated, step_info = env.step(action)
-        run.stepped(agent, action, observation, step_info)
-        run.agent_s += a1 - a0
-        run.env_s += time.perf_counter() - a1
-    return _finish(env, agent, env_id, run, reward, terminated, truncated, step_info)
+    [played] = play_batched([env], [agent], env_id, [episode])
+    return played.trajectory
 
 
 @dataclass
@@ -286,30 +275,34 @@ class PlayedEpisode:
 def play_batched(
     envs: list[Any], agents: list[Any], env_id: str, episodes: list[Episode], max_episode_s: float | None = None
 ):
-    """Play episodes in lock-step, one batched generation per turn across all
-    episodes in flight, each request under its own agent's settings (seed,
-    temperature, adapter). ``agents`` share one backend (``LocalHF`` batches on
-    CPU and GPU). Yields ``PlayedEpisode``s as episodes end. An episode whose wall
-    time passes ``max_episode_s`` ends after its current step, truncated, with the
-    reason in its ``error``."""
+    """The episode loop: every rollout, training group, validation and evaluation
+    episode is played here. Episodes run in lock-step, ``len(envs)`` at a time,
+    ``envs[i]`` played by ``agents[i]``. Agents that split a turn in two
+    (``agents.base.LockStepAgent``: a model's request, then its answer) share one
+    batched generation per turn across the episodes in flight, each request under
+    its own settings (seed, temperature, adapter), through the first such agent's
+    backend (``LocalHF`` batches on CPU and GPU); any other agent (the oracle, a
+    scripted policy) acts on its own. Yields ``PlayedEpisode``s as episodes end.
+    An episode whose wall time passes ``max_episode_s`` ends after its current
+    step, truncated, with the reason in its ``error``."""
     from collections import deque
 
     if not agents:
         return
-    unfit = [type(a).__name__ for a in agents if not isinstance(a, LockStepAgent)]
-    if unfit:
-        raise TraceGymError(
-            f"{unfit[0]} cannot play in lock-step: it has no request/receive (agents.base.LockStepAgent)"
-        )
-    backend = agents[0].backend
+    lock_step = [isinstance(a, LockStepAgent) for a in agents]
+    backend = next((a.backend for a, split in zip(agents, lock_step) if split), None)
     queue = deque(episodes)
     slots: list[_Running | None] = [None] * len(envs)
 
     def done(i: int, trajectory: Trajectory) -> PlayedEpisode:
-        played = PlayedEpisode(trajectory, agents[i].tokens, slots[i].episode)
+        played = PlayedEpisode(trajectory, getattr(agents[i], "tokens", None), slots[i].episode)
         slots[i] = None
-        agents[i].end_episode()
+        if lock_step[i]:
+            agents[i].end_episode()
         return played
+
+    def gave_up(i: int, exc: AgentGaveUp) -> PlayedEpisode:
+        return done(i, _finish(envs[i], agents[i], env_id, slots[i], 0.0, False, True, {}, error=str(exc)))
 
     while queue or any(slots):
         for i, slot in enumerate(slots):
@@ -318,29 +311,36 @@ def play_batched(
         active = [i for i, slot in enumerate(slots) if slot is not None]
         if not active:
             break
+        actions: dict[int, str] = {}
+        for i in [i for i in active if not lock_step[i]]:
+            a0 = time.perf_counter()
+            try:
+                actions[i] = agents[i].act(slots[i].observation)
+            except AgentGaveUp as exc:
+                yield gave_up(i, exc)
+                continue
+            slots[i].agent_s += time.perf_counter() - a0
         requests = {}
-        for i in active:
+        for i in [i for i in active if lock_step[i]]:
             try:
                 requests[i] = agents[i].request()
             except AgentGaveUp as exc:  # e.g. a prompt that would pass the model's context: ends, truncated
-                yield done(i, _finish(envs[i], agents[i], env_id, slots[i], 0.0, False, True, {}, error=str(exc)))
-        active = list(requests)
-        if not active:
-            continue
-        a0 = time.perf_counter()
-        completions = backend.complete([requests[i] for i in active])
-        share = (time.perf_counter() - a0) / len(active)
-        for i, completion in zip(active, completions):
+                yield gave_up(i, exc)
+        if requests:
+            a0 = time.perf_counter()
+            completions = backend.complete(list(requests.values()))
+            share = (time.perf_counter() - a0) / len(requests)
+            for i, completion in zip(requests, completions):
+                slots[i].agent_s += share
+                try:
+                    actions[i] = agents[i].receive(completion)
+                except AgentGaveUp as exc:
+                    yield gave_up(i, exc)
+        for i in sorted(actions):
             run = slots[i]
-            run.agent_s += share
-            try:
-                action = agents[i].receive(completion)
-            except AgentGaveUp as exc:
-                yield done(i, _finish(envs[i], agents[i], env_id, run, 0.0, False, True, {}, error=str(exc)))
-                continue
             e0 = time.perf_counter()
-            observation, reward, terminated, truncated, step_info = envs[i].step(action)
-            run.stepped(agents[i], action, observation, step_info)
+            observation, reward, terminated, truncated, step_info = envs[i].step(actions[i])
+            run.stepped(agents[i], actions[i], observation, step_info)
             run.env_s += time.perf_counter() - e0
             if terminated or truncated:
                 yield done(i, _finish(envs[i], agents[i], env_id, run, reward, terminated, truncated, step_info))
@@ -594,6 +594,8 @@ def _run_local_batched(env, env_id, env_kwargs, agent, agent_kwargs, todo, batch
     server = {k: agent_kwargs[k] for k in ("base_url", "api_key") if k in agent_kwargs}
     backend = make_backend(model, **server) if isinstance(model, str) else model
     size = min(batch, max(len(todo), 1))
+    if getattr(backend, "max_batch", size) < size:  # a local model generates the whole lock-step batch at once
+        backend.max_batch = size
     envs = [env] + [make(env_id, **env_kwargs) for _ in range(size - 1)]
     agents = [make_agent(agent, **{**agent_kwargs, "model": backend}) for _ in range(size)]
     try:
