@@ -45,7 +45,9 @@ def registry(tmp_path, monkeypatch):
     """The example target and the order-lookup fixture env on the path, and a folder for remote targets."""
     folder = tmp_path / "registry"
     shutil.copytree(FIXTURE_ENVS / "order-lookup", folder / "order-lookup")
-    monkeypatch.setenv("TRACE_GYM_REGISTRY_PATH", os.pathsep.join([str(REPO / "examples"), str(folder)]))
+    monkeypatch.setenv(
+        "TRACE_GYM_REGISTRY_PATH", os.pathsep.join([str(REPO / "examples" / "bank-support"), str(folder)])
+    )
     return folder
 
 

@@ -13,7 +13,7 @@ from trace_gym.store import read_trajectories
 from trace_gym.trajectory import Message
 
 ENV_ID = "trace/bank-support-v0"
-ON_PATH = {**os.environ, "TRACE_GYM_REGISTRY_PATH": str(REPO / "examples")}
+ON_PATH = {**os.environ, "TRACE_GYM_REGISTRY_PATH": str(REPO / "examples" / "bank-support")}
 
 
 def test_an_env_without_messages_is_read_plainly_and_one_with_them_as_given():
@@ -212,7 +212,7 @@ def test_a_users_target_freezes_whole_and_an_env_scaffolded_for_it_validates(tmp
     import shutil
 
     registry = tmp_path / "registry"
-    shutil.copytree(REPO / "examples" / "bank-support", registry / "bank-support")
+    shutil.copytree(REPO / "examples" / "bank-support" / "bank-support", registry / "bank-support")
     here = {**os.environ, "TRACE_GYM_REGISTRY_PATH": str(registry)}
     frozen = run_cli("envs", "freeze-tools", ENV_ID, env=here, cwd=tmp_path)
     assert frozen.returncode == 0, frozen.stderr
@@ -283,11 +283,11 @@ def test_a_program_adds_a_registry_folder_without_editing_the_environment(tmp_pa
     folder = tmp_path / "mine"
     (folder / "desk").mkdir(parents=True)
     (folder / "desk" / "manifest.toml").write_text(
-        (REPO / "examples" / "bank-support" / "manifest.toml")
+        (REPO / "examples" / "bank-support" / "bank-support" / "manifest.toml")
         .read_text()
         .replace("trace/bank-support-v0", "trace/added-desk-v0")
     )
-    shutil.copy(REPO / "examples" / "bank-support" / "bank_support.py", folder / "desk")
+    shutil.copy(REPO / "examples" / "bank-support" / "bank-support" / "bank_support.py", folder / "desk")
     assert add_registry_dir(folder) is True and add_registry_dir(folder) is False  # once
     assert get_entry("trace/added-desk-v0").path == (folder / "desk").resolve() and folder.resolve() in registry_dirs()
     assert "TRACE_GYM_REGISTRY_PATH" not in os.environ
@@ -295,3 +295,28 @@ def test_a_program_adds_a_registry_folder_without_editing_the_environment(tmp_pa
         p for p in (REPO / "trace_gym").rglob("*.py") if 'os.environ["TRACE_GYM_REGISTRY_PATH"] =' in p.read_text()
     ]
     assert library == []  # no library code edits the user's setting
+
+
+@pytest.mark.slow
+def test_the_example_folder_runs_the_whole_loop_offline_with_the_generic_analyst(tmp_path):
+    """examples/bank-support as a user would run it (README there): its target, its two
+    validated training envs and run.toml; every stage, the reference analyst and the
+    registry's envs, no LLM and no network; only evaluation plays the test split."""
+    from trace_gym.artifacts import AdapterSet, EnvSet, Identification
+    from trace_gym.evaluation import load_results
+
+    result = run_cli("run", str(REPO / "examples" / "bank-support" / "run.toml"), env=ON_PATH, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    run = tmp_path / "runs" / "bank-support"
+    selected = {c.name for c in Identification.load(run / "identify").selected}
+    assert selected == {"precise_arguments", "complete_actions"}
+    assert EnvSet.load(run / "envs").trainable() == {
+        "precise_arguments": "trace/bank-card-lookup-v0",
+        "complete_actions": "trace/bank-freeze-all-v0",
+    }
+    assert {a.name for a in AdapterSet.load(run / "adapters").of_kind("capability")} == selected
+    rows = {r.method: r for r in load_results(run / "eval" / "results.json")}
+    assert set(rows) == {"base", "trace"} and all(r.tasks == 6 for r in rows.values())  # bank's 6 test tasks
+    played = {t.task_id for t in read_trajectories(run / "eval" / "base.jsonl")}
+    assert played == {str(i) for i in range(14, 20)}
+    assert (run / "report.md").is_file()
