@@ -252,7 +252,7 @@ def test_catalog_lists_every_env_and_catches_a_stale_one(tmp_path):
     assert {r["id"] for r in data["envs"]} == {"trace/structured-data-v0", "trace/tau2-retail-v0"}
     # A manifest edit makes the committed catalogue stale (and the report stale too).
     manifest = registry / "structured-data" / "manifest.toml"
-    manifest.write_text(manifest.read_text().replace('name = "structured-data reasoning"', 'name = "renamed"'))
+    manifest.write_text(manifest.read_text().replace('name = "communicates_required_info"', 'name = "renamed"'))
     with pytest.raises(StaleCatalogError, match="CATALOG.md, catalog.json"):
         check_catalog(registry)
     result = run_cli("envs", "catalog", "--registry", str(registry), "--check")

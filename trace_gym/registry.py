@@ -18,7 +18,7 @@ A manifest::
     description = "..."
     agent = "a retail store's customer-service agent"   # optional, targets: words for prompts
     [capability]                         # synthesized only
-    name = "structured-data reasoning"
+    name = "communicates_required_info"   # the capability id identification gives it
     description = "..."
     [kwargs]                             # passed to the entry point
 """
