@@ -121,12 +121,7 @@ def label_against(trajectory: Trajectory, gold: list[tuple[str, dict[str, Any]]]
             else (LACKING, f"message {first_write}: {writes[0][1].name} with no read before it")
         )
 
-    malformed = [i for i, m in enumerate(trajectory.messages) if m.role == "assistant" and m.error]
-    labels["well_formed_calls"] = (
-        (LACKING, f"message {malformed[0]}: {(trajectory.messages[malformed[0]].raw or '')[:80]!r}")
-        if malformed
-        else (PRESENT, "every action parsed")
-    )
+    labels["well_formed_calls"] = well_formed_calls(trajectory)
 
     gold_names = {g[0] for g in gold_writes}
     extra = [(i, c) for i, c in writes if c.name not in gold_names]
@@ -136,6 +131,15 @@ def label_against(trajectory: Trajectory, gold: list[tuple[str, dict[str, Any]]]
         else (PRESENT, "no unneeded write")
     )
     return [Label(trajectory.episode_id, cap, label, evidence) for cap, (label, evidence) in labels.items()]
+
+
+def well_formed_calls(trajectory: Trajectory) -> tuple[str, str]:
+    """``well_formed_calls``, every analyst's one rule: LACKING at the first agent turn
+    that did not parse (the env marked it an error), PRESENT otherwise."""
+    malformed = [i for i, m in enumerate(trajectory.messages) if m.role == "assistant" and m.error]
+    if malformed:
+        return LACKING, f"message {malformed[0]}: {(trajectory.messages[malformed[0]].raw or '')[:80]!r}"
+    return PRESENT, "every action parsed"
 
 
 def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:

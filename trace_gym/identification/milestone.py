@@ -19,6 +19,7 @@ from typing import Any
 from trace_gym.errors import TraceGymError
 from trace_gym.trajectory import Trajectory
 
+from .gold import well_formed_calls
 from .stats import LACKING, NOT_APPLICABLE, PRESENT, Label
 
 MET = 1.0 - 1e-9  # a milestone counts as met at ToolSandbox's perfect similarity only
@@ -111,12 +112,7 @@ class MilestoneAnalyst:
                 else (PRESENT, f"all {len(answered)} calls ran")
             )
 
-        malformed = [i for i, m in enumerate(trajectory.messages) if m.role == "assistant" and m.error]
-        labels["well_formed_calls"] = (
-            (LACKING, f"message {malformed[0]}: {(trajectory.messages[malformed[0]].raw or '')[:80]!r}")
-            if malformed
-            else (PRESENT, "every action parsed")
-        )
+        labels["well_formed_calls"] = well_formed_calls(trajectory)
         return [Label(trajectory.episode_id, cap, label, evidence) for cap, (label, evidence) in labels.items()]
 
 
