@@ -74,23 +74,21 @@ lint: setup
 test-fast: setup
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow" tests
 
-# The quickstart's policy (trace_gym/llm/warm_starts/): the embedded model warm-started on
-# τ²-retail's oracle (train split; the first agent turns of each demonstration, for time),
-# then on the oracles of six reference envs (8 seeds each; tool-precision, which the learning
-# benchmark trains on, left out). Rebuilds and re-ships both adapters (about 55 min on 2 cores).
+# The quickstart's policy (trace_gym/llm/warm_starts/): the embedded model warm-started by one LoRA SFT
+# run (sft's defaults) on the oracle's demonstrations of τ²-retail's train split (the reads its gold actions
+# need, then the actions) and of six reference envs (8 seeds each; tool-precision, which the quickstart
+# trains and the learning benchmark may, left out). Rebuilds and re-ships the adapter (about 3 h on 2 cores).
 WARM_START := trace_gym/llm/warm_starts/smollm2-135m-tau2-retail-sft
 WARM_ENVS := structured-data verify-preconditions complete-actions no-unrequested-writes well-formed-calls policy-adherence
 warm-start: setup
 	rm -rf runs/warm-start && mkdir -p runs/warm-start
-	$(VENV)/bin/trace-gym rollout --env trace/tau2-retail-v0 --agent oracle --split train --out runs/warm-start/tau2.jsonl --no-progress
-	$(VENV)/bin/trace-gym sft --trajectories runs/warm-start/tau2.jsonl --out runs/warm-start/1 --max-tokens 6656 --lora-alpha 32
+	$(VENV)/bin/trace-gym rollout --env trace/tau2-retail-v0 --agent oracle --split train --out runs/warm-start/tau2-retail.jsonl --no-progress
 	for e in $(WARM_ENVS); do $(VENV)/bin/trace-gym rollout --env trace/$$e-v0 --agent oracle --seeds 8 \
 		--out runs/warm-start/$$e.jsonl --no-progress || exit 1; done
-	$(VENV)/bin/trace-gym sft --trajectories $$(ls runs/warm-start/*-*.jsonl | paste -sd,) --model hf:runs/warm-start/1/model \
-		--out runs/warm-start/2
+	$(VENV)/bin/trace-gym sft --trajectories $$(ls runs/warm-start/*.jsonl | paste -sd,) --out runs/warm-start/sft
+	rm -rf $(WARM_START)/*/
 	$(PY) -c "from trace_gym.training.sft import export_adapter as x; \
-		x('runs/warm-start/1/adapter', '$(WARM_START)/1-tau2-retail-oracle'); \
-		x('runs/warm-start/2/adapter', '$(WARM_START)/2-reference-envs-oracle')"
+		x('runs/warm-start/sft/adapter', '$(WARM_START)/1-oracle-demonstrations')"
 
 bench: setup
 	for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

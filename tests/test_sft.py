@@ -252,18 +252,16 @@ def test_the_shipped_warm_start_is_what_the_command_makes_and_loads(tmp_path, de
     exported = export_adapter(out / "adapter", tmp_path / "export")
     made = json.loads((exported / "adapter_config.json").read_text())
     stages = sorted(p for p in (WARM_STARTS_DIR / name).iterdir() if p.is_dir())
-    assert [p.name for p in stages] == ["1-tau2-retail-oracle", "2-reference-envs-oracle"]
+    assert [p.name for p in stages] == ["1-oracle-demonstrations"]
     makefile = (Path(__file__).parents[1] / "Makefile").read_text()
-    assert "--out runs/warm-start/1 --max-tokens 6656 --lora-alpha 32" in makefile  # stage 1's one non-default
-    for stage, alpha in zip(stages, (32, made["lora_alpha"])):
-        shipped = json.loads((stage / "adapter_config.json").read_text())
-        assert shipped["lora_alpha"] == alpha
-        for key in ("peft_type", "r", "task_type", "lora_dropout"):
-            assert made[key] == shipped[key], key
-        assert sorted(made["target_modules"]) == sorted(shipped["target_modules"])
-        assert set(load_file(str(exported / "adapter_model.safetensors"))) == set(
-            load_file(str(stage / "adapter_model.safetensors"))
-        )
+    assert "sft --trajectories $$(ls runs/warm-start/*.jsonl | paste -sd,) --out runs/warm-start/sft\n" in makefile
+    shipped = json.loads((stages[0] / "adapter_config.json").read_text())
+    for key in ("peft_type", "r", "lora_alpha", "task_type", "lora_dropout"):
+        assert made[key] == shipped[key], key  # sft's defaults, as the Makefile's command uses them
+    assert sorted(made["target_modules"]) == sorted(shipped["target_modules"])
+    assert set(load_file(str(exported / "adapter_model.safetensors"))) == set(
+        load_file(str(stages[0] / "adapter_model.safetensors"))
+    )
     policy = make_backend(name)
     [completion] = policy.generate([[{"role": "user", "content": "Where is my order #W0000001?"}]], max_new_tokens=8)
     assert completion.text is not None

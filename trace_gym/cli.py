@@ -523,12 +523,26 @@ def build_parser() -> argparse.ArgumentParser:
     warm.add_argument(
         "--min-reward", type=float, default=None, help="learn from episodes with at least this reward (default 1.0)"
     )
-    warm.add_argument("--epochs", type=int, default=None, help="passes over the demonstrations (default 2)")
-    warm.add_argument("--lr", type=float, default=None, help="AdamW learning rate (default 2e-4)")
-    warm.add_argument("--batch-size", type=int, default=None, help="demonstrations per optimizer step (default 8)")
-    warm.add_argument("--micro-batch", type=int, default=None, help="demonstrations per forward pass (default 4)")
-    warm.add_argument("--lora-rank", type=int, default=None, help="LoRA rank (default 8)")
-    warm.add_argument("--lora-alpha", type=int, default=None, help="LoRA scaling alpha (default 16)")
+    from .training.sft import SFTTrainingConfig as _SFT  # the defaults, said once: in the config's fields
+
+    def sft_default(name: str) -> str:
+        return f"(default {_SFT.__dataclass_fields__[name].default:g})"
+
+    warm.add_argument(
+        "--epochs", type=int, default=None, help=f"passes over the demonstrations {sft_default('epochs')}"
+    )
+    warm.add_argument("--lr", type=float, default=None, help=f"AdamW learning rate {sft_default('learning_rate')}")
+    warm.add_argument(
+        "--batch-size", type=int, default=None, help=f"demonstrations per optimizer step {sft_default('batch_size')}"
+    )
+    warm.add_argument(
+        "--micro-batch",
+        type=int,
+        default=None,
+        help=f"demonstrations per forward pass, all of one prompt {sft_default('micro_batch')}",
+    )
+    warm.add_argument("--lora-rank", type=int, default=None, help=f"LoRA rank {sft_default('lora_rank')}")
+    warm.add_argument("--lora-alpha", type=int, default=None, help=f"LoRA scaling alpha {sft_default('lora_alpha')}")
     warm.add_argument(
         "--max-tokens", type=int, default=None, help="tokens per demonstration (default: the model's context)"
     )

@@ -172,8 +172,8 @@ def merge_adapter(
 
 WARM_STARTS_DIR = Path(__file__).with_name("warm_starts")
 WARM_STARTS = {
-    "smollm2-135m-tau2-retail-sft": "the embedded model warm-started (LoRA SFT) on τ²-retail's oracle (train split), "
-    "then on six reference envs' oracles",
+    "smollm2-135m-tau2-retail-sft": "the embedded model warm-started (LoRA SFT) on the oracle's demonstrations of "
+    "τ²-retail's train split and of six reference envs",
 }
 """Name -> what it is. Each has ``warm_starts/<name>/``: one folder per stage, a PEFT
 adapter each, merged in name order over the embedded model (each stage was trained on the
