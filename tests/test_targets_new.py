@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -161,3 +162,40 @@ def test_prompts_name_what_the_targets_agent_is(tmp_path):
     caps = [RouteCapability("precise_arguments", "Exact argument values.", "a")]
     system = Router(Scores(), caps, agent=retail).prompt("Cancel order #W1.")[0]["content"]
     assert retail in system and "customer-service tasks" not in Router(Scores(), caps).prompt("x")[0]["content"]
+
+
+BANK = Path(__file__).parents[1] / "examples" / "bank-support" / "bank-support"
+
+
+@pytest.mark.parametrize(
+    "mistake, command, says",
+    [
+        ("tools not frozen", ["envs", "new", "lookups", "--target", "trace/my-bank-v0"], "tools.json: not found"),
+        ("entry point's class", ["rollout"], "entry_point 'bank_support:Nope' does not load"),
+        ("entry point's module", ["rollout"], "No module named 'bank_suport'"),
+        ("misspelt keyword", ["rollout"], "unexpected keyword argument 'max_stepz'"),
+    ],
+)
+def test_a_targets_mistake_is_one_line_naming_its_file(tmp_path, mistake, command, says):
+    registry = tmp_path / "mine"
+    folder = registry / "my-bank"
+    folder.mkdir(parents=True)
+    shutil.copy(BANK / "bank_support.py", folder)
+    manifest = (BANK / "manifest.toml").read_text().replace("trace/bank-support-v0", "trace/my-bank-v0")
+    manifest = {
+        "entry point's class": manifest.replace("bank_support:BankSupportEnv", "bank_support:Nope"),
+        "entry point's module": manifest.replace("bank_support:BankSupportEnv", "bank_suport:BankSupportEnv"),
+        "misspelt keyword": manifest + "\n[kwargs]\nmax_stepz = 4\n",
+    }.get(mistake, manifest)
+    (folder / "manifest.toml").write_text(manifest)
+    if command == ["rollout"]:
+        command = ["rollout", "--env", "trace/my-bank-v0", "--agent", "oracle", "--split", "train"]
+        command += ["--out", str(tmp_path / "out.jsonl"), "--no-progress"]
+    else:
+        command += ["--dir", str(tmp_path / "envs")]
+    refused = run_cli(*command, env={"TRACE_GYM_REGISTRY_PATH": str(registry)})
+    assert refused.returncode == 2 and says in refused.stderr, refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+    named = folder / ("tools.json" if mistake == "tools not frozen" else "manifest.toml")
+    assert str(named) in refused.stderr
+    assert not (tmp_path / "envs").exists() and not (tmp_path / "out.jsonl").exists()  # nothing half made

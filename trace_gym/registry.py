@@ -278,12 +278,24 @@ def get_entry(env_id: str) -> EnvEntry:
 
 
 def make(env_id: str, **kwargs: Any):
-    """``gymnasium.make`` with a one-line error for an unknown id."""
+    """``gymnasium.make`` with one-line errors for an unknown id and for a manifest whose
+    ``entry_point`` does not load or whose class refuses its keywords."""
     import gymnasium
+    from gymnasium.envs.registration import load_env_creator
 
     entry = get_entry(env_id)
     register_all()
-    return gymnasium.make(entry.id, **kwargs)
+    where = f"{entry.id} ({entry.path / 'manifest.toml'})"
+    try:
+        load_env_creator(entry.entry_point)
+    except (ImportError, AttributeError, ValueError, SyntaxError) as exc:
+        raise ManifestError(f"{where}: entry_point '{entry.entry_point}' does not load: {exc}") from None
+    try:
+        return gymnasium.make(entry.id, **kwargs)
+    except TypeError as exc:
+        if "keyword argument" not in str(exc) and "required positional argument" not in str(exc):
+            raise  # a fault inside the env's own code, not its arguments
+        raise ManifestError(f"{where}: {exc} (a target takes split= and max_steps=: docs/targets.md)") from None
 
 
 TRAIN_SPLIT = "train"
@@ -303,6 +315,8 @@ def make_train(env_id: str, **kwargs: Any) -> tuple[Any, str | None]:
         return make(env_id, **kwargs), None
     try:
         return make(env_id, split=TRAIN_SPLIT, **kwargs), TRAIN_SPLIT
+    except ManifestError:
+        raise  # a manifest to fix (or a class without split=, which the target contract asks for)
     except TraceGymError:
         print(
             f"trace-gym: {env_id} has no '{TRAIN_SPLIT}' split; its default split is played",

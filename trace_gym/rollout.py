@@ -503,12 +503,15 @@ def rollout(
         kwargs["split"] = split
     settings = run_settings(env_id, agent, agent_kwargs, kwargs)
     agent_kwargs = _with_local_adapter(agent, agent_kwargs, executor)
-    store = TrajectoryStore(
-        out, resume=resume or retry_given_up, overwrite=overwrite, settings=settings, retry_given_up=retry_given_up
-    )
-    env = None
+    env = make(env_id, **kwargs)  # (before the store: an env that cannot be made leaves no file behind)
     try:
-        env = make(env_id, **kwargs)
+        store = TrajectoryStore(
+            out, resume=resume or retry_given_up, overwrite=overwrite, settings=settings, retry_given_up=retry_given_up
+        )
+    except BaseException:
+        env.close()
+        raise
+    try:
         if env_seeds is not None:
             plan = plan_seeded_episodes(env_seeds[:limit] if limit is not None else env_seeds, samples, seed)
         else:

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from .errors import ManifestError
+
 ToolSchema = dict[str, Any]
 
 
@@ -45,12 +47,22 @@ def tool_parameters(schema: ToolSchema) -> dict[str, Any]:
 
 
 def load_frozen_tools(path: Path) -> list[ToolSchema]:
-    """Read a frozen tools.json (a list of OpenAI function schemas)."""
-    tools = json.loads(Path(path).read_text(encoding="utf-8"))
+    """Read a frozen tools.json (a list of OpenAI function schemas); a file that is
+    missing or not such a list is a ``ManifestError`` naming the file and the fix."""
+    fix = "freeze the target with `trace-gym targets freeze ID` (docs/targets.md)"
+    try:
+        tools = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ManifestError(f"{path}: not found: the target's tools are not frozen; {fix}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ManifestError(f"{path}: unreadable ({exc}); {fix}") from None
     if not isinstance(tools, list):
-        raise ValueError(f"{path}: expected a JSON list of tool schemas")
+        raise ManifestError(f"{path}: expected a JSON list of tool schemas; {fix}")
     for schema in tools:
-        tool_name(schema)
+        try:
+            tool_name(schema)
+        except ValueError as exc:
+            raise ManifestError(f"{path}: {exc}; {fix}") from None
     return tools
 
 
