@@ -21,9 +21,13 @@ class OracleAgent:
     def reset(self, observation: str, info: dict[str, Any], env: Any = None) -> None:
         if env is None:
             raise TraceGymError("the oracle agent needs the env (it plays the env's own solution)")
-        actions = env.unwrapped.oracle_actions()
+        solutions = getattr(env.unwrapped, "oracle_actions", None)
+        actions = solutions() if callable(solutions) else None
         if actions is None:
-            raise TraceGymError(f"{env.spec.id if env.spec else type(env.unwrapped).__name__} has no oracle")
+            raise TraceGymError(
+                f"{env.spec.id if env.spec else type(env.unwrapped).__name__} has no oracle: the oracle agent "
+                "plays a target's oracle_actions() (docs/targets.md)"
+            )
         self._script = list(actions)
         self._stop = info.get("stop_token", self._stop)
 

@@ -282,6 +282,8 @@ CASES = [
     (("serve",), ["{missing}", "--chat-template", "stock"], "or --model, not both"),
     (("targets", "new"), ["Bad Name!", "--dir", "{root}"], "lowercase"),
     (("targets", "new"), ["tau2-retail", "--dir", "{root}"], "already registered"),
+    (("targets", "new"), ["my-desk-v0", "--dir", "{root}"], "leave out the version; its id is trace/my-desk-v0"),
+    (("targets", "new"), ["my-desk", "--dir", "{bad_json}"], "not a folder"),
     (("targets", "freeze"), ["trace/nope-v0"], "unknown env id 'trace/nope-v0'"),
     (("report",), ["{missing}"], "no trajectory file"),
     (("report",), ["{malformed}"], "is not a trajectory record"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
@@ -174,6 +175,11 @@ BANK = Path(__file__).parents[1] / "examples" / "bank-support" / "bank-support"
         ("entry point's class", ["rollout"], "entry_point 'bank_support:Nope' does not load"),
         ("entry point's module", ["rollout"], "No module named 'bank_suport'"),
         ("misspelt keyword", ["rollout"], "unexpected keyword argument 'max_stepz'"),
+        ("entry point not text", ["rollout"], "needs 'entry_point = \"module:Class\"', got 5"),
+        ("kwargs not a table", ["rollout"], "[kwargs] must be a table"),
+        ("bad TOML", ["rollout"], "not valid TOML"),
+        ("no oracle", ["rollout"], "has no oracle: the oracle agent plays a target's oracle_actions()"),
+        ("module raises", ["rollout"], "does not load: NameError: name 'SPLITZ' is not defined"),
     ],
 )
 def test_a_targets_mistake_is_one_line_naming_its_file(tmp_path, mistake, command, says):
@@ -186,7 +192,15 @@ def test_a_targets_mistake_is_one_line_naming_its_file(tmp_path, mistake, comman
         "entry point's class": manifest.replace("bank_support:BankSupportEnv", "bank_support:Nope"),
         "entry point's module": manifest.replace("bank_support:BankSupportEnv", "bank_suport:BankSupportEnv"),
         "misspelt keyword": manifest + "\n[kwargs]\nmax_stepz = 4\n",
+        "entry point not text": manifest.replace('"bank_support:BankSupportEnv"', "5"),
+        "kwargs not a table": manifest.replace("entry_point =", "kwargs = 3\nentry_point ="),
+        "bad TOML": manifest.replace("kind = ", "kind "),
     }.get(mistake, manifest)
+    module = folder / "bank_support.py"
+    if mistake == "no oracle":
+        module.write_text(module.read_text().replace("def oracle_actions(self):", "def solutions(self):"))
+    if mistake == "module raises":
+        module.write_text(module.read_text().replace("SPLITS = {", "SPLITS = SPLITZ or {"))
     (folder / "manifest.toml").write_text(manifest)
     if command == ["rollout"]:
         command = ["rollout", "--env", "trace/my-bank-v0", "--agent", "oracle", "--split", "train"]
@@ -196,6 +210,27 @@ def test_a_targets_mistake_is_one_line_naming_its_file(tmp_path, mistake, comman
     refused = run_cli(*command, env={"TRACE_GYM_REGISTRY_PATH": str(registry)})
     assert refused.returncode == 2 and says in refused.stderr, refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1
-    named = folder / ("tools.json" if mistake == "tools not frozen" else "manifest.toml")
-    assert str(named) in refused.stderr
-    assert not (tmp_path / "envs").exists() and not (tmp_path / "out.jsonl").exists()  # nothing half made
+    named = {"tools not frozen": folder / "tools.json", "no oracle": "trace/my-bank-v0"}
+    assert str(named.get(mistake, folder / "manifest.toml")) in refused.stderr
+    assert not (tmp_path / "envs").exists()  # nothing half made
+    if mistake != "no oracle":  # (the store opens before the agent meets its first task)
+        assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_broken_manifest_is_named_when_asked_for_and_warned_of_otherwise(tmp_path, monkeypatch):
+    from trace_gym.errors import ManifestError
+    from trace_gym.registry import get_entry, register_all
+
+    for name, entry_point in (("good-desk", "bank_support:BankSupportEnv"), ("bad-desk", "no colon")):
+        folder = tmp_path / name
+        folder.mkdir()
+        manifest = (BANK / "manifest.toml").read_text().replace("bank-support-v0", f"{name}-v0")
+        (folder / "manifest.toml").write_text(manifest.replace("bank_support:BankSupportEnv", entry_point))
+    monkeypatch.setenv("TRACE_GYM_REGISTRY_PATH", str(tmp_path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        register_all()  # registration skips it quietly: it is reported where it is asked for
+    with pytest.raises(ManifestError, match=r"bad-desk/manifest.toml: a target needs 'entry_point"):
+        get_entry("trace/bad-desk-v0")
+    with pytest.warns(UserWarning, match=r"skipping an env folder: .*bad-desk"):
+        assert get_entry("trace/good-desk-v0").path == tmp_path / "good-desk"

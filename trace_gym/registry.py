@@ -199,8 +199,10 @@ def read_manifest(folder: Path) -> EnvEntry:
     if kind not in ("target", "synthesized"):
         raise ManifestError(f"{path}: 'kind' must be 'target' or 'synthesized', got {kind!r}")
     entry_point = data.get("entry_point") or (SANDBOXED_ENTRY_POINT if kind == "synthesized" else None)
-    if not entry_point or ":" not in entry_point:
-        raise ManifestError(f"{path}: a target needs 'entry_point = \"module:Class\"'")
+    if not isinstance(entry_point, str) or ":" not in entry_point:
+        raise ManifestError(f"{path}: a target needs 'entry_point = \"module:Class\"', got {entry_point!r}")
+    if not isinstance(data.get("kwargs", {}), dict):
+        raise ManifestError(f"{path}: [kwargs] must be a table of the class's keyword arguments")
     kwargs = dict(data.get("kwargs", {}))
     if kind == "synthesized":
         if not data.get("target"):
@@ -254,7 +256,10 @@ def register_all() -> list[str]:
     import gymnasium
 
     ids = []
-    for entry in discover().values():
+    with warnings.catch_warnings():  # a broken manifest is reported where it is asked for (get_entry, envs list)
+        warnings.simplefilter("ignore")
+        entries = discover()
+    for entry in entries.values():
         module = entry.entry_point.split(":", 1)[0]
         if entry.kind == "target" and (entry.path / (module.replace(".", "/") + ".py")).is_file():
             if str(entry.path) not in sys.path:  # a user's target: its module beside its manifest
@@ -270,11 +275,37 @@ def register_all() -> list[str]:
 def get_entry(env_id: str) -> EnvEntry:
     """The registry entry of ``env_id`` (also accepts the ``trace_gym:`` prefix)."""
     env_id = env_id.removeprefix("trace_gym:")
-    entries = discover()
+    with warnings.catch_warnings(record=True) as skipped:
+        warnings.simplefilter("always")
+        entries = discover()
+    if env_id not in entries:
+        broken = _broken_manifest(env_id)
+        if broken is not None:
+            raise broken  # what is wrong with the manifest asked for, in one line, not "unknown"
+    for warning in skipped:
+        warnings.warn(warning.message, stacklevel=2)
     if env_id not in entries:
         known = ", ".join(sorted(entries)) or "none"
         raise UnknownEnvError(f"unknown env id '{env_id}'; registered: {known}")
     return entries[env_id]
+
+
+def _broken_manifest(env_id: str) -> ManifestError | None:
+    """Why the manifest that declares ``env_id`` (or, when its TOML does not parse, the
+    folder named after it) could not be read; None when no registry folder is it."""
+    name = env_id.removeprefix(f"{NAMESPACE}/").rsplit("-v", 1)[0]
+    for root in registry_dirs():
+        for path in sorted(root.glob("*/manifest.toml")) if root.is_dir() else []:
+            try:
+                read_manifest(path.parent)
+            except ManifestError as exc:
+                try:
+                    declared = tomllib.loads(path.read_text(encoding="utf-8")).get("id")
+                except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+                    declared = None
+                if declared == env_id or (declared is None and path.parent.name == name):
+                    return exc
+    return None
 
 
 def make(env_id: str, **kwargs: Any):
@@ -288,8 +319,10 @@ def make(env_id: str, **kwargs: Any):
     where = f"{entry.id} ({entry.path / 'manifest.toml'})"
     try:
         load_env_creator(entry.entry_point)
-    except (ImportError, AttributeError, ValueError, SyntaxError) as exc:
-        raise ManifestError(f"{where}: entry_point '{entry.entry_point}' does not load: {exc}") from None
+    except Exception as exc:  # the module's own import may raise anything: named in one line with its type
+        raise ManifestError(
+            f"{where}: entry_point '{entry.entry_point}' does not load: {type(exc).__name__}: {exc}"
+        ) from None
     try:
         return gymnasium.make(entry.id, **kwargs)
     except TypeError as exc:

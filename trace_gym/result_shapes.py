@@ -22,6 +22,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .errors import ManifestError
+
 RESULTS_FILE = "results.json"
 MAX_PROBLEMS = 3
 
@@ -35,13 +37,19 @@ def load_result_shapes(target_folder: Path) -> dict[str, Any] | None:
     path = results_path(target_folder)
     if not path.exists():
         return None
-    shapes = json.loads(path.read_text(encoding="utf-8"))
+    fix = "freeze the target again with `trace-gym targets freeze ID`"
+    try:
+        shapes = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ManifestError(f"{path}: unreadable ({exc}); {fix}") from None
     if (
         not isinstance(shapes, dict)
         or not isinstance(shapes.get("tools"), dict)
         or not isinstance(shapes.get("error_prefix"), str)
     ):
-        raise ValueError(f"{path}: expected {{'error_prefix': str, 'tools': {{name: {{'format', 'schema'}}}}}}")
+        raise ManifestError(
+            f"{path}: expected {{'error_prefix': str, 'tools': {{name: {{'format', 'schema'}}}}}}; {fix}"
+        )
     return shapes
 
 

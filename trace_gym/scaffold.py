@@ -213,6 +213,12 @@ def new_target(name: str, dest: str | Path, description: str = "") -> Path:
         raise TraceGymError(
             f"target name {name!r}: use 3-50 lowercase letters, digits and dashes, starting with a letter"
         )
+    if re.search(r"-v\d+$", name):
+        raise TraceGymError(
+            f"target name {name!r}: leave out the version; its id is trace/{name[: name.rindex('-v')]}-v0"
+        )
+    if Path(dest).exists() and not Path(dest).is_dir():
+        raise TraceGymError(f"--dir {dest}: not a folder")
     env_id = f"trace/{name}-v0"
     try:
         get_entry(env_id)
