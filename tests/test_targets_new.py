@@ -180,6 +180,7 @@ BANK = Path(__file__).parents[1] / "examples" / "bank-support" / "bank-support"
         ("bad TOML", ["rollout"], "not valid TOML"),
         ("no oracle", ["rollout"], "has no oracle: the oracle agent plays a target's oracle_actions()"),
         ("module raises", ["rollout"], "does not load: NameError: name 'SPLITZ' is not defined"),
+        ("unknown split", ["rollout"], "trace/my-bank-v0 has no split 'dev' (KeyError: 'dev')"),
     ],
 )
 def test_a_targets_mistake_is_one_line_naming_its_file(tmp_path, mistake, command, says):
@@ -203,14 +204,15 @@ def test_a_targets_mistake_is_one_line_naming_its_file(tmp_path, mistake, comman
         module.write_text(module.read_text().replace("SPLITS = {", "SPLITS = SPLITZ or {"))
     (folder / "manifest.toml").write_text(manifest)
     if command == ["rollout"]:
-        command = ["rollout", "--env", "trace/my-bank-v0", "--agent", "oracle", "--split", "train"]
+        split = "dev" if mistake == "unknown split" else "train"
+        command = ["rollout", "--env", "trace/my-bank-v0", "--agent", "oracle", "--split", split]
         command += ["--out", str(tmp_path / "out.jsonl"), "--no-progress"]
     else:
         command += ["--dir", str(tmp_path / "envs")]
     refused = run_cli(*command, env={"TRACE_GYM_REGISTRY_PATH": str(registry)})
     assert refused.returncode == 2 and says in refused.stderr, refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1
-    named = {"tools not frozen": folder / "tools.json", "no oracle": "trace/my-bank-v0"}
+    named = {"tools not frozen": folder / "tools.json", "no oracle": "trace/my-bank-v0", "unknown split": "dev"}
     assert str(named.get(mistake, folder / "manifest.toml")) in refused.stderr
     assert not (tmp_path / "envs").exists()  # nothing half made
     if mistake != "no oracle":  # (the store opens before the agent meets its first task)

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ManifestError, UnknownEnvError
+from .errors import ManifestError, TraceGymError, UnknownEnvError
 
 NAMESPACE = "trace"
 SANDBOXED_ENTRY_POINT = "trace_gym.sandbox.env:SandboxedEnv"
@@ -329,6 +329,10 @@ def make(env_id: str, **kwargs: Any):
         if "keyword argument" not in str(exc) and "required positional argument" not in str(exc):
             raise  # a fault inside the env's own code, not its arguments
         raise ManifestError(f"{where}: {exc} (a target takes split= and max_steps=: docs/targets.md)") from None
+    except (KeyError, ValueError) as exc:
+        if "split" not in kwargs or repr(kwargs["split"]) not in repr(exc.args):
+            raise  # not the split asked for: a fault inside the env's own code
+        raise TraceGymError(f"{entry.id} has no split {kwargs['split']!r} ({type(exc).__name__}: {exc})") from None
 
 
 TRAIN_SPLIT = "train"
@@ -340,10 +344,6 @@ def make_train(env_id: str, **kwargs: Any) -> tuple[Any, str | None]:
     (training, calibration, the analyst's look at live tool results), and the split
     it got: a target without a train split (ToolSandbox) plays its default one,
     said aloud on stderr; a synthesized env (no splits) is made as it is (None)."""
-    import sys
-
-    from .errors import TraceGymError
-
     if get_entry(env_id).kind != "target":
         return make(env_id, **kwargs), None
     try:
