@@ -12,6 +12,7 @@ import sys
 from typing import Any, Sequence
 
 from .errors import TraceGymError
+from .training.sft import SFTTrainingConfig
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -523,10 +524,9 @@ def build_parser() -> argparse.ArgumentParser:
     warm.add_argument(
         "--min-reward", type=float, default=None, help="learn from episodes with at least this reward (default 1.0)"
     )
-    from .training.sft import SFTTrainingConfig as _SFT  # the defaults, said once: in the config's fields
 
-    def sft_default(name: str) -> str:
-        return f"(default {_SFT.__dataclass_fields__[name].default:g})"
+    def sft_default(name: str) -> str:  # the defaults, said once: in the config's fields
+        return f"(default {SFTTrainingConfig.__dataclass_fields__[name].default:g})"
 
     warm.add_argument(
         "--epochs", type=int, default=None, help=f"passes over the demonstrations {sft_default('epochs')}"
@@ -1141,7 +1141,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from .training.sft import SFTTrainingConfig, sft
+    from .training.sft import sft
 
     options = {
         "model": model_spec(args.model, args.chat_template),

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...tools import changes_state
+from ...tools import changes_state, is_read
 
 AUTHENTICATE = ("find_user_id_by_email", "find_user_id_by_name_zip")
 
@@ -57,7 +57,7 @@ def with_lookups(actions: list[tuple[str, dict[str, Any]]], db: Any, scenario: s
                 read("get_order_details", {"order_id": order})
             for product in _products_of(arguments.get("new_item_ids") or [], db):
                 read("get_product_details", {"product_id": product})
-        if name.startswith(("get_", "find_")):
+        if is_read(name):
             seen.add(f"{name}|{sorted(arguments.items())}")
         out.append((name, arguments))
     return out
