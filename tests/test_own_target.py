@@ -244,6 +244,44 @@ def test_a_users_target_freezes_whole_and_an_env_scaffolded_for_it_validates(tmp
     )
 
 
+def test_a_freeze_that_cannot_write_both_files_leaves_the_target_as_it_was(tmp_path, monkeypatch):
+    import trace_gym.freeze as freeze
+    from trace_gym.errors import TraceGymError
+    from trace_gym.registry import add_registry_dir
+
+    folder = tmp_path / "mine" / "desk"
+    shutil.copytree(REPO / "examples" / "bank-support" / "bank-support", folder)
+    manifest = folder / "manifest.toml"
+    manifest.write_text(manifest.read_text().replace(ENV_ID, "trace/half-frozen-desk-v0"))
+    add_registry_dir(folder.parent)
+    before = {name: (folder / name).read_bytes() for name in ("tools.json", "results.json")}
+    (folder / "tools.json").write_text("[]\n")  # stale, so that a freeze would change it
+    stale = (folder / "tools.json").read_bytes()
+
+    (folder / "results.json").unlink()
+    (folder / "results.json").mkdir()  # in the way: refused before anything is replaced
+    with pytest.raises(TraceGymError, match="results.json: not a file"):
+        freeze.freeze_tools("trace/half-frozen-desk-v0")
+    assert (folder / "tools.json").read_bytes() == stale and not (folder / ".freeze").exists()
+    (folder / "results.json").rmdir()
+    (folder / "results.json").write_bytes(before["results.json"])
+
+    replace = os.replace
+
+    def refuse_results(source, destination):  # the disk refuses the second file only
+        if str(destination).endswith("results.json"):
+            raise PermissionError(13, "Permission denied")
+        replace(source, destination)
+
+    monkeypatch.setattr(os, "replace", refuse_results)
+    with pytest.raises(TraceGymError, match="cannot be written .Permission denied.; tools.json left as it was"):
+        freeze.freeze_tools("trace/half-frozen-desk-v0")
+    monkeypatch.setattr(os, "replace", replace)
+    assert (folder / "tools.json").read_bytes() == stale and not (folder / ".freeze").exists()
+    freeze.freeze_tools("trace/half-frozen-desk-v0")
+    assert {name: (folder / name).read_bytes() for name in before} == before
+
+
 def test_an_observed_shape_requires_only_the_fields_seen_in_every_answer():
     from trace_gym.freeze import _merge, _schema_of
     from trace_gym.result_shapes import result_problems

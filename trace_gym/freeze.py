@@ -161,8 +161,10 @@ def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 
 def freeze_tools(env_id: str) -> list[Path]:
     """Write ``tools.json`` and ``results.json`` of a target from its live package:
-    both or neither (each is read first, then both are replaced)."""
+    both or neither. Both are read and written aside first; if the second cannot take
+    its place, the first is put back as it was."""
     import os
+    import shutil
 
     entry = get_entry(env_id)
     if entry.kind != "target":
@@ -171,16 +173,31 @@ def freeze_tools(env_id: str) -> list[Path]:
         )
     tools, shapes = live_tools(env_id), live_result_shapes(env_id)
     staging = entry.path / ".freeze"
-    staging.mkdir(exist_ok=True)
+    shutil.rmtree(staging, ignore_errors=True)  # what a killed freeze left
+    staging.mkdir()
     try:
         dump_frozen_tools(tools, staging / entry.tools_path.name)
         written = dump_result_shapes(shapes, staging)
-        os.replace(staging / entry.tools_path.name, entry.tools_path)
-        os.replace(written, entry.path / written.name)
+        pairs = [(staging / entry.tools_path.name, entry.tools_path), (written, entry.path / written.name)]
+        for _, destination in pairs:
+            if destination.exists() and not destination.is_file():
+                raise TraceGymError(f"{destination}: not a file, so it cannot be frozen over; nothing was written")
+        old_tools = staging / "previous-tools.json"
+        if entry.tools_path.exists():
+            shutil.copy2(entry.tools_path, old_tools)
+        os.replace(*pairs[0])
+        try:
+            os.replace(*pairs[1])
+        except OSError as exc:
+            if old_tools.exists():
+                os.replace(old_tools, entry.tools_path)
+            else:
+                entry.tools_path.unlink()
+            raise TraceGymError(
+                f"{pairs[1][1]}: cannot be written ({exc.strerror}); {entry.tools_path.name} left as it was"
+            ) from None
     finally:
-        for leftover in staging.iterdir():
-            leftover.unlink()
-        staging.rmdir()
+        shutil.rmtree(staging, ignore_errors=True)
     return [entry.tools_path, entry.path / written.name]
 
 
