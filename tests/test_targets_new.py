@@ -181,6 +181,8 @@ BANK = Path(__file__).parents[1] / "examples" / "bank-support" / "bank-support"
         ("no oracle", ["rollout"], "has no oracle: the oracle agent plays a target's oracle_actions()"),
         ("module raises", ["rollout"], "does not load: NameError: name 'SPLITZ' is not defined"),
         ("unknown split", ["rollout"], "trace/my-bank-v0 has no split 'dev' (KeyError: 'dev')"),
+        ("misspelt call error", ["rollout"], "[call_errors] has no 'unknown_tol'; it takes first_missing_only"),
+        ("call error not text", ["rollout"], "[call_errors] prefix must be a str, got int"),
     ],
 )
 def test_a_targets_mistake_is_one_line_naming_its_file(tmp_path, mistake, command, says):
@@ -196,6 +198,8 @@ def test_a_targets_mistake_is_one_line_naming_its_file(tmp_path, mistake, comman
         "entry point not text": manifest.replace('"bank_support:BankSupportEnv"', "5"),
         "kwargs not a table": manifest.replace("entry_point =", "kwargs = 3\nentry_point ="),
         "bad TOML": manifest.replace("kind = ", "kind "),
+        "misspelt call error": manifest + '\n[call_errors]\nunknown_tol = "Error: no {name}"\n',
+        "call error not text": manifest + "\n[call_errors]\nprefix = 3\n",
     }.get(mistake, manifest)
     module = folder / "bank_support.py"
     if mistake == "no oracle":

@@ -184,6 +184,26 @@ def _package_folders(dotted: str) -> list[Path]:
     return [Path(p) for p in path or []]
 
 
+def _check_call_errors(path: Path, table: Any) -> None:
+    """A target's ``[call_errors]`` holds only the wordings ``tools.CallErrorStyle`` knows,
+    each of its type: a misspelt one is the target's mistake, named here and not when a
+    training env written for the target first answers a misnamed call."""
+    from dataclasses import fields
+
+    from .tools import CallErrorStyle
+
+    if not isinstance(table, dict):
+        raise ManifestError(f"{path}: [call_errors] must be a table of wordings (docs/targets.md)")
+    known = {f.name: type(f.default) for f in fields(CallErrorStyle)}
+    for key, value in table.items():
+        if key not in known:
+            raise ManifestError(f"{path}: [call_errors] has no '{key}'; it takes {', '.join(sorted(known))}")
+        if not isinstance(value, known[key]):
+            raise ManifestError(
+                f"{path}: [call_errors] {key} must be a {known[key].__name__}, got {type(value).__name__}"
+            )
+
+
 def read_manifest(folder: Path) -> EnvEntry:
     path = folder / "manifest.toml"
     try:
@@ -204,6 +224,7 @@ def read_manifest(folder: Path) -> EnvEntry:
     if not isinstance(data.get("kwargs", {}), dict):
         raise ManifestError(f"{path}: [kwargs] must be a table of the class's keyword arguments")
     kwargs = dict(data.get("kwargs", {}))
+    _check_call_errors(path, data.get("call_errors", {}))
     if kind == "synthesized":
         if not data.get("target"):
             raise ManifestError(f"{path}: a synthesized env must name its 'target' env id")
