@@ -79,3 +79,28 @@ def test_a_sandboxed_env_releases_its_worker_and_socket_on_close(sandbox_backend
         gc.collect()
     leaks = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
     assert not leaks, leaks
+
+
+def test_a_users_target_from_the_example_and_the_scaffold_vectorises_async(tmp_path, monkeypatch):
+    """The example target and what `targets new` writes use AnyText, so gym.make_vec's
+    default async mode hands their texts back whole (gymnasium's own Text space, with
+    a charset, came back as 10,000 '0's)."""
+    from conftest import REPO, run_cli
+    from trace_gym.registry import register_all
+
+    made = run_cli("targets", "new", "async-desk", "--dir", str(tmp_path))
+    assert made.returncode == 0, made.stderr
+    monkeypatch.setenv("TRACE_GYM_REGISTRY_PATH", f"{REPO / 'examples' / 'bank-support'}:{tmp_path}")
+    register_all()
+    for env_id, opening, call in (
+        ("trace/bank-support-v0", "Hi, my account is ACC-", '{"name": "get_card", "arguments": {"card_id": "x"}}'),
+        ("trace/async-desk-v0", "Please cancel my order ORD-", '{"name": "get_order", "arguments": {"order_id": "x"}}'),
+    ):
+        envs = gym.make_vec(env_id, num_envs=2, vectorization_mode="async")
+        try:
+            observations, _ = envs.reset(seed=0)
+            assert all(o.startswith(opening) for o in observations), observations
+            observations, *_ = envs.step([call, "Héllo — 你好?"])
+            assert observations[0] == "Error: not found" and observations[1] == "Thanks, bye."
+        finally:
+            envs.close()

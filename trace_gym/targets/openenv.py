@@ -34,11 +34,11 @@ across episodes (OpenEnv's HTTP endpoints hold no episode); ``close()`` ends it.
 
 from __future__ import annotations
 
-import string
 from typing import Any
 
 import gymnasium as gym
 
+from trace_gym.env import AnyText
 from trace_gym.errors import TraceGymError
 
 
@@ -78,7 +78,7 @@ class OpenEnvTarget(gym.Env):
                 f"OpenEnv target at {base_url}: split {split!r} must be [first_seed, end_seed] or a "
                 f"list of task ids, got {chosen!r}"
             )
-        self.observation_space = self.action_space = gym.spaces.Text(1_000_000, charset=string.printable)
+        self.observation_space = self.action_space = AnyText()
         self._client: Any = None
         self._steps = 0
         self._done = True

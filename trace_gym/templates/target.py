@@ -11,11 +11,11 @@ works end to end: replace the tasks, tools and reward with your own, one at a ti
 
 import json
 import random
-import string
 
 import gymnasium as gym
 
 from trace_gym.actions import parse_action  # optional: the parser the agents' formats follow
+from trace_gym.env import AnyText  # optional: any text, async vector envs included
 
 TOOLS = [
     {
@@ -37,7 +37,7 @@ class TargetEnv(gym.Env):
     def __init__(self, split="train", max_steps=6):
         self.split, self.max_steps = split, max_steps
         self.task_ids = [str(i) for i in SPLITS[split]]
-        self.observation_space = self.action_space = gym.spaces.Text(10_000, charset=string.printable)
+        self.observation_space = self.action_space = AnyText(10_000)
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
