@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -108,32 +109,54 @@ def test_an_openenv_server_is_a_target_that_rollout_plays_sandbox_included(regis
         assert first.reward_info["components"] == {"used_tool": 1.0, "looked_up": 1.0, "correct_status": 1.0}
 
 
+@pytest.fixture()
+def served_bank(registry):
+    """`trace-gym envs serve` as a user starts it, in its own process (the example target on
+    the registry path): its base URL."""
+    import signal
+    import subprocess
+
+    from conftest import PYTHON
+
+    exe = shutil.which("trace-gym", path=str(Path(PYTHON).parent)) or "trace-gym"
+    server = subprocess.Popen(
+        [exe, "envs", "serve", BANK, "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        line = server.stdout.readline()
+        found = re.search(r"at (http://127\.0\.0\.1:\d+) ", line)
+        assert found, line + server.stderr.read()
+        yield found.group(1)
+    finally:
+        server.send_signal(signal.SIGINT)  # Ctrl-C, as its line says
+        assert server.wait(timeout=30) == 0, server.stderr.read()
+
+
 @pytest.mark.slow
-def test_grpo_trains_one_iteration_through_a_served_env(registry, tmp_path):
+def test_grpo_trains_one_iteration_through_envs_serve_over_http(registry, tmp_path, served_bank):
     from trace_gym.training import GRPOTrainingConfig, train
 
-    with BackgroundServer(BANK) as server:
-        target = remote_target(
-            registry,
-            "remote-bank",
-            server.base_url,
-            {"train": [str(i) for i in range(14)], "test": ["14", "15"]},
-            split_kwarg="split",
-        )
-        config = GRPOTrainingConfig(
-            env_ids=[target],
-            out=str(tmp_path / "grpo"),
-            iterations=1,
-            groups=2,
-            rollouts_per_group=2,
-            max_new_tokens=24,
-            max_steps=3,
-            calibrate=False,
-            train_anyway=True,
-            max_draws=1,
-            learning_rate=1e-4,
-        )
-        result = train(config, progress=False)
+    target = remote_target(
+        registry,
+        "remote-bank",
+        served_bank,
+        {"train": [str(i) for i in range(14)], "test": ["14", "15"]},
+        split_kwarg="split",
+    )
+    config = GRPOTrainingConfig(
+        env_ids=[target],
+        out=str(tmp_path / "grpo"),
+        iterations=1,
+        groups=2,
+        rollouts_per_group=2,
+        max_new_tokens=24,
+        max_steps=3,
+        calibrate=False,
+        train_anyway=True,
+        max_draws=1,
+        learning_rate=1e-4,
+    )
+    result = train(config, progress=False)
     [row] = [json.loads(line) for line in result.log.read_text().splitlines()]
     assert row["rollouts"] == 4 and row["episodes_played"] == 4 and row["failed_episodes"] == 0
     assert all(key.startswith(f"{target}|task ") for key in row["played"])
