@@ -9,7 +9,33 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-DEFAULT_CACHE_BYTES = 4 * 2**30
+DEFAULT_CACHE_BYTES = 4 * 2**30  # on a CPU, where the cache shares memory with everything else
+CACHE_ENV = "TRACE_GYM_KV_CACHE_GIB"
+GPU_CACHE_SHARE = 0.5  # of the memory a GPU has free once the weights are on it
+
+
+def cache_budget(device: str, free_bytes: int | None = None) -> int:
+    """The cap on a local model's cached keys and values: ``TRACE_GYM_KV_CACHE_GIB`` when
+    set; on a GPU, half of what it has free once the weights are loaded (``free_bytes``;
+    the rest is for a batch's decode caches, activations and training), at least the CPU's
+    figure; else ``DEFAULT_CACHE_BYTES``. At Llama-8B's shapes (128 KiB a token) the CPU's
+    4 GiB holds 32k tokens, so evaluation on a GPU would re-prefill whole histories."""
+    import os
+
+    from .base import LLMError
+
+    given = os.environ.get(CACHE_ENV, "").strip()
+    if given:
+        try:
+            gib = float(given)
+        except ValueError:
+            gib = -1.0
+        if not gib > 0:
+            raise LLMError(f"{CACHE_ENV} must be a positive number of GiB, got {given!r}")
+        return int(gib * 2**30)
+    if device.startswith("cuda") and free_bytes is not None:
+        return max(DEFAULT_CACHE_BYTES, int(free_bytes * GPU_CACHE_SHARE))
+    return DEFAULT_CACHE_BYTES
 
 
 def own_segments(entry: "KVEntry", in_place: bool, layer: int) -> list[tuple[Any, Any]]:

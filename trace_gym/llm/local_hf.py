@@ -40,7 +40,7 @@ from typing import Any
 
 from . import shared_prefix
 from .base import Completion, GenerationRequest, Generates, LLMError
-from .kv_cache import DEFAULT_CACHE_BYTES, KVEntry, KVStore, in_place_groups, own_segments, write_right_aligned
+from .kv_cache import KVEntry, KVStore, cache_budget, in_place_groups, own_segments, write_right_aligned
 from .lora import LoraAdapters
 from .registry import load_local
 from .token_template import TokenTemplate
@@ -56,7 +56,9 @@ class LocalHF(LoraAdapters, TokenTemplate, Generates):
     max_batch: rows per batched generation.
     kv_cache: reuse keys and values across turns and episodes (off: every
         prompt is prefilled from scratch, as a baseline).
-    cache_bytes: the cap on cached keys and values.
+    cache_bytes: the cap on cached keys and values; None sizes it
+        (``kv_cache.cache_budget``: ``TRACE_GYM_KV_CACHE_GIB``, half a GPU's free
+        memory, or 4 GiB on a CPU).
     shared_prefix_attention: attend to a shared prefix once per batch instead of
         once per row (exact; off: every row's cache holds its own copy).
     chat_template: replaces the tokenizer's own.
@@ -77,7 +79,7 @@ class LocalHF(LoraAdapters, TokenTemplate, Generates):
         device: str | None = None,
         max_batch: int = 8,
         kv_cache: bool = True,
-        cache_bytes: int = DEFAULT_CACHE_BYTES,
+        cache_bytes: int | None = None,
         chat_template: str | None = None,
         template: str = "auto",
         model: Any = None,
@@ -93,7 +95,6 @@ class LocalHF(LoraAdapters, TokenTemplate, Generates):
         self.torch = torch
         self.max_batch = max_batch
         self.kv_cache = kv_cache
-        self.store = KVStore(cache_bytes)
         self.adapters: dict[str, str] = {}
         self.last_stats: dict[str, Any] = {}
         self._lock = threading.RLock()
@@ -114,6 +115,10 @@ class LocalHF(LoraAdapters, TokenTemplate, Generates):
             dtype = torch.bfloat16 if self.device == "cuda" else torch.float32
             self.model, self.tokenizer = load_local(path, dtype=dtype, device=self.device)
             self.model.eval()
+        if cache_bytes is None:
+            free = torch.cuda.mem_get_info(self.device)[0] if self.device.startswith("cuda") else None
+            cache_bytes = cache_budget(self.device, free)
+        self.store = KVStore(cache_bytes)
         self._set_template(
             chat_template, template, getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
         )
