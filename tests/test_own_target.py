@@ -220,7 +220,7 @@ def test_a_users_target_freezes_whole_and_an_env_scaffolded_for_it_validates(tmp
     assert shapes["error_prefix"] == "Error: " and shapes["observed"] is True
     assert set(shapes["tools"]) == {"get_account", "get_card", "freeze_card"}
     assert shapes["tools"]["get_card"]["schema"]["required"] == ["card_id", "frozen", "last_four"]
-    assert not (registry / "bank-support" / ".freeze").exists()
+    assert not list((registry / "bank-support").glob(".freeze*"))
     made = run_cli("envs", "new", "card-lookup", "--target", ENV_ID, "--dir", str(registry), env=here, cwd=tmp_path)
     assert made.returncode == 0, made.stderr
     validated = run_cli(
@@ -262,7 +262,7 @@ def test_a_freeze_that_cannot_write_both_files_leaves_the_target_as_it_was(tmp_p
     (folder / "results.json").mkdir()  # in the way: refused before anything is replaced
     with pytest.raises(TraceGymError, match="results.json: not a file"):
         freeze.freeze_tools("trace/half-frozen-desk-v0")
-    assert (folder / "tools.json").read_bytes() == stale and not (folder / ".freeze").exists()
+    assert (folder / "tools.json").read_bytes() == stale and not list(folder.glob(".freeze*"))
     (folder / "results.json").rmdir()
     (folder / "results.json").write_bytes(before["results.json"])
 
@@ -277,9 +277,12 @@ def test_a_freeze_that_cannot_write_both_files_leaves_the_target_as_it_was(tmp_p
     with pytest.raises(TraceGymError, match="cannot be written .Permission denied.; tools.json left as it was"):
         freeze.freeze_tools("trace/half-frozen-desk-v0")
     monkeypatch.setattr(os, "replace", replace)
-    assert (folder / "tools.json").read_bytes() == stale and not (folder / ".freeze").exists()
+    assert (folder / "tools.json").read_bytes() == stale and not list(folder.glob(".freeze*"))
+    (folder / ".freeze").mkdir()
+    (folder / ".freeze" / "notes.txt").write_text("mine")  # a user's folder of that name is not the freeze's
     freeze.freeze_tools("trace/half-frozen-desk-v0")
     assert {name: (folder / name).read_bytes() for name in before} == before
+    assert (folder / ".freeze" / "notes.txt").read_text() == "mine"
 
 
 def test_an_observed_shape_requires_only_the_fields_seen_in_every_answer():

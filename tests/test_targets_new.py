@@ -180,9 +180,16 @@ BANK = Path(__file__).parents[1] / "examples" / "bank-support" / "bank-support"
         ("bad TOML", ["rollout"], "not valid TOML"),
         ("no oracle", ["rollout"], "has no oracle: the oracle agent plays a target's oracle_actions()"),
         ("module raises", ["rollout"], "does not load: NameError: name 'SPLITZ' is not defined"),
-        ("unknown split", ["rollout"], "trace/my-bank-v0 has no split 'dev' (KeyError: 'dev')"),
+        ("unknown split", ["rollout"], "manifest.toml) has no split 'dev' (KeyError: 'dev'; a target has train and"),
         ("misspelt call error", ["rollout"], "[call_errors] has no 'unknown_tol'; it takes first_missing_only"),
         ("call error not text", ["rollout"], "[call_errors] prefix must be a str, got int"),
+        ("misspelt field", ["rollout"], "manifest.toml: has no field 'descripton'; it takes id, kind"),
+        ("no spaces", ["rollout"], "The environment must specify an action space."),
+        ("no task ids", ["rollout"], "has no task list: a target lists its split's task ids in task_ids"),
+        ("observation not text", ["rollout"], "BankSupportEnv.reset returned a list, not text"),
+        ("tool not a schema", ["rollout"], "BankSupportEnv.reset: info['tools']: not an OpenAI function schema"),
+        ("tool not a schema", ["targets", "freeze"], "info['tools']: not an OpenAI function schema"),
+        ("reward out of range", ["rollout"], "BankSupportEnv.step ended an episode with reward 5.0, not a number in"),
     ],
 )
 def test_a_targets_mistake_is_one_line_naming_its_file(tmp_path, mistake, command, says):
@@ -200,8 +207,20 @@ def test_a_targets_mistake_is_one_line_naming_its_file(tmp_path, mistake, comman
         "bad TOML": manifest.replace("kind = ", "kind "),
         "misspelt call error": manifest + '\n[call_errors]\nunknown_tol = "Error: no {name}"\n',
         "call error not text": manifest + "\n[call_errors]\nprefix = 3\n",
+        "misspelt field": manifest.replace("description =", "descripton ="),
     }.get(mistake, manifest)
     module = folder / "bank_support.py"
+    broken = {
+        "no spaces": ("self.observation_space = self.action_space = AnyText(10_000)", "self.spaces = None"),
+        "no task ids": ("[str(i) for i in SPLITS[split]]", "[]"),
+        "observation not text": ("return opening, {", "return [opening], {"),
+        "tool not a schema": ('{"type": "function", "function": {"name": name', '{"function": {"nam": name'),
+        "reward out of range": ("reward = (0.7 *", "reward = 5 * (0.7 *"),
+    }
+    if mistake in broken:
+        old, new = broken[mistake]
+        assert old in module.read_text()
+        module.write_text(module.read_text().replace(old, new))
     if mistake == "no oracle":
         module.write_text(module.read_text().replace("def oracle_actions(self):", "def solutions(self):"))
     if mistake == "module raises":
@@ -211,16 +230,25 @@ def test_a_targets_mistake_is_one_line_naming_its_file(tmp_path, mistake, comman
         split = "dev" if mistake == "unknown split" else "train"
         command = ["rollout", "--env", "trace/my-bank-v0", "--agent", "oracle", "--split", split]
         command += ["--out", str(tmp_path / "out.jsonl"), "--no-progress"]
+    elif command == ["targets", "freeze"]:
+        command = [*command, "trace/my-bank-v0"]
+        (folder / "tools.json").write_text("[]\n")
     else:
         command += ["--dir", str(tmp_path / "envs")]
     refused = run_cli(*command, env={"TRACE_GYM_REGISTRY_PATH": str(registry)})
     assert refused.returncode == 2 and says in refused.stderr, refused.stderr
-    assert len(refused.stderr.strip().splitlines()) == 1
-    named = {"tools not frozen": folder / "tools.json", "no oracle": "trace/my-bank-v0", "unknown split": "dev"}
+    lines = refused.stderr.strip().splitlines()
+    assert all(line.startswith("trace-gym: ") for line in lines), lines  # no traceback, no source lines
+    assert [line for line in lines if not line.startswith("trace-gym: warning: ")] == lines[-1:]  # one error
+    played = ("no oracle", "observation not text", "tool not a schema", "reward out of range")
+    named = {"tools not frozen": folder / "tools.json", "no task ids": "trace/my-bank-v0"}
+    named.update({mistake: "trace/my-bank-v0" if mistake == "no oracle" else "BankSupportEnv" for mistake in played})
     assert str(named.get(mistake, folder / "manifest.toml")) in refused.stderr
     assert not (tmp_path / "envs").exists()  # nothing half made
-    if mistake != "no oracle":  # (the store opens before the agent meets its first task)
+    if mistake not in played:  # (the store opens before the agent meets its first task)
         assert not (tmp_path / "out.jsonl").exists()
+    if command[:2] == ["targets", "freeze"]:
+        assert (folder / "tools.json").read_text() == "[]\n" and not (folder / "results.json").exists()
 
 
 def test_a_broken_manifest_is_named_when_asked_for_and_warned_of_otherwise(tmp_path, monkeypatch):
@@ -240,3 +268,9 @@ def test_a_broken_manifest_is_named_when_asked_for_and_warned_of_otherwise(tmp_p
         get_entry("trace/bad-desk-v0")
     with pytest.warns(UserWarning, match=r"skipping an env folder: .*bad-desk"):
         assert get_entry("trace/good-desk-v0").path == tmp_path / "good-desk"
+    listed = run_cli("envs", "list", env={"TRACE_GYM_REGISTRY_PATH": str(tmp_path)})
+    assert listed.returncode == 0 and "trace/good-desk-v0" in listed.stdout, listed.stderr
+    assert listed.stderr.splitlines() == [  # once, on one line, however many readers of the registry met it
+        f"trace-gym: warning: skipping an env folder: {tmp_path / 'bad-desk' / 'manifest.toml'}: a target needs "
+        "'entry_point = \"module:Class\"', got 'no colon'"
+    ]

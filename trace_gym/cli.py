@@ -15,7 +15,25 @@ from .errors import TraceGymError
 from .training.sft import SFTTrainingConfig
 
 
+_WARNED: set[str] = set()
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+    """``warnings.showwarning`` for the command line: a warning the filters let through is
+    one line without its source line, and each text is said once a command (a registry
+    read by several callers warned of one broken folder three times)."""
+    from .text import printable
+
+    text = f"trace-gym: warning: {printable(str(message)).removeprefix('trace-gym: ')}"
+    if text not in _WARNED:
+        _WARNED.add(text)
+        print(text, file=file or sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    import warnings
+
+    warnings.showwarning = _one_line_warning
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

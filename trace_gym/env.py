@@ -28,8 +28,8 @@ from gymnasium import spaces
 from gymnasium.vector.utils import shared_memory
 
 from .actions import ParsedAction, ToolCall, parse_action
-from .errors import EpisodeStateError
-from .tools import ToolSchema, tool_name
+from .errors import EpisodeStateError, TargetContractError
+from .tools import ToolSchema, schemas_problem, tool_name
 from .trajectory import Message, ToolCallRecord
 
 MAX_TEXT = 1_000_000
@@ -364,6 +364,33 @@ class TextEnv(gym.Env[str, str]):
             '{"name": "<tool>", "arguments": {...}}, alone or inside <tool_call>...</tool_call>; '
             f"any other text is a message to the user. Tools: {names}."
         )
+
+
+def check_target_reset(core: Any, observation: Any, info: dict[str, Any]) -> None:
+    """What a target that is not a trace-gym env hands the agent at reset, held to
+    docs/targets.md: text, and its tools as OpenAI function schemas in ``info``."""
+    if isinstance(core, TextEnv):
+        return
+    where = f"{type(core).__name__}.reset"
+    if not isinstance(observation, str):
+        raise TargetContractError(f"{where} returned a {type(observation).__name__}, not text (docs/targets.md)")
+    problem = schemas_problem(info.get("tools"))
+    if problem is not None:
+        raise TargetContractError(f"{where}: info['tools']: {problem} (docs/targets.md)")
+
+
+def check_target_reward(core: Any, reward: Any) -> float:
+    """A target's reward at the end of an episode: a number in [0, 1] (docs/targets.md)."""
+    import numbers
+
+    if isinstance(core, TextEnv):
+        return float(reward)
+    if isinstance(reward, bool) or not isinstance(reward, numbers.Real) or not 0.0 <= float(reward) <= 1.0:
+        raise TargetContractError(
+            f"{type(core).__name__}.step ended an episode with reward {reward!r}, not a number in [0, 1] "
+            "(docs/targets.md)"
+        )
+    return float(reward)
 
 
 def opening_messages(observation: str, info: dict[str, Any]) -> list[dict[str, Any]]:

@@ -59,3 +59,8 @@ class EpisodeStateError(TraceGymError):
 
 class EnvContractError(TraceGymError):
     """A synthesized env broke the contract (a reward out of range, a tool the target lacks, ...)."""
+
+
+class TargetContractError(TraceGymError):
+    """A target of the user's own broke the contract of docs/targets.md (a reward outside
+    [0, 1], no tool schemas in ``info``, an observation that is not text): the run stops."""

@@ -26,8 +26,11 @@ def live_tools(env_id: str) -> list[ToolSchema]:
     def tools(env):
         if isinstance(getattr(env.unwrapped, "tools", None), list):
             return list(env.unwrapped.tools)
-        _, info = env.reset(seed=0)
-        if not info.get("tools"):
+        from .env import check_target_reset
+
+        observation, info = env.reset(seed=0)
+        check_target_reset(env.unwrapped, observation, info)
+        if not info["tools"]:
             raise TraceGymError(f"{env_id} gives no tools: reset() must put its OpenAI tool schemas in info['tools']")
         return list(info["tools"])
 
@@ -172,9 +175,9 @@ def freeze_tools(env_id: str) -> list[Path]:
             f"{env_id} is not a target; only targets' schemas are frozen (a synthesized env shows its target's)"
         )
     tools, shapes = live_tools(env_id), live_result_shapes(env_id)
-    staging = entry.path / ".freeze"
-    shutil.rmtree(staging, ignore_errors=True)  # what a killed freeze left
-    staging.mkdir()
+    import tempfile
+
+    staging = Path(tempfile.mkdtemp(prefix=".freeze-", dir=entry.path))  # beside them: os.replace stays on one disk
     try:
         dump_frozen_tools(tools, staging / entry.tools_path.name)
         written = dump_result_shapes(shapes, staging)

@@ -184,6 +184,26 @@ def _package_folders(dotted: str) -> list[Path]:
     return [Path(p) for p in path or []]
 
 
+MANIFEST_FIELDS = {
+    "": ("id", "kind", "entry_point", "target", "description", "agent", "kwargs", "call_errors", "capability",
+         "splits", "provenance"),
+    "capability": ("name", "description", "serves"),
+}  # fmt: skip
+
+
+def _check_fields(path: Path, data: dict[str, Any]) -> None:
+    """Every field of a manifest is one trace-gym reads: a misspelt one (``descripton``,
+    ``[kwarg]``) would otherwise be dropped without a word."""
+    for table, known in MANIFEST_FIELDS.items():
+        fields = data.get(table, {}) if table else data
+        if not isinstance(fields, dict):
+            raise ManifestError(f"{path}: [{table}] must be a table")
+        for key in fields:
+            if key not in known:
+                where = f"[{table}] has" if table else "has"
+                raise ManifestError(f"{path}: {where} no field '{key}'; it takes {', '.join(known)}")
+
+
 def _check_call_errors(path: Path, table: Any) -> None:
     """A target's ``[call_errors]`` holds only the wordings ``tools.CallErrorStyle`` knows,
     each of its type: a misspelt one is the target's mistake, named here and not when a
@@ -212,6 +232,7 @@ def read_manifest(folder: Path) -> EnvEntry:
         raise ManifestError(f"{folder} has no manifest.toml") from None
     except tomllib.TOMLDecodeError as exc:
         raise ManifestError(f"{path}: not valid TOML ({exc})") from None
+    _check_fields(path, data)
     env_id = data.get("id")
     if not isinstance(env_id, str) or not env_id.startswith(f"{NAMESPACE}/") or "-v" not in env_id:
         raise ManifestError(f"{path}: 'id' must look like '{NAMESPACE}/<name>-v<N>', got {env_id!r}")
@@ -353,7 +374,15 @@ def make(env_id: str, **kwargs: Any):
     except (KeyError, ValueError) as exc:
         if "split" not in kwargs or repr(kwargs["split"]) not in repr(exc.args):
             raise  # not the split asked for: a fault inside the env's own code
-        raise TraceGymError(f"{entry.id} has no split {kwargs['split']!r} ({type(exc).__name__}: {exc})") from None
+        raise TraceGymError(
+            f"{where} has no split {kwargs['split']!r} ({type(exc).__name__}: {exc}; a target has train and test)"
+        ) from None
+    except AttributeError as exc:
+        if "must specify an" not in str(exc):
+            raise  # a fault inside the env's own code
+        raise ManifestError(
+            f"{where}: {exc} (a target's observation_space and action_space: trace_gym.env.AnyText, docs/targets.md)"
+        ) from None
 
 
 TRAIN_SPLIT = "train"

@@ -172,8 +172,10 @@ def _start(env: Any, agent: Any, episode: Episode) -> _Running:
     options = {"task_id": episode.task_id} if episode.task_id is not None else None
     observation, info = env.reset(seed=episode.reset_seed, options=options)
     info = {**info, "episode_seed": episode.seed, "episode_sample": episode.sample}
+    from .env import check_target_reset, opening_messages
+
+    check_target_reset(env.unwrapped, observation, info)
     agent.reset(observation, info, env)
-    from .env import opening_messages
 
     return _Running(
         episode, started, t0, info, observation, opening_messages(observation, info), env_s=time.perf_counter() - t0
@@ -191,7 +193,7 @@ def _finish(
     step_info: dict[str, Any],
     error: str | None = None,
 ) -> Trajectory:
-    from .env import TextEnv
+    from .env import TextEnv, check_target_reward
 
     core = env.unwrapped
     own = isinstance(core, TextEnv)  # a trace-gym env keeps the richer transcript (raw text, errors, user-side calls)
@@ -209,7 +211,7 @@ def _finish(
         model=getattr(agent, "model", None),
         adapter=getattr(agent, "adapter", None),
         messages=list(core.messages) if own else transcript_messages(run.transcript),
-        reward=float(reward),
+        reward=check_target_reward(core, reward),
         reward_info=step_info.get("reward_info") or {},
         terminated=bool(terminated),
         truncated=bool(truncated),
@@ -505,20 +507,15 @@ def rollout(
     agent_kwargs = _with_local_adapter(agent, agent_kwargs, executor)
     env = make(env_id, **kwargs)  # (before the store: an env that cannot be made leaves no file behind)
     try:
-        store = TrajectoryStore(
-            out, resume=resume or retry_given_up, overwrite=overwrite, settings=settings, retry_given_up=retry_given_up
-        )
-    except BaseException:
-        env.close()
-        raise
-    try:
         if env_seeds is not None:
             plan = plan_seeded_episodes(env_seeds[:limit] if limit is not None else env_seeds, samples, seed)
         else:
             if task_ids is None:
                 task_ids = list(getattr(env.unwrapped, "task_ids", None) or [])
                 if not task_ids:
-                    raise TraceGymError(f"{env_id} has no task list")
+                    raise TraceGymError(
+                        f"{env_id} has no task list: a target lists its split's task ids in task_ids (docs/targets.md)"
+                    )
             else:  # one clear error for an unknown id, before any work
                 getter = getattr(env.unwrapped, "get_task", None)
                 known = [str(t) for t in getattr(env.unwrapped, "task_ids", None) or []]
@@ -533,6 +530,13 @@ def rollout(
             if limit is not None:
                 task_ids = task_ids[:limit]
             plan = plan_episodes(task_ids, samples, seed)
+        store = TrajectoryStore(  # (after the plan: a target that lists no tasks leaves no file behind)
+            out, resume=resume or retry_given_up, overwrite=overwrite, settings=settings, retry_given_up=retry_given_up
+        )
+    except BaseException:
+        env.close()
+        raise
+    try:
         keys = [episode_id(env_id, ep.task_id, ep.sample, ep.reset_seed) for ep in plan]
         todo = [ep for ep, key in zip(plan, keys) if key not in store]
         resumed = len(plan) - len(todo)

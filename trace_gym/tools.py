@@ -56,14 +56,22 @@ def load_frozen_tools(path: Path) -> list[ToolSchema]:
         raise ManifestError(f"{path}: not found: the target's tools are not frozen; {fix}") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ManifestError(f"{path}: unreadable ({exc}); {fix}") from None
+    problem = schemas_problem(tools)
+    if problem is not None:
+        raise ManifestError(f"{path}: {problem}; {fix}")
+    return tools
+
+
+def schemas_problem(tools: Any) -> str | None:
+    """Why ``tools`` is not a list of OpenAI function schemas; None when it is."""
     if not isinstance(tools, list):
-        raise ManifestError(f"{path}: expected a JSON list of tool schemas; {fix}")
+        return "expected a JSON list of tool schemas"
     for schema in tools:
         try:
             tool_name(schema)
         except ValueError as exc:
-            raise ManifestError(f"{path}: {exc}; {fix}") from None
-    return tools
+            return str(exc)
+    return None
 
 
 def dump_frozen_tools(tools: Iterable[ToolSchema], path: Path) -> None:
