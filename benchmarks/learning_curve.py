@@ -16,7 +16,8 @@ rate 1e-4 (ours: the paper's 1e-5 is for 8B models and 40 iterations on GPUs;
 a 135M model moves little at it in 30), everything else the paper's.
 
 Usage: python benchmarks/learning_curve.py [--env trace/tool-precision-v0]
-       [--model smollm2-135m-tau2-retail-sft] [--iterations 30] [--lr 1e-4] [--threads N] [--out DIR]
+       [--model smollm2-135m-tau2-retail-sft] [--iterations 30] [--lr 1e-4] [--micro-batch N] [--threads N]
+       [--out DIR]
 """
 
 from __future__ import annotations
@@ -68,6 +69,9 @@ def main() -> int:
         "--max-steps", type=int, default=None, help="agent actions per episode (default: the env's own)"
     )
     parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument(
+        "--micro-batch", type=int, default=None, help="episodes per forward/backward pass (default: K, one group)"
+    )
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="keep the run here (default: a temporary folder)")
@@ -92,6 +96,7 @@ def main() -> int:
         max_steps=args.max_steps,
         temperature=args.temperature,
         torch_threads=args.threads,
+        micro_batch=args.micro_batch,
         seed=args.seed,
     )
     t0 = time.perf_counter()

@@ -18,7 +18,7 @@ def test_the_cache_is_sized_from_the_device_unless_the_user_sets_it(monkeypatch)
     assert cache_budget("cpu") == cache_budget("cuda", free_bytes=60 * GIB) == int(12.5 * GIB)
 
 
-@pytest.mark.parametrize("given", ["0", "-2", "lots", "nan"])
+@pytest.mark.parametrize("given", ["0", "-2", "lots", "nan", "inf"])
 def test_a_cache_size_that_is_not_a_positive_number_is_refused(monkeypatch, given):
     monkeypatch.setenv(CACHE_ENV, given)
     with pytest.raises(LLMError, match=f"TRACE_GYM_KV_CACHE_GIB must be a positive number of GiB, got '{given}'"):

@@ -276,6 +276,16 @@ def test_a_freeze_that_cannot_write_both_files_leaves_the_target_as_it_was(tmp_p
     monkeypatch.setattr(os, "replace", refuse_results)
     with pytest.raises(TraceGymError, match="cannot be written .Permission denied.; tools.json left as it was"):
         freeze.freeze_tools("trace/half-frozen-desk-v0")
+    assert (folder / "tools.json").read_bytes() == stale
+
+    def interrupted(source, destination):  # Ctrl-C between the two
+        if str(destination).endswith("results.json"):
+            raise KeyboardInterrupt
+        replace(source, destination)
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        freeze.freeze_tools("trace/half-frozen-desk-v0")
     monkeypatch.setattr(os, "replace", replace)
     assert (folder / "tools.json").read_bytes() == stale and not list(folder.glob(".freeze*"))
     (folder / ".freeze").mkdir()

@@ -274,3 +274,19 @@ def test_a_broken_manifest_is_named_when_asked_for_and_warned_of_otherwise(tmp_p
         f"trace-gym: warning: skipping an env folder: {tmp_path / 'bad-desk' / 'manifest.toml'}: a target needs "
         "'entry_point = \"module:Class\"', got 'no colon'"
     ]
+
+
+def test_a_targets_reward_is_held_to_zero_to_one_with_rounding_forgiven():
+    import numpy as np
+
+    from trace_gym.env import check_target_reward
+    from trace_gym.errors import TargetContractError
+
+    class Plain:  # not a trace-gym env: its reward is checked
+        pass
+
+    for given, taken in ((0.34 + 0.56 + 0.1, 1.0), (np.float32(0.5), 0.5), (np.bool_(True), 1.0), (-1e-9, 0.0)):
+        assert check_target_reward(Plain(), given) == taken
+    for given in (1.01, -0.5, float("nan"), "1", None):
+        with pytest.raises(TargetContractError, match="Plain.step ended an episode with reward"):
+            check_target_reward(Plain(), given)

@@ -24,7 +24,8 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
     read by several callers warned of one broken folder three times)."""
     from .text import printable
 
-    text = f"trace-gym: warning: {printable(str(message)).removeprefix('trace-gym: ')}"
+    kind = "" if category is UserWarning else f"{category.__name__}: "
+    text = f"trace-gym: warning: {kind}{printable(str(message)).removeprefix('trace-gym: ')}"
     if text not in _WARNED:
         _WARNED.add(text)
         print(text, file=file or sys.stderr)
@@ -33,7 +34,15 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
 def main(argv: Sequence[str] | None = None) -> int:
     import warnings
 
-    warnings.showwarning = _one_line_warning
+    previous, warnings.showwarning = warnings.showwarning, _one_line_warning
+    _WARNED.clear()
+    try:
+        return _run(argv)
+    finally:
+        warnings.showwarning = previous  # (a program that calls main() keeps its own hook)
+
+
+def _run(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

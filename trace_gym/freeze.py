@@ -177,6 +177,8 @@ def freeze_tools(env_id: str) -> list[Path]:
     tools, shapes = live_tools(env_id), live_result_shapes(env_id)
     import tempfile
 
+    for leftover in entry.path.glob(".freeze-*"):  # what a killed freeze left
+        shutil.rmtree(leftover, ignore_errors=True)
     staging = Path(tempfile.mkdtemp(prefix=".freeze-", dir=entry.path))  # beside them: os.replace stays on one disk
     try:
         dump_frozen_tools(tools, staging / entry.tools_path.name)
@@ -191,11 +193,13 @@ def freeze_tools(env_id: str) -> list[Path]:
         os.replace(*pairs[0])
         try:
             os.replace(*pairs[1])
-        except OSError as exc:
+        except BaseException as exc:  # (Ctrl-C between the two as well)
             if old_tools.exists():
                 os.replace(old_tools, entry.tools_path)
             else:
                 entry.tools_path.unlink()
+            if not isinstance(exc, OSError):
+                raise
             raise TraceGymError(
                 f"{pairs[1][1]}: cannot be written ({exc.strerror}); {entry.tools_path.name} left as it was"
             ) from None

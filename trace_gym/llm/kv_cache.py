@@ -16,10 +16,14 @@ GPU_CACHE_SHARE = 0.5  # of the memory a GPU has free once the weights are on it
 
 def cache_budget(device: str, free_bytes: int | None = None) -> int:
     """The cap on a local model's cached keys and values: ``TRACE_GYM_KV_CACHE_GIB`` when
-    set; on a GPU, half of what it has free once the weights are loaded (``free_bytes``;
-    the rest is for a batch's decode caches, activations and training), at least the CPU's
-    figure; else ``DEFAULT_CACHE_BYTES``. At Llama-8B's shapes (128 KiB a token) the CPU's
-    4 GiB holds 32k tokens, so evaluation on a GPU would re-prefill whole histories."""
+    set; on a GPU whose free memory is given (``free_bytes``, once the weights are loaded:
+    a model that plays alone, for rollouts, evaluation or serving), half of it, the rest
+    for a batch's decode caches and activations, and at least the CPU's figure; else
+    ``DEFAULT_CACHE_BYTES`` (a model being trained shares its device with the optimizer
+    and the update, which have not yet taken their memory when rollouts begin). At
+    Llama-8B's shapes (128 KiB a token) 4 GiB holds 32k tokens, so evaluation on a GPU
+    would re-prefill whole histories."""
+    import math
     import os
 
     from .base import LLMError
@@ -30,7 +34,7 @@ def cache_budget(device: str, free_bytes: int | None = None) -> int:
             gib = float(given)
         except ValueError:
             gib = -1.0
-        if not gib > 0:
+        if not (gib > 0 and math.isfinite(gib)):
             raise LLMError(f"{CACHE_ENV} must be a positive number of GiB, got {given!r}")
         return int(gib * 2**30)
     if device.startswith("cuda") and free_bytes is not None:

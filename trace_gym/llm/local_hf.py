@@ -57,8 +57,8 @@ class LocalHF(LoraAdapters, TokenTemplate, Generates):
     kv_cache: reuse keys and values across turns and episodes (off: every
         prompt is prefilled from scratch, as a baseline).
     cache_bytes: the cap on cached keys and values; None sizes it
-        (``kv_cache.cache_budget``: ``TRACE_GYM_KV_CACHE_GIB``, half a GPU's free
-        memory, or 4 GiB on a CPU).
+        (``kv_cache.cache_budget``: ``TRACE_GYM_KV_CACHE_GIB``; half a GPU's free
+        memory for a model loaded from ``path``; else 4 GiB).
     shared_prefix_attention: attend to a shared prefix once per batch instead of
         once per row (exact; off: every row's cache holds its own copy).
     chat_template: replaces the tokenizer's own.
@@ -116,7 +116,8 @@ class LocalHF(LoraAdapters, TokenTemplate, Generates):
             self.model, self.tokenizer = load_local(path, dtype=dtype, device=self.device)
             self.model.eval()
         if cache_bytes is None:
-            free = torch.cuda.mem_get_info(self.device)[0] if self.device.startswith("cuda") else None
+            alone = model is None and self.device.startswith("cuda")  # (not a model a trainer is updating)
+            free = torch.cuda.mem_get_info(self.device)[0] if alone else None
             cache_bytes = cache_budget(self.device, free)
         self.store = KVStore(cache_bytes)
         self._set_template(
