@@ -1032,10 +1032,8 @@ def stage_train(config: PipelineConfig, state: RunState, say: Callable[[str], No
     from .artifacts import AdapterRecord, AdapterSet, EnvSet, UntrainableRecord
     from .evaluation import trace_budget
     from .registry import add_registry_dir
-    from .training.calibration import UntrainableEnvError
+    from .training.jobs import Job, train_jobs, visible_gpus
     from .training.log import TrainLog
-    from .training.rollouts import EnvTurnedError
-    from .training.trainer import train
 
     synthesized = _require(state, "synthesize", "train")
     add_registry_dir(synthesized["registry"])
@@ -1045,29 +1043,34 @@ def stage_train(config: PipelineConfig, state: RunState, say: Callable[[str], No
     plan = training_plan(config, EnvSet.load(synthesized["envs_json"]).trainable())
     if not plan:
         say("no capability env to train on")
+    runs = {
+        job["name"]: grpo_config(config, job["envs"], str(out / job["name"]), iterations_scale=job["scale"])
+        for job in plan
+    }
+    todo = []
     for i, job in enumerate(plan, 1):
-        folder = out / job["name"]
-        run = grpo_config(config, job["envs"], str(folder), iterations_scale=job["scale"])
+        folder, run = out / job["name"], runs[job["name"]]
         done = TrainLog(folder / "train_log.jsonl").read()
         if (folder / "adapter" / "adapter_config.json").exists() and done and done[-1]["iteration"] >= run.iterations:
             say(f"({i}/{len(plan)}) {job['name']}: already trained ({run.iterations} iterations); kept")
-        else:
-            resume = (folder / "run.json").exists()
-            say(
-                f"({i}/{len(plan)}) {job['name']} on {', '.join(job['envs'])}: {run.iterations} iterations of "
-                f"{run.groups}x{run.rollouts_per_group} rollouts" + (" (resuming)" if resume else "")
+            continue
+        resume = (folder / "run.json").exists()
+        say(
+            f"({i}/{len(plan)}) {job['name']} on {', '.join(job['envs'])}: {run.iterations} iterations of "
+            f"{run.groups}x{run.rollouts_per_group} rollouts" + (" (resuming)" if resume else "")
+        )
+        todo.append(Job(job["name"], run, resume))
+    devices = visible_gpus() if todo and todo[0].run.device == "cuda" else []
+    outcomes = train_jobs(todo, devices, say, registry=[str(synthesized["registry"])])
+    for job in plan:
+        folder, run = out / job["name"], runs[job["name"]]
+        outcome = outcomes.get(job["name"])
+        if outcome is not None and outcome.not_trained:
+            say(f"{job['name']}: not trained: {outcome.not_trained}")
+            made.untrainable.append(
+                UntrainableRecord(job["name"], job["envs"], outcome.not_trained, str(folder / "calibration.json"))
             )
-            try:
-                train(run, resume=resume)
-            except (
-                UntrainableEnvError,
-                EnvTurnedError,
-            ) as exc:  # the run goes on without this adapter; the report says why
-                say(f"({i}/{len(plan)}) {job['name']}: not trained: {exc}")
-                made.untrainable.append(
-                    UntrainableRecord(job["name"], job["envs"], str(exc), str(folder / "calibration.json"))
-                )
-                continue
+            continue
         log = TrainLog(folder / "train_log.jsonl").read()
         made.adapters.append(
             AdapterRecord(
