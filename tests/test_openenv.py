@@ -110,7 +110,7 @@ def test_an_openenv_server_is_a_target_that_rollout_plays_sandbox_included(regis
 
 
 @pytest.fixture()
-def served_bank(registry):
+def served_bank(registry, tmp_path):
     """`trace-gym envs serve` as a user starts it, in its own process (the example target on
     the registry path): its base URL."""
     import signal
@@ -118,18 +118,30 @@ def served_bank(registry):
 
     from conftest import PYTHON
 
+    def as_from_a_terminal():  # a test worker (xdist) ignores Ctrl-C, and a child would inherit that
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
     exe = shutil.which("trace-gym", path=str(Path(PYTHON).parent)) or "trace-gym"
-    server = subprocess.Popen(
-        [exe, "envs", "serve", BANK, "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    log = tmp_path / "serve.log"  # (a pipe nobody reads could fill and stall the server)
+    with log.open("w") as errors:
+        server = subprocess.Popen(
+            [exe, "envs", "serve", BANK, "--port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+            preexec_fn=as_from_a_terminal,
+        )
     try:
         line = server.stdout.readline()
         found = re.search(r"at (http://127\.0\.0\.1:\d+) ", line)
-        assert found, line + server.stderr.read()
+        assert found, line + log.read_text()
         yield found.group(1)
     finally:
         server.send_signal(signal.SIGINT)  # Ctrl-C, as its line says
-        assert server.wait(timeout=30) == 0, server.stderr.read()
+        try:
+            assert server.wait(timeout=30) == 0, log.read_text()
+        finally:
+            server.kill()
 
 
 @pytest.mark.slow
