@@ -290,9 +290,10 @@ def test_a_freeze_that_cannot_write_both_files_leaves_the_target_as_it_was(tmp_p
     assert (folder / "tools.json").read_bytes() == stale and not list(folder.glob(".freeze*"))
     (folder / ".freeze").mkdir()
     (folder / ".freeze" / "notes.txt").write_text("mine")  # a user's folder of that name is not the freeze's
+    (folder / ".freeze-killed").mkdir()  # what a freeze killed mid-way left: cleared by the next
     freeze.freeze_tools("trace/half-frozen-desk-v0")
     assert {name: (folder / name).read_bytes() for name in before} == before
-    assert (folder / ".freeze" / "notes.txt").read_text() == "mine"
+    assert (folder / ".freeze" / "notes.txt").read_text() == "mine" and not (folder / ".freeze-killed").exists()
 
 
 def test_an_observed_shape_requires_only_the_fields_seen_in_every_answer():

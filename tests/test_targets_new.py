@@ -184,6 +184,7 @@ BANK = Path(__file__).parents[1] / "examples" / "bank-support" / "bank-support"
         ("misspelt call error", ["rollout"], "[call_errors] has no 'unknown_tol'; it takes first_missing_only"),
         ("call error not text", ["rollout"], "[call_errors] prefix must be a str, got int"),
         ("misspelt field", ["rollout"], "manifest.toml: has no field 'descripton'; it takes id, kind"),
+        ("misspelt capability field", ["rollout"], "manifest.toml: [capability] has no field 'nmae'; it takes name"),
         ("no spaces", ["rollout"], "The environment must specify an action space."),
         ("no task ids", ["rollout"], "has no task list: a target lists its split's task ids in task_ids"),
         ("observation not text", ["rollout"], "BankSupportEnv.reset returned a list, not text"),
@@ -208,6 +209,7 @@ def test_a_targets_mistake_is_one_line_naming_its_file(tmp_path, mistake, comman
         "misspelt call error": manifest + '\n[call_errors]\nunknown_tol = "Error: no {name}"\n',
         "call error not text": manifest + "\n[call_errors]\nprefix = 3\n",
         "misspelt field": manifest.replace("description =", "descripton ="),
+        "misspelt capability field": manifest + '\n[capability]\nnmae = "x"\n',
     }.get(mistake, manifest)
     module = folder / "bank_support.py"
     broken = {

@@ -57,7 +57,9 @@ def train_jobs(
     results: Any = context.Queue()
     shares = {device: jobs[i :: len(devices)] for i, device in enumerate(devices[: len(jobs)])}
     workers = [
-        context.Process(target=_worker, args=(device, share, registry or [], results), daemon=True)
+        context.Process(
+            target=_worker, args=(device, share, registry or [], results)
+        )  # (not daemonic: a job may start processes)
         for device, share in shares.items()
     ]
     say(
