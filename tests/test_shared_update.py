@@ -297,16 +297,49 @@ def test_an_entropy_bonus_gets_the_entropy_gradient_of_the_rows_run_whole():
     assert not detached.requires_grad  # only for the log and TRL's entropy mask unless a bonus asks
 
 
-def test_a_checkpointed_model_in_training_takes_trls_pass():
-    """Checkpointed layers in training mode return no cache, with or without gradients."""
+def test_a_checkpointed_model_keeps_the_shared_pass_and_recomputes_its_layers():
+    """Gradient checkpointing (non-reentrant, as the trainer sets it) in training
+    mode: the shared pass still runs, with the log-probabilities and LoRA gradients
+    of the rows run whole, and its layers are recomputed in the backward pass (the
+    memory checkpointing saves)."""
     model = tiny_lora_model("llama")
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    ids, mask, keep = batch()
+    weights = torch.randn(ids.shape[0], keep, generator=torch.Generator().manual_seed(2)) * mask[:, -keep:]
+    reference = whole_rows_logps(model, ids, mask, keep)
+    ref_grads = lora_grads(model, reference, weights)
+
+    calls = []
+    mlp = model.base_model.model.model.layers[0].mlp
+    mlp.register_forward_pre_hook(lambda *_: calls.append(1))  # (inside the checkpointed layer: again on a recompute)
+    shared, _ = shared_prefix_logps(model, ids, mask, keep, temperature=TEMPERATURE)
+    forward = len(calls)
+    grads = lora_grads(model, shared, weights)
+    assert forward == 5  # the system prompt, each group's task, each group's rows
+    assert len(calls) == 2 * forward  # every pass recomputed in the backward
+    real = mask[:, -keep:].bool()
+    assert (shared - reference)[real].abs().max() < 1e-5
+    for name in ref_grads:
+        assert torch.allclose(grads[name], ref_grads[name], atol=1e-5, rtol=1e-4), name
+    layer = model.base_model.model.model.layers[0]
+    assert layer._can_checkpoint_with_cache is False  # transformers' own setting is back after the pass
+
+    model.gradient_checkpointing_disable()
+    calls.clear()
+    lora_grads(model, shared_prefix_logps(model, ids, mask, keep, temperature=TEMPERATURE)[0], weights)
+    assert len(calls) == forward  # (the count can fail: without checkpointing nothing is recomputed)
+
+
+def test_reentrant_checkpointing_takes_trls_pass():
+    """Reentrant checkpointing gives gradients only to a layer's outputs, not to the
+    prefix keys a later pass reads: that model is left to TRL."""
+    model = tiny_lora_model("llama")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
     ids, mask, keep = batch()
     model.train()
     assert shared_prefix_logps(model, ids, mask, keep, temperature=TEMPERATURE) is None
-    with torch.no_grad():
-        assert shared_prefix_logps(model, ids, mask, keep, temperature=TEMPERATURE) is None
-    model.eval()  # checkpointing is a training-mode affair: the cache is back
+    model.eval()  # checkpointing is a training-mode affair
     with torch.no_grad():
         logps, _ = shared_prefix_logps(model, ids, mask, keep, temperature=TEMPERATURE)
         reference = whole_rows_logps(model, ids, mask, keep)
@@ -332,7 +365,7 @@ def test_sampled_positions_are_found_by_completion_and_merged_for_equal_completi
 
 
 def test_the_fallback_pass_is_zero_off_the_scored_positions_as_the_shared_pass_is():
-    """A checkpointed model in training takes TRL's pass (here: the rows run whole);
+    """A reentrant checkpointed model in training takes TRL's pass (here: the rows run whole);
     its values off the sampled tokens are 0, as the shared path's, so a policy and a
     reference pass that took different paths never pair a 0 with a real value."""
     from trace_gym.training.shared_update import chunk_logps
@@ -344,7 +377,7 @@ def test_the_fallback_pass_is_zero_off_the_scored_positions_as_the_shared_pass_i
     with torch.no_grad():
         shared, _, used = chunk_logps(model, ids, mask, keep, scored=scored, whole=None, temperature=TEMPERATURE)
     assert used
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
     model.train()
     whole = lambda m, i, a, k: (whole_rows_logps(m, i, a, k), whole_rows_logps(m, i, a, k, entropy=True))  # noqa: E731
     logps, entropy, used = chunk_logps(model, ids, mask, keep, scored=scored, whole=whole, temperature=TEMPERATURE)

@@ -227,6 +227,24 @@ def test_bf16_weights_train_a_float32_lora_that_reloads_and_changes_generations(
     assert base.tokens.completion_ids != tuned.tokens.completion_ids
 
 
+def test_gradient_checkpointing_keeps_the_shared_prefix_update(tmp_path):
+    """``gradient_checkpointing`` (the GPU example's setting): the layers are
+    checkpointed the non-reentrant way and every pass of the update still scores
+    the rows' shared prompt once (tests/test_shared_update.py holds its values and
+    gradients to the rows run whole)."""
+    from trace_gym.training import build_trainer, run_trainer
+
+    config = tiny_config(tmp_path / "run", gradient_checkpointing=True, iterations=1)
+    trainer, parts = build_trainer(config, progress=False)
+    assert trainer.args.gradient_checkpointing_kwargs == {"use_reentrant": False}
+    result = run_trainer(config, trainer, parts)
+    assert trainer.model.base_model.model.model.layers[0].gradient_checkpointing
+    shared, whole = trainer.shared_prefix_chunks
+    assert shared > 0 and whole == 0
+    (row,) = [json.loads(line) for line in result.log.read_text().splitlines()]
+    assert math.isfinite(row["loss"]) and math.isfinite(row["kl"])
+
+
 def test_kill_9_during_iteration_2_then_resume(tmp_path):
     out = tmp_path / "run"
     exe = str(Path(sys.executable).parent / "trace-gym")

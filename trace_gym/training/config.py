@@ -174,7 +174,8 @@ class GRPOTrainingConfig:
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (saves memory, costs about a third
     more compute); TRL turns it on by default, we keep it off: an adapter of a small
-    model fits without it. Turn it on for large models on a GPU."""
+    model fits without it. Turn it on for large models on a GPU. It is
+    non-reentrant, and the shared-prefix update stays on under it."""
     shared_prefix_update: bool = True
     """Score the rows' shared prompt once per micro-batch in the update (its KL
     reference and policy passes) instead of once per row, put each group's rows
@@ -314,6 +315,7 @@ class GRPOTrainingConfig:
             temperature=self.temperature,
             max_completion_length=self.max_new_tokens,
             gradient_checkpointing=self.gradient_checkpointing,
+            gradient_checkpointing_kwargs={"use_reentrant": False},  # (the shared-prefix update needs it)
             use_cpu=cpu,
             bf16=not cpu and self.resolved_dtype() == "bfloat16",
             fp16=False,

@@ -337,7 +337,7 @@ def agent_token_logps(model: Any, batch: dict[str, Any], prefix_gradient: bool =
     """(log-probabilities [rows, completion width], mask) of the agent's tokens
     of a collated batch; the shared prompt runs once, only agent tokens reach the
     output layer. Falls back to the model's plain forward where sharing does not
-    apply (gradient checkpointing, a sliding-window model)."""
+    apply (reentrant gradient checkpointing, a sliding-window model)."""
     import torch
 
     from .shared_update import shared_prefix_logps

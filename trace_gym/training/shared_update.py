@@ -32,10 +32,19 @@ Two more savings, both exact for the loss:
 - ``group_rows`` puts the rows of one group into one micro-batch after TRL's
   shuffle, so a micro-batch shares its whole prompt, not only the system prompt.
 
+Under gradient checkpointing (non-reentrant, as the trainer sets it) the shared
+passes keep working: the prefix's keys and values reach each layer through a
+cache that never changes (``PrefixCache``), so a layer the backward pass
+recomputes reads the same prefix again, and transformers is told that the
+layers may read it (its checkpointed layers otherwise drop any cache). The
+memory saved is checkpointing's (each layer's input kept, its insides
+recomputed), on top of the prefix run once.
+
 ``shared_prefix_logps`` returns None where it does not apply (no prefix worth
-sharing, nothing scored, gradient checkpointing, which disables the cache, a
-sliding-window model, whose cache keeps only the window); the caller then takes
-TRL's own path. Memory: the sampled positions' logits are held in full
+sharing, nothing scored, reentrant checkpointing, which gives gradients only to
+a layer's outputs and not to the keys a later pass reads, a sliding-window
+model, whose cache keeps only the window); the caller then takes TRL's own
+path. Memory: the sampled positions' logits are held in full
 (sampled tokens x vocabulary, in fp32), where TRL's fused head tiles them;
 on a large vocabulary with long completions, lower ``micro_batch`` or switch
 this off.
@@ -43,11 +52,90 @@ this off.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+from collections.abc import Iterator
 from typing import Any
 
 from trace_gym.llm.shared_prefix import PLAIN_DECODERS, full_attention_only
 
 MIN_SHARED_TOKENS = 16  # below this, running the rows whole costs about the same
+
+
+def prefix_cache(layers: int, prefix: list[tuple[Any, Any]] | None = None, *, keep: bool = False) -> Any:
+    """A transformers cache holding ``prefix`` (one (keys, values) per layer; none:
+    empty) that a forward pass reads and never changes: each layer gets the
+    prefix's keys and values with its new ones appended, and the prefix stays as
+    it was. A layer recomputed by gradient checkpointing in the backward pass
+    therefore reads the same prefix as in the forward (a growing cache would hand
+    it its own keys twice). With ``keep``, each layer's appended keys and values
+    are kept (``extended(cache)``) for a pass that starts where this one ends."""
+    import torch
+    from transformers.cache_utils import Cache, DynamicLayer
+
+    class PrefixLayer(DynamicLayer):
+        def __init__(self, keys: Any = None, values: Any = None) -> None:
+            super().__init__()
+            self.extended = None
+            if keys is not None:
+                self.lazy_initialization(keys, values)
+                self.keys, self.values = keys, values
+
+        def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            both = torch.cat([self.keys, key_states], dim=-2), torch.cat([self.values, value_states], dim=-2)
+            if keep:
+                self.extended = both
+            return both
+
+    return Cache(layers=[PrefixLayer(*(prefix[i] if prefix else (None, None))) for i in range(layers)])
+
+
+class CacheNotRead(Exception):
+    """A layer never read its cache (a model whose layers drop it): the shared pass does not apply."""
+
+
+def extended(cache: Any) -> list[tuple[Any, Any]]:
+    """The prefix with the keys and values a ``prefix_cache(..., keep=True)`` pass appended, per layer."""
+    layers = [layer.extended for layer in cache.layers]
+    if any(layer is None for layer in layers):
+        raise CacheNotRead
+    return layers
+
+
+def checkpointed_layers(model: Any) -> list[Any]:
+    """The layers of ``model`` that gradient checkpointing recomputes in training mode."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    if not model.training:
+        return []
+    return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing]
+
+
+def reentrant(layer: Any) -> bool:
+    """Whether ``layer`` is checkpointed the reentrant way (torch's old default), which
+    runs the forward without autograd and gives gradients only to its outputs."""
+    function = getattr(layer, "_gradient_checkpointing_func", None)
+    return getattr(function, "keywords", {}).get("use_reentrant", True) is not False
+
+
+@contextlib.contextmanager
+def reading_cache_under_checkpointing(layers: list[Any]) -> Iterator[None]:
+    """Lets checkpointed ``layers`` read a cache: transformers drops the cache of a
+    checkpointed layer in training (a growing cache would be written twice), which
+    a ``prefix_cache`` never is. Each layer's own setting is back afterwards."""
+    before = [layer.__dict__.get("_can_checkpoint_with_cache") for layer in layers]
+    for layer in layers:
+        layer._can_checkpoint_with_cache = True
+    try:
+        yield
+    finally:
+        for layer, value in zip(layers, before):
+            if value is None:
+                del layer._can_checkpoint_with_cache
+            else:
+                layer._can_checkpoint_with_cache = value
 
 
 def shared_prefix_len(input_ids: Any, attention_mask: Any, logits_to_keep: int) -> tuple[int, Any]:
@@ -92,6 +180,23 @@ def prompt_groups(input_ids: Any, attention_mask: Any, logits_to_keep: int) -> l
     return list(groups.values())
 
 
+def _checkpointing_aware(function: Any) -> Any:
+    """``function`` (``shared_prefix_logps``) run so that checkpointed layers read
+    its caches; None under reentrant checkpointing or where a layer never read one."""
+
+    @functools.wraps(function)
+    def run(model: Any, *args: Any, **kwargs: Any) -> Any:
+        checkpointed = checkpointed_layers(getattr(model, "module", model))
+        if any(reentrant(layer) for layer in checkpointed):
+            return None
+        with reading_cache_under_checkpointing(checkpointed), contextlib.suppress(CacheNotRead):
+            return function(model, *args, **kwargs)
+        return None
+
+    return run
+
+
+@_checkpointing_aware
 def shared_prefix_logps(
     model: Any,
     input_ids: Any,
@@ -128,14 +233,8 @@ def shared_prefix_logps(
     shared prompt's keys and values (a stop-gradient on the system prompt; the
     SFT warm start's option, never GRPO's)."""
     import torch
-    from transformers import DynamicCache
 
-    inner = getattr(model, "module", model)  # (under a DDP wrapper, the model it wraps says whether it checkpoints)
-    checkpointing = getattr(inner, "is_activation_checkpointing", None)  # (transformers 5's name, then the old one)
-    if checkpointing is None:
-        checkpointing = getattr(inner, "is_gradient_checkpointing", False)
-    if checkpointing and inner.training:
-        return None  # checkpointed layers in training mode return no cache (TRL's reference pass turns it off first)
+    inner = getattr(model, "module", model)  # (under a DDP wrapper, the model it wraps)
     config = getattr(inner, "config", None)
     if config is None or not full_attention_only(config.get_text_config()):
         return None  # a sliding-window cache keeps only the window of the prefix
@@ -160,21 +259,25 @@ def shared_prefix_logps(
     split = _decoder_and_head(inner) if model is inner else None  # (a DDP wrapper's forward must run: it syncs)
     run = split[0] if split is not None else model  # the decoder alone, where the output layer can be applied apart
 
-    def extend(layers: list[tuple[Any, Any]] | None, ids: Any, positions: Any, **inputs: Any) -> Any:
-        cache = DynamicCache(ddp_cache_data=layers) if layers else None
-        return run(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True, **inputs)
+    depth = config.get_text_config().num_hidden_layers
 
-    def cached(output: Any) -> list[tuple[Any, Any]]:
-        return [(layer.keys, layer.values) for layer in output.past_key_values.layers]
+    def extend(
+        layers: list[tuple[Any, Any]] | None, ids: Any, positions: Any, keep: bool = False, **inputs: Any
+    ) -> Any:
+        """The model on ``ids`` after the prefix ``layers``: (output, the prefix
+        extended by ``ids``' keys and values if ``keep``)."""
+        cache = prefix_cache(depth, layers, keep=keep)
+        output = run(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=False, **inputs)
+        return output, extended(cache) if keep else None
 
     one_logit = {} if split is not None else {"logits_to_keep": 1}
     base = None
     if length:
         at = int(first[0])
         with torch.set_grad_enabled(prefix_grad and torch.is_grad_enabled()):
-            base = cached(
-                extend(None, input_ids[:1, at : at + length], torch.arange(length, device=device)[None, :], **one_logit)
-            )
+            base = extend(
+                None, input_ids[:1, at : at + length], torch.arange(length, device=device)[None, :], True, **one_logit
+            )[1]
     states, where_rows, where_columns = [], [], []
     for index, shared in groups:
         need = pick[index]
@@ -186,21 +289,20 @@ def shared_prefix_logps(
         layers = base
         if shared > length:  # the rest of the group's prompt, once
             at = int(starts[0])
-            layers = cached(
-                extend(
-                    base,
-                    ids[:1, at + length : at + shared],
-                    torch.arange(length, shared, device=device)[None, :],
-                    **one_logit,
-                )
-            )
+            layers = extend(
+                base,
+                ids[:1, at + length : at + shared],
+                torch.arange(length, shared, device=device)[None, :],
+                True,
+                **one_logit,
+            )[1]
         # the rows' own tokens, aligned on the original columns, up to the last position the group scores
         kept = int(need.any(dim=0).nonzero().max()) + 1  # completion columns up to the last scored one
         lo, end = int(starts.min()) + shared, start + kept - 1  # (the last scored token is predicted, not fed)
         columns = torch.arange(lo, end, device=device)
         own = mask[:, lo:end].bool() & (columns[None, :] >= (starts + shared)[:, None])
         n = len(index)
-        output = extend(
+        output, _ = extend(
             [(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) for k, v in layers] if layers else None,
             ids[:, lo:end],
             (columns[None, :] - starts[:, None]).clamp(min=0),
