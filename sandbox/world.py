@@ -9,10 +9,12 @@ code is plain JSON data only (dicts, lists, strings, numbers), never an object
 of its own, so it adds nothing to what the language layer must guard.
 
 τ²-retail (``retail_*``): a customer with payment methods, orders of items, and
-``retail_answer`` for the read tools and the return, cancel and modify-address
-and -payment write tools (``RETAIL_TOOLS``), checked call by call against
-tau2-bench's own ``RetailTools`` by the test suite. A value of the wrong JSON
-type gets Python's own error where tau2's pydantic would word it its way.
+``retail_answer`` for the read tools, ``calculate``, and the return, cancel and
+modify-address and -payment write tools (``RETAIL_TOOLS``), checked call by
+call against tau2-bench's own ``RetailTools`` by the test suite. A value of the
+wrong JSON type gets Python's own error where tau2's pydantic would word it its
+way; so does a malformed expression, which tau2 hands to ``eval`` (the kit
+parses + - * / and parentheses itself, and refuses ``**``, which tau2 computes).
 
 Standard library only, like the worker.
 """
@@ -168,6 +170,7 @@ RETAIL_TOOLS = (
     "modify_pending_order_address",
     "modify_pending_order_payment",
     "modify_user_address",
+    "calculate",
 )
 ADDRESS_FIELDS = ("address1", "address2", "city", "country", "state", "zip")
 
@@ -206,6 +209,8 @@ def _retail_call(users, orders, name, args):
         if name == "modify_user_address":
             user["address"] = {field: args[field] for field in ADDRESS_FIELDS}
         return user
+    if name == "calculate":
+        return _calculate(args["expression"])
     if name not in RETAIL_TOOLS:
         return None
     order = _first([by_order.get(args["order_id"])], "Order not found")
@@ -267,6 +272,58 @@ def _change_payment(order, methods, new_id):
     if old["source"] == "gift_card":  # refunded at once
         old["balance"] = round(old["balance"] + amount, 2)
     return order
+
+
+def _calculate(expression):
+    """tau2's calculate: + - * / and parentheses on numbers, the result rounded to 2 places."""
+    if not all(ch in "0123456789+-*/(). " for ch in expression):
+        raise ValueError("Invalid characters in expression")
+    tokens, text = [], expression.replace(" ", "")
+    while text:
+        number = text[0].isdigit() or text[0] == "."
+        size = next((i for i, ch in enumerate(text) if not (ch.isdigit() or ch == ".")), len(text)) if number else 1
+        tokens.append(float(text[:size]) if number else text[0])
+        text = text[size:]
+    try:
+        value, rest = _sum(tokens)
+    except IndexError:
+        raise ValueError("incomplete expression") from None
+    except ZeroDivisionError:
+        raise ValueError("division by zero") from None  # (tau2's words)
+    if rest:
+        raise ValueError("unexpected %r" % rest[0])
+    return str(round(value, 2))
+
+
+def _sum(tokens):
+    value, tokens = _product(tokens)
+    while tokens and tokens[0] in ("+", "-"):
+        rhs, rest = _product(tokens[1:])
+        value, tokens = value + rhs if tokens[0] == "+" else value - rhs, rest
+    return value, tokens
+
+
+def _product(tokens):
+    value, tokens = _atom(tokens)
+    while tokens and tokens[0] in ("*", "/"):
+        rhs, rest = _atom(tokens[1:])
+        value, tokens = value * rhs if tokens[0] == "*" else value / rhs, rest
+    return value, tokens
+
+
+def _atom(tokens):
+    head = tokens[0]
+    if head == "(":
+        value, rest = _sum(tokens[1:])
+        if not rest or rest[0] != ")":
+            raise ValueError("unbalanced parentheses")
+        return value, rest[1:]
+    if head in ("-", "+"):
+        value, rest = _atom(tokens[1:])
+        return (-value if head == "-" else value), rest
+    if isinstance(head, float):
+        return head, tokens[1:]
+    raise ValueError("unexpected %r" % head)
 
 
 def _first(found, error):

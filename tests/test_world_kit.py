@@ -193,6 +193,10 @@ def scripted_calls(user: dict, order: dict, rng: random.Random) -> list[tuple[st
         ),
         ("get_order_details", {"order_id": order["order_id"]}),
         ("get_user_details", {"user_id": user["user_id"]}),
+        *[
+            ("calculate", {"expression": expression})  # (a malformed one: tau2's eval raises, test below)
+            for expression in ["2 + 2", "(12.5 + 7.25) * 3 / 4", "-3 + 1", "10 / 3", "2 ^ 3", "1 + x", "1.5 + 2.25"]
+        ],
     ]
 
 
@@ -210,6 +214,15 @@ def test_the_kit_answers_every_call_as_tau2_bench_does(status):
                 assert json.loads(ours) == json.loads(theirs), (name, args)
             else:  # an id or an error, word for word
                 assert ours == theirs, (name, args)
+
+
+def test_calculate_refuses_what_it_cannot_parse_in_one_error_line():
+    """tau2 hands the expression to ``eval`` (a malformed one raises Python's error, ``**``
+    is computed); the kit parses + - * / and parentheses itself and answers an error."""
+    for expression in ["2 +", "", "(1 + 2", "3)", "1..2", "2 ** 3", "1 / 0", "()"]:
+        answer = world.retail_answer([], [], "calculate", {"expression": expression})
+        assert answer.startswith("Error: ") and "\n" not in answer, (expression, answer)
+    assert world.retail_answer([], [], "calculate", {"expression": "1 / 0"}) == "Error: division by zero"
 
 
 def test_one_item_is_one_id_at_one_price_in_every_order():
