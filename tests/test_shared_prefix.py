@@ -295,6 +295,20 @@ def test_bf16_scores_are_summed_in_fp32(path):
     assert got.dtype == torch.float64 and (got - exact).abs().max() < 2e-2
 
 
+def test_scores_stay_in_fp32_under_a_bf16_autocast(path):
+    """Accelerate runs a bf16 model's forward under autocast, rollouts included: the
+    matrix-product path (a GPU's) must not have its fp32 scores cast back to bf16
+    (that was 10x further off than SDPA on a GPU)."""
+    (query, key, value, mask, spec), _ = case(1, [300, 260], [1, 1])
+    torch.manual_seed(1)
+    prefix = [(torch.randn(1, KV_HEADS, 2000, DIM) * 3, torch.randn(1, KV_HEADS, 2000, DIM))]
+    query = query * 3
+    plain = attend(query, key, value, mask, [(prefix, None)])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        under = attend(query, key, value, mask, [(prefix, None)])
+    assert under.dtype == torch.float32 and (under - plain).abs().max() < 1e-5
+
+
 def test_a_plain_forward_during_the_switch_keeps_its_padding_mask_and_overlapping_switches_restore():
     from transformers import AutoConfig, AutoModelForCausalLM
 

@@ -72,7 +72,17 @@ def _attend(query: Any, key: Any, value: Any, attention_mask: Any, groups: list[
     ``key``/``value`` under ``attention_mask``, exact (one softmax over both). On
     CPU, with gradients off (``LocalHF`` runs under inference mode), in float32 or bfloat16: PyTorch's fused CPU attention
     per part, joined by the parts' log-sum-exps (``_attend_cpu``); elsewhere in
-    matrix products (``_attend_matmul``)."""
+    matrix products (``_attend_matmul``). Never under autocast: accelerate runs a
+    bf16 model's forward under it, which would cast the fp32 scores back to bf16."""
+    import torch
+
+    with torch.autocast(device_type=query.device.type, enabled=False):
+        return _attend_uncast(query, key, value, attention_mask, groups, scale)
+
+
+def _attend_uncast(
+    query: Any, key: Any, value: Any, attention_mask: Any, groups: list[tuple[Any, Any]], scale: float
+) -> Any:
     import torch
 
     if (
