@@ -14,12 +14,14 @@ modify-address and -payment write tools (``RETAIL_TOOLS``), checked call by
 call against tau2-bench's own ``RetailTools`` by the test suite. A value of the
 wrong JSON type gets Python's own error where tau2's pydantic would word it its
 way; so does a malformed expression, which tau2 hands to ``eval`` (the kit
-parses + - * / and parentheses itself, and refuses ``**``, which tau2 computes).
+walks Python's parse of it instead, and refuses ``**``, which tau2 computes).
 
 Standard library only, like the worker.
 """
 
+import ast
 import json
+import operator
 import random
 
 FIRST = ["Yusuf", "Mia", "Noah", "Aarav", "Olivia", "Lucas", "Fatima", "Chen", "Sofia", "Ivan", "Amara", "Mateo"]
@@ -275,55 +277,41 @@ def _change_payment(order, methods, new_id):
 
 
 def _calculate(expression):
-    """tau2's calculate: + - * / and parentheses on numbers, the result rounded to 2 places."""
+    """tau2's calculate: Python's arithmetic on the expression (+ - * / // and
+    parentheses, integers exact), the result rounded to 2 places. tau2 runs it
+    through ``eval``; the kit walks Python's own parse of it and refuses ``**``
+    (a power of a power runs for ever) and anything deeper than it can walk."""
     if not all(ch in "0123456789+-*/(). " for ch in expression):
         raise ValueError("Invalid characters in expression")
-    tokens, text = [], expression.replace(" ", "")
-    while text:
-        number = text[0].isdigit() or text[0] == "."
-        size = next((i for i, ch in enumerate(text) if not (ch.isdigit() or ch == ".")), len(text)) if number else 1
-        tokens.append(float(text[:size]) if number else text[0])
-        text = text[size:]
     try:
-        value, rest = _sum(tokens)
-    except IndexError:
-        raise ValueError("incomplete expression") from None
-    except ZeroDivisionError:
-        raise ValueError("division by zero") from None  # (tau2's words)
-    if rest:
-        raise ValueError("unexpected %r" % rest[0])
-    return str(round(value, 2))
+        return str(round(float(_arithmetic(ast.parse(expression.strip(), mode="eval").body)), 2))
+    except SyntaxError as exc:
+        raise ValueError(exc.msg) from None
+    except (ZeroDivisionError, OverflowError) as exc:
+        raise ValueError(str(exc)) from None
+    except RecursionError:
+        raise ValueError("expression nested too deeply") from None
 
 
-def _sum(tokens):
-    value, tokens = _product(tokens)
-    while tokens and tokens[0] in ("+", "-"):
-        rhs, rest = _product(tokens[1:])
-        value, tokens = value + rhs if tokens[0] == "+" else value - rhs, rest
-    return value, tokens
+ARITHMETIC = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+}
 
 
-def _product(tokens):
-    value, tokens = _atom(tokens)
-    while tokens and tokens[0] in ("*", "/"):
-        rhs, rest = _atom(tokens[1:])
-        value, tokens = value * rhs if tokens[0] == "*" else value / rhs, rest
-    return value, tokens
-
-
-def _atom(tokens):
-    head = tokens[0]
-    if head == "(":
-        value, rest = _sum(tokens[1:])
-        if not rest or rest[0] != ")":
-            raise ValueError("unbalanced parentheses")
-        return value, rest[1:]
-    if head in ("-", "+"):
-        value, rest = _atom(tokens[1:])
-        return (-value if head == "-" else value), rest
-    if isinstance(head, float):
-        return head, tokens[1:]
-    raise ValueError("unexpected %r" % head)
+def _arithmetic(node):
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return node.value
+    if isinstance(node, ast.BinOp) and type(node.op) in ARITHMETIC:
+        return ARITHMETIC[type(node.op)](_arithmetic(node.left), _arithmetic(node.right))
+    if isinstance(node, ast.UnaryOp) and type(node.op) in ARITHMETIC:
+        return ARITHMETIC[type(node.op)](_arithmetic(node.operand))
+    raise ValueError("only + - * / // and parentheses on numbers")
 
 
 def _first(found, error):

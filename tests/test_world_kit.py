@@ -195,7 +195,18 @@ def scripted_calls(user: dict, order: dict, rng: random.Random) -> list[tuple[st
         ("get_user_details", {"user_id": user["user_id"]}),
         *[
             ("calculate", {"expression": expression})  # (a malformed one: tau2's eval raises, test below)
-            for expression in ["2 + 2", "(12.5 + 7.25) * 3 / 4", "-3 + 1", "10 / 3", "2 ^ 3", "1 + x", "1.5 + 2.25"]
+            for expression in [
+                "2 + 2",
+                "(12.5 + 7.25) * 3 / 4",
+                "-3 + 1",
+                "10 / 3",
+                "2 ^ 3",
+                "1 + x",
+                "1.5 + 2.25",
+                "0 * -1",
+                "7 // 2",
+                "9007199254740993 - 9007199254740992",  # integers exact, as eval's
+            ]
         ],
     ]
 
@@ -218,8 +229,9 @@ def test_the_kit_answers_every_call_as_tau2_bench_does(status):
 
 def test_calculate_refuses_what_it_cannot_parse_in_one_error_line():
     """tau2 hands the expression to ``eval`` (a malformed one raises Python's error, ``**``
-    is computed); the kit parses + - * / and parentheses itself and answers an error."""
-    for expression in ["2 +", "", "(1 + 2", "3)", "1..2", "2 ** 3", "1 / 0", "()"]:
+    is computed); the kit walks Python's parse of it and answers an error."""
+    deep = ["(" * 400 + "1" + ")" * 400, "-" * 1200 + "1"]
+    for expression in ["2 +", "", "(1 + 2", "3)", "1..2", "2 ** 3", "1 / 0", "()", "1 2 + 3", "01 + 1", *deep]:
         answer = world.retail_answer([], [], "calculate", {"expression": expression})
         assert answer.startswith("Error: ") and "\n" not in answer, (expression, answer)
     assert world.retail_answer([], [], "calculate", {"expression": "1 / 0"}) == "Error: division by zero"

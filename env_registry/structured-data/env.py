@@ -49,9 +49,9 @@ class Environment:
     def truth(self):
         if self.kind == "delivered_total":
             return round(sum(o["payment_history"][0]["amount"] for o in self.orders if o["status"] == "delivered"), 2)
-        if self.kind == "priciest_item":
-            bought = [(i["price"], i["item_id"], o["order_id"], i["name"]) for o in self.orders for i in o["items"]]
-            return max(bought)[2:]
+        if self.kind == "priciest_item":  # every order holding an item at the top price (the kit's items repeat)
+            top = max(i["price"] for o in self.orders for i in o["items"])
+            return sorted((o["order_id"], i["name"]) for o in self.orders for i in o["items"] if i["price"] == top)
         return sum(i["name"] == self.product for o in self.orders for i in o["items"])
 
     def step(self, action):
@@ -70,7 +70,7 @@ class Environment:
     def reward(self):
         truth, numbers = self.truth(), [float(n) for n in re.findall(r"\d+(?:\.\d+)?", self.answer.replace(",", ""))]
         if self.kind == "priciest_item":
-            correct = truth[0] in self.answer and truth[1].lower() in self.answer.lower()
+            correct = any(order in self.answer and item.lower() in self.answer.lower() for order, item in truth)
         else:
             correct = any(abs(n - truth) < 0.011 for n in numbers)
         parts = {"found_user": float(self.found), "read_orders": len(self.read) / len(self.orders),
@@ -86,6 +86,6 @@ class Environment:
         calls += [("get_order_details", {"order_id": o["order_id"]}) for o in self.orders]
         amounts = [str(o["payment_history"][0]["amount"]) for o in self.orders if o["status"] == "delivered"]
         calls += [("calculate", {"expression": " + ".join(amounts)})] if self.kind == "delivered_total" else []
-        say = SAY[self.kind].replace("{product}", self.product) % truth
+        say = SAY[self.kind].replace("{product}", self.product) % (truth[0] if self.kind == "priciest_item" else truth)
         actions = [{"type": "tool_call", "name": n, "arguments": a} for n, a in calls]
         return actions + [{"type": "message", "content": say}]
