@@ -19,7 +19,9 @@ weights, on the machine (nothing downloaded), with the embedded model's
 tokenizer and tool-call template, and trains it; ``--env trace/tau2-retail-v0``
 gives τ²-length prompts (its train split, the scripted user). Random weights
 sample junk, so every group's reward is constant and the update's loss 0: the
-figures are the work's time and memory, not learning. ``--random-layers N``
+figures are the work's time and memory, not learning (and the model's vocabulary is
+its family's, larger than the tokenizer's: about two thirds of its samples decode to
+nothing, so its turns are short on text; the tokens sampled are what is timed). ``--random-layers N``
 keeps N layers (a smoke run on a CPU). Peak GPU memory is printed on cuda.
 
 Usage: python benchmarks/grpo_iteration.py [--env trace/tool-precision-v0]
@@ -153,6 +155,10 @@ def main() -> int:
                 args.random_model, os.path.join(folder, "model"), args.random_layers, args.device
             )
             print(f"built {args.random_model} ({parameters / 1e9:.2f}B parameters) in {time.perf_counter() - t0:.0f} s")
+            if args.device == "cuda":
+                import torch
+
+                torch.cuda.reset_peak_memory_stats()  # (the figure below is training's, not the build's)
         config = GRPOTrainingConfig(
             env_ids=[args.env],
             model=model,

@@ -34,7 +34,7 @@ Two more savings, both exact for the loss:
 
 Under gradient checkpointing (non-reentrant, as the trainer sets it) the shared
 passes keep working: the prefix's keys and values reach each layer through a
-cache that never changes (``PrefixCache``), so a layer the backward pass
+cache that never changes (``prefix_cache``), so a layer the backward pass
 recomputes reads the same prefix again, and transformers is told that the
 layers may read it (its checkpointed layers otherwise drop any cache). The
 memory saved is checkpointing's (each layer's input kept, its insides
