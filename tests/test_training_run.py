@@ -245,6 +245,32 @@ def test_gradient_checkpointing_keeps_the_shared_prefix_update(tmp_path):
     assert math.isfinite(row["loss"]) and math.isfinite(row["kl"])
 
 
+def test_a_resume_over_changed_env_code_says_so_and_records_from_which_iteration(tmp_path, monkeypatch, capsys):
+    """A resumed run checks its settings; the env's code it cannot hold still, so
+    run.json records the code's hashes from each iteration they changed at, and
+    the resume says so in one line (the learning curve once went on over a new env)."""
+    import shutil
+
+    from trace_gym.training import trainer
+
+    registry = tmp_path / "registry"
+    shutil.copytree(FIXTURE_ENVS / "two-replies", registry / "two-replies")
+    monkeypatch.setenv("TRACE_GYM_REGISTRY_PATH", str(registry))
+    config, out = tiny_config(tmp_path / "run"), tmp_path / "run"
+    out.mkdir()
+    first = trainer._env_code_history(config, out, 0, resume=False)
+    assert [h["from_iteration"] for h in first] == [1] and set(first[0]["hashes"]) == {TWO_REPLIES}
+    (out / "run.json").write_text(json.dumps({"env_code": first}))
+    assert trainer._env_code_history(config, out, 3, resume=True) == first  # unchanged: nothing said
+    assert capsys.readouterr().err == ""
+    code = registry / "two-replies" / "env.py"
+    code.write_text(code.read_text() + "\n# a fix\n")
+    history = trainer._env_code_history(config, out, 3, resume=True)
+    assert [h["from_iteration"] for h in history] == [1, 4] and history[1]["hashes"] != first[0]["hashes"]
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"the code of {TWO_REPLIES} changed since iteration 1" in err
+
+
 def test_kill_9_during_iteration_2_then_resume(tmp_path):
     out = tmp_path / "run"
     exe = str(Path(sys.executable).parent / "trace-gym")

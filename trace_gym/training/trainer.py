@@ -14,7 +14,7 @@ reward through ``env_reward``, and writes into ``config.out``:
   optimizer, scheduler, RNG, sampler position); ``resume=True`` continues from
   the last complete one and cuts the log back to it, so no iteration is
   logged twice;
-- ``run.json``: the config, checked on resume.
+- ``run.json``: the config, checked on resume, and the envs' code hashes (``env_code``).
 
 One iteration = G groups x K rollouts played, one optimizer step. Every
 rollout is counted (``rollouts`` in the log), so a run on a target (the
@@ -25,6 +25,7 @@ episodes itself (``rollouts.py`` and the model layer do) or score them (the env 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -153,6 +154,45 @@ def _check_run_folder(config: GRPOTrainingConfig, resume: bool) -> str:
             "drop --dtype to continue in it"
         )
     return dtype
+
+
+def env_code(env_ids: list[str]) -> dict[str, str]:
+    """Each env's code as its validation report hashes it: its folder's files and,
+    for a synthesized env, its target's frozen interface and the world kit it imports."""
+    from trace_gym.errors import UnknownEnvError
+    from trace_gym.hashing import code_hash, interface_hash
+    from trace_gym.registry import get_entry
+
+    hashes = {}
+    for env_id in env_ids:
+        entry = get_entry(env_id)
+        digest = code_hash(entry.path)
+        if entry.kind != "target":
+            with contextlib.suppress(UnknownEnvError):
+                digest += "+" + interface_hash(get_entry(entry.target).path, entry.path)
+        hashes[env_id] = digest
+    return hashes
+
+
+def _env_code_history(config: GRPOTrainingConfig, out: Path, start: int, resume: bool) -> list[dict[str, Any]]:
+    """``run.json``'s ``env_code``: the envs' code hashes from the first iteration on,
+    and from each resumed iteration where they changed. A resume over changed env code
+    goes on (a fix may be why it was stopped) and says so in one line: the iterations
+    after it measure other code."""
+    now = env_code(config.env_ids)
+    history = json.loads((out / "run.json").read_text(encoding="utf-8")).get("env_code", []) if resume else []
+    if not history:  # (a run.json written before runs recorded their envs' code: from here on)
+        return [{"from_iteration": start + 1, "hashes": now}]
+    changed = [env_id for env_id in now if history[-1]["hashes"].get(env_id) != now[env_id]]
+    if changed:
+        print(
+            f"trace-gym: --resume: the code of {', '.join(changed)} changed since iteration "
+            f"{history[-1]['from_iteration']}; iterations from {start + 1} train on the new code (run.json records it)",
+            file=sys.stderr,
+            flush=True,
+        )
+        history.append({"from_iteration": start + 1, "hashes": now})
+    return history
 
 
 def _check_machine(config: GRPOTrainingConfig) -> None:
@@ -419,7 +459,8 @@ def build_trainer(
     ranks.start(config.device)
     if ranks.is_main():
         previous = log.truncate_to(start) if resume else []
-        (out / "run.json").write_text(json.dumps(config.as_dict(), indent=2) + "\n", encoding="utf-8")
+        record = {**config.as_dict(), "env_code": _env_code_history(config, out, start, resume)}
+        (out / "run.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     ranks.barrier()
     if not ranks.is_main():
         previous = log.read()
