@@ -119,6 +119,11 @@ def main() -> int:
             f"informative groups {figures['informative_groups']:.0%}, {figures['episodes']} episodes"
         )
     print(f"trained at level {calibration['level']}: {calibration['reason']}")
+    history = json.loads((result.out / "run.json").read_text()).get("env_code", [])
+    if history and history[0]["from_iteration"] > 1:  # (a run begun before runs recorded it)
+        print(f"the env's code is recorded from iteration {history[0]['from_iteration']} on only")
+    for change in history[1:]:  # (a resume over other env code: the curve spans two envs from there)
+        print(f"WARNING: the env's code changed at iteration {change['from_iteration']} (a resume over new code)")
     print(f"{'iter':>4} {'reward':>7} {'informative':>11} {'draws':>5} {'episodes':>8} {'loss':>8} {'wall s':>7}")
     for r in rows:
         reward = "n/a" if r["mean_reward"] is None else f"{r['mean_reward']:.3f}"
