@@ -331,6 +331,21 @@ def test_a_checkpointed_model_keeps_the_shared_pass_and_recomputes_its_layers():
     assert len(calls) == forward  # (the count can fail: without checkpointing nothing is recomputed)
 
 
+def test_a_model_whose_layers_drop_the_cache_takes_trls_pass(monkeypatch):
+    """Where a checkpointed layer drops the cache anyway (a model transformers does not
+    let read it), the shared pass notices and leaves the model to TRL, never a crash."""
+    import contextlib
+
+    from trace_gym.training import shared_update
+
+    model = tiny_lora_model("llama")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    ids, mask, keep = batch()
+    monkeypatch.setattr(shared_update, "reading_cache_under_checkpointing", lambda layers: contextlib.nullcontext())
+    assert shared_prefix_logps(model, ids, mask, keep, temperature=TEMPERATURE) is None
+
+
 def test_reentrant_checkpointing_takes_trls_pass():
     """Reentrant checkpointing gives gradients only to a layer's outputs, not to the
     prefix keys a later pass reads: that model is left to TRL."""
