@@ -50,6 +50,29 @@ def test_defaults_are_the_papers():
     assert args.use_cpu and not args.bf16 and args.optim == "adamw_torch"
 
 
+def test_checkpointing_is_asked_for_by_the_installed_transformers_names():
+    """transformers 5.x renamed ``gradient_checkpointing*`` to ``activation_checkpointing*``
+    and warns at every run for the old names; older ones know only those."""
+    import dataclasses
+    import warnings
+
+    from trace_gym.training.config import checkpointing
+
+    @dataclasses.dataclass
+    class OlderConfig:
+        gradient_checkpointing: bool = True
+        gradient_checkpointing_kwargs: dict | None = None
+
+    assert checkpointing(OlderConfig, True) == {
+        "gradient_checkpointing": True,
+        "gradient_checkpointing_kwargs": {"use_reentrant": False},
+    }
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*checkpointing.*deprecated")
+        args = GRPOTrainingConfig(env_ids=[TWO_REPLIES], out="x", gradient_checkpointing=True).to_grpo_args()
+    assert args.gradient_checkpointing and args.gradient_checkpointing_kwargs == {"use_reentrant": False}
+
+
 X86_CPUINFO = """processor	: 0
 vendor_id	: AuthenticAMD
 flags		: fpu sse2 avx2 avx512f avx512bw {extra}

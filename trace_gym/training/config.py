@@ -314,8 +314,7 @@ class GRPOTrainingConfig:
             scale_rewards="group",
             temperature=self.temperature,
             max_completion_length=self.max_new_tokens,
-            gradient_checkpointing=self.gradient_checkpointing,
-            gradient_checkpointing_kwargs={"use_reentrant": False},  # (the shared-prefix update needs it)
+            **checkpointing(GRPOConfig, self.gradient_checkpointing),
             use_cpu=cpu,
             bf16=not cpu and self.resolved_dtype() == "bfloat16",
             fp16=False,
@@ -332,6 +331,16 @@ class GRPOTrainingConfig:
             dataloader_num_workers=0,
             log_completions=False,
         )
+
+
+def checkpointing(config_class: type, on: bool) -> dict[str, Any]:
+    """The arguments of a TRL config that turn activation checkpointing ``on`` or off,
+    non-reentrant (the shared-prefix update needs it): transformers' current names
+    where the installed version has them, its older ones (which 5.x warns about at
+    every run) where it does not."""
+    names = {f.name for f in dataclasses.fields(config_class)}
+    prefix = "activation" if "activation_checkpointing" in names else "gradient"
+    return {f"{prefix}_checkpointing": on, f"{prefix}_checkpointing_kwargs": {"use_reentrant": False}}
 
 
 BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})  # x86 AVX512-BF16 and AMX; Arm's BF16 extension

@@ -42,7 +42,7 @@ from typing import Any
 
 from trace_gym.registry import HELD_OUT_SPLIT
 
-from .config import DTYPES, TrainingError, native_bf16
+from .config import DTYPES, TrainingError, checkpointing, native_bf16
 
 
 @dataclass
@@ -489,7 +489,7 @@ def sft(config: SFTTrainingConfig, *, progress: bool | None = None) -> SFTResult
         disable_tqdm=not progress if progress is not None else None,
         remove_unused_columns=False,
         dataloader_num_workers=0,
-        gradient_checkpointing=False,  # TRL's SFTConfig turns it on: recomputing costs time a LoRA on a 135M model need not pay
+        **checkpointing(SFTConfig, False),  # TRL's SFTConfig turns it on: a LoRA on a 135M model need not recompute
         dataset_kwargs={"skip_prepare_dataset": True},
     )
     log_path = out / "sft_log.jsonl"
