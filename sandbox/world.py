@@ -23,6 +23,7 @@ import ast
 import json
 import operator
 import random
+import types
 
 FIRST = ["Yusuf", "Mia", "Noah", "Aarav", "Olivia", "Lucas", "Fatima", "Chen", "Sofia", "Ivan", "Amara", "Mateo"]
 LAST = ["Rossi", "Garcia", "Kim", "Patel", "Smith", "Novak", "Okafor", "Silva", "Muller", "Tanaka", "Haddad", "Lopez"]
@@ -40,6 +41,10 @@ PRODUCTS = {
 }
 PAYMENT_SOURCES = ("credit_card", "paypal", "gift_card")
 CANCEL_REASONS = ("no longer needed", "ordered by mistake")
+# read-only: env code shares the kit's module across resets
+CANCEL_SAID = types.MappingProxyType(
+    {"no longer needed": "I don't need it anymore", "ordered by mistake": "I ordered it by mistake"}
+)
 
 
 def _seeded(seed):
@@ -63,6 +68,11 @@ def _id(text, n=10):
 def retail_products():
     """The products the kit sells: {name: (option, [values])}, a fresh copy."""
     return {name: (kind, list(values)) for name, (kind, values) in PRODUCTS.items()}
+
+
+def retail_stock():
+    """Every item the kit sells, one ``retail_item`` per product and option value."""
+    return [retail_item(0, product, value) for product, (_, values) in sorted(PRODUCTS.items()) for value in values]
 
 
 def retail_address(seed):
@@ -129,7 +139,8 @@ def retail_order(seed, user, items, status="delivered", paid_with=None):
     """A τ²-retail Order of ``user`` for ``items`` (``retail_item`` records), with every
     field tau2's Order has (unset ones as null), paid in full with ``paid_with`` (a
     payment method id of the user; its first one when None). The order id is added
-    to ``user["orders"]``."""
+    to ``user["orders"]``. A cancelled order is a pending one cancelled as tau2
+    cancels it: reason 'no longer needed', every payment refunded."""
     rng = _seeded(seed)
     paid_with = paid_with if paid_with is not None else sorted(user["payment_methods"])[0]
     if paid_with not in user["payment_methods"]:
@@ -159,6 +170,11 @@ def retail_order(seed, user, items, status="delivered", paid_with=None):
     if status not in ("pending", "cancelled"):  # shipped: one parcel with every item
         order["fulfillments"] = [{"tracking_id": [_digits(rng, 12)], "item_ids": [i["item_id"] for i in items]}]
     user["orders"].append(order["order_id"])
+    if status == "cancelled":
+        order["status"] = "pending"
+        _retail_call(
+            [user], [order], "cancel_pending_order", {"order_id": order["order_id"], "reason": CANCEL_REASONS[0]}
+        )
     return order
 
 
@@ -189,6 +205,53 @@ def retail_answer(users, orders, name, arguments):
     except ValueError as exc:
         return "Error: %s" % exc
     return result if result is None or isinstance(result, str) else json.dumps(result)
+
+
+def retail_login(user, by="name_zip"):
+    """The call that authenticates ``user``, as (tool, arguments): find_user_id_by_name_zip
+    with {first_name, last_name, zip}, or with ``by="email"`` find_user_id_by_email with
+    {email}. The arguments also fill a greeting: "I'm {first_name} {last_name}".format(**arguments)."""
+    if by == "email":
+        return "find_user_id_by_email", {"email": user["email"]}
+    if by != "name_zip":
+        raise ValueError("world: a user logs in by 'name_zip' or 'email'")
+    return "find_user_id_by_name_zip", dict(user["name"], zip=user["address"]["zip"])
+
+
+def retail_spelled(address):
+    """``address`` as a user writes it: "12 Oak Avenue, Suite 301, Denver, CO 80202, USA"."""
+    parts = [address["address1"], address["address2"], address["city"], address["state"] + " " + address["zip"]]
+    return ", ".join([part for part in parts if part] + [address["country"]])
+
+
+def retail_play(users, orders, action):
+    """A tool-call action ({"type": "tool_call", "name", "arguments"}) played over the records
+    as ``retail_answer`` plays it: (name, arguments, answer, ok), where ``ok`` is false
+    for an ``Error: ...`` answer (or None: a tool the kit does not play)."""
+    name, arguments = action["name"], action.get("arguments") or {}
+    answer = retail_answer(users, orders, name, arguments)
+    return name, arguments, answer, answer is not None and not answer.startswith("Error")
+
+
+def script(*steps):
+    """An oracle's actions, in order: each (name, arguments) pair a tool call, each string a
+    message to the user."""
+    return [
+        {"type": "message", "content": step}
+        if isinstance(step, str)
+        else {"type": "tool_call", "name": step[0], "arguments": step[1]}
+        for step in steps
+    ]
+
+
+def graded(parts, weights, reason):
+    """What ``reward()`` returns for the components ``parts`` (numbers in [0, 1]; a bool
+    counts 1 or 0): the reward is the sum of ``weights[name] * parts[name]``, at most 1,
+    rounded to 4 places; every part is reported, weighted or not, and a weight whose
+    part is absent (a level that does not pay for it) counts nothing."""
+    parts = {name: float(value) for name, value in parts.items()}
+    reward = sum(weights.get(name, 0.0) * value for name, value in parts.items())
+    return {"reward": round(min(reward, 1.0), 4), "components": parts, "reason": reason}
 
 
 def _retail_call(users, orders, name, args):

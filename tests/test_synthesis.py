@@ -5,6 +5,7 @@ write into a temporary registry all run for real."""
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -399,6 +400,11 @@ def test_the_prompt_teaches_the_world_kit_from_the_kits_own_functions():
 
     text = world_kit_text("trace/tau2-retail-v0")
     public = [n for n in vars(world) if n.startswith("retail_") and callable(getattr(world, n))]
-    assert public and all(f"`world.{n}(" in text for n in public)
+    assert public and all(f"`world.{n}(" in text for n in public + ["script", "graded"])
+    assert "`world.CANCEL_SAID` = {'no longer needed'" in text and "`world.json" not in text
+    from trace_gym.sandbox.language import MODULES
+
+    taught = set(re.findall(r"`world\.(\w+)", text))
+    assert taught and taught <= MODULES["world"]  # nothing the prompt teaches is refused by the static gate
     assert "return_delivered_order_items" in text and "_retail_call" not in text
     assert world_kit_text("trace/tau2-airline-v0").startswith("It has nothing for trace/tau2-airline-v0")

@@ -67,6 +67,7 @@ def test_an_env_on_the_kit_runs_in_the_jail_and_gets_plain_data(sandbox_backend)
         ("[world][0].PRODUCTS", "not on the sandbox's allowlist"),
         ("[world][0].json", "not on the sandbox's allowlist"),  # no module the kit imports
         ("[world.retail_user][0].__globals__", "static gate"),
+        ("world.CANCEL_SAID.update(x='y')", "no attribute 'update'"),  # shared by every reset: read-only
     ],
 )
 def test_the_kits_insides_are_out_of_reach(sandbox_backend, line, refused_by):
@@ -244,3 +245,51 @@ def test_one_item_is_one_id_at_one_price_in_every_order():
         by_id.setdefault(item["item_id"], set()).add((item["name"], json.dumps(item["options"]), item["price"]))
     assert len(by_id) > 20 and all(len(seen) == 1 for seen in by_id.values())
     assert all(15 <= item["price"] <= 300 for item in items)
+
+
+def test_a_cancelled_order_is_a_pending_one_cancelled_as_tau2_cancels_it():
+    for seed in range(10):
+        user, order = shop(seed, status="cancelled")
+        pending_user, pending = shop(seed, status="pending")
+        db = tau2_db([pending_user], [pending])
+        theirs = json.loads(
+            tau2_answer(db, "cancel_pending_order", {"order_id": pending["order_id"], "reason": "no longer needed"})
+        )
+        assert order == theirs and order["payment_history"][-1]["transaction_type"] == "refund"
+
+
+def test_the_kits_helpers_write_what_env_code_would_spell_out():
+    user, order = shop(3, status="pending")
+    for by in ("name_zip", "email"):
+        name, arguments = world.retail_login(user, by)
+        assert world.retail_answer([user], [order], name, arguments) == user["user_id"]
+    with pytest.raises(ValueError, match="logs in by"):
+        world.retail_login(user, "phone")
+    address = {
+        "address1": "1 Oak Avenue",
+        "address2": "",
+        "city": "Reno",
+        "country": "USA",
+        "state": "NV",
+        "zip": "89501",
+    }
+    assert world.retail_spelled(address) == "1 Oak Avenue, Reno, NV 89501, USA"
+    assert world.retail_spelled(dict(address, address2="Suite 2")) == "1 Oak Avenue, Suite 2, Reno, NV 89501, USA"
+    read = {"type": "tool_call", "name": "get_order_details", "arguments": {"order_id": order["order_id"]}}
+    assert world.retail_play([user], [order], read)[2:] == (json.dumps(order), True)
+    missing = dict(read, arguments={"order_id": "#W0"})
+    assert world.retail_play([user], [order], missing)[2:] == ("Error: Order not found", False)
+    assert world.script(("get_order_details", {"order_id": "#W1"}), "Done.") == [
+        {"type": "tool_call", "name": "get_order_details", "arguments": {"order_id": "#W1"}},
+        {"type": "message", "content": "Done."},
+    ]
+    with pytest.raises(TypeError, match="does not support item assignment"):
+        world.CANCEL_SAID["no longer needed"] = "whatever"  # type: ignore[index]
+    stock = world.retail_stock()
+    assert len({i["item_id"] for i in stock}) == len(stock) == sum(len(v) for _, v in world.retail_products().values())
+
+
+def test_graded_weighs_the_parts_and_caps_the_reward_at_one():
+    graded = world.graded({"found": True, "answer": 0.5, "unweighted": 1}, {"found": 0.3, "answer": 0.4}, "why")
+    assert graded == {"reward": 0.5, "components": {"found": 1.0, "answer": 0.5, "unweighted": 1.0}, "reason": "why"}
+    assert world.graded({"a": 1, "b": 1}, {"a": 0.8, "b": 0.7}, "")["reward"] == 1.0

@@ -15,10 +15,11 @@ PROMPT = ("You are a retail customer service agent. Authenticate the user by ema
           "paid with another of the user's payment methods.")
 HINT = (" Hint: the user asks for several changes at once; list every one of them, carry each out with its own tool "
         "call, and only then tell the user that everything is done.")
-WHY = {"no longer needed": "I don't need it anymore", "ordered by mistake": "I ordered it by mistake"}
-ASK = {"cancel": "please cancel order %s, %s", "address": "order %s should ship to %s, USA instead",
+ASK = {"cancel": "please cancel order %s, %s", "address": "order %s should ship to %s instead",
        "payment": "I'd like to pay for order %s with my gift card instead of my credit card%s"}
 WRITE = dict(zip(ASK, TOOLS[3:]))
+WEIGHTS = {"requests_completed": 0.85, "requests_attempted_wrongly": 0.25, "found_user": 0.1, "order_read": 0.1,
+           "closed_after_all": 0.15}
 
 
 class Environment:
@@ -35,10 +36,10 @@ class Environment:
         self.before, self.wanted, asks, self.messages, self.closed = json.dumps(self.orders), [], [], 0, False
         self.level, self.found, self.read = level, False, set()
         for order, kind in zip(self.orders, kinds):
-            a, reason = world.retail_address(rng.randrange(2**31)), rng.choice(sorted(WHY))
-            where = ", ".join(filter(None, [a["address1"], a["address2"], a["city"], a["state"] + " " + a["zip"]]))
+            a, reason = world.retail_address(rng.randrange(2**31)), rng.choice(sorted(world.CANCEL_SAID))
             self.wanted.append((order, kind, {"cancel": reason, "address": a, "payment": gift}[kind]))
-            asks.append(ASK[kind] % (order["order_id"], {"cancel": WHY[reason], "address": where, "payment": ""}[kind]))
+            said = {"cancel": world.CANCEL_SAID[reason], "address": world.retail_spelled(a), "payment": ""}[kind]
+            asks.append(ASK[kind] % (order["order_id"], said))
         message = "Hi, my email is %s. I have a few things today: %s. Thanks!" % (self.user["email"], "; also, ".join(asks))
         return {"system_prompt": PROMPT + (HINT if hint else ""), "user_message": message}
 
@@ -48,10 +49,9 @@ class Environment:
 
     def step(self, action):
         if action.get("type") == "tool_call":
-            name, args = action["name"], action.get("arguments") or {}
-            answer = world.retail_answer([self.user], self.orders, name, args)
-            self.found |= name == "find_user_id_by_email" and not answer.startswith("Error")
-            self.read |= {args["order_id"]} if name == "get_order_details" and not answer.startswith("Error") else set()
+            name, args, answer, ok = world.retail_play([self.user], self.orders, action)
+            self.found |= ok and name == "find_user_id_by_email"
+            self.read |= {args["order_id"]} if ok and name == "get_order_details" else set()
             return {"observation": answer, "done": False}
         made, self.messages = sum(self._made()), self.messages + 1
         self.closed = made == len(self.wanted)
@@ -62,18 +62,14 @@ class Environment:
     def reward(self):
         made, n = self._made(), len(self.wanted)
         changed = [json.dumps(o) != json.dumps(b) for o, b in zip(self.orders, json.loads(self.before))]
-        parts = {"requests_completed": sum(made) / n, "closed_after_all": 1.0 if self.closed else 0.0,
+        parts = {"requests_completed": sum(made) / n, "closed_after_all": self.closed,
                  "requests_attempted_wrongly": sum(c and not m for m, c in zip(made, changed)) / n}
         if self.level == 0:  # the easiest level also pays for the steps towards the change
-            parts.update(found_user=float(self.found), order_read=float(self.wanted[0][0]["order_id"] in self.read))
-        reward = 0.85 * parts["requests_completed"] + 0.25 * parts["requests_attempted_wrongly"]
-        reward += 0.1 * (parts.get("found_user", 0) + parts.get("order_read", 0))
-        return {"reward": round(min(reward + 0.15 * parts["closed_after_all"], 1.0), 4), "components": parts,
-                "reason": "%d of %d requested changes made" % (sum(made), n)}
+            parts.update(found_user=self.found, order_read=self.wanted[0][0]["order_id"] in self.read)
+        return world.graded(parts, WEIGHTS, "%d of %d requested changes made" % (sum(made), n))
 
     def oracle(self):
-        calls = [("find_user_id_by_email", {"email": self.user["email"]})] + [(WRITE[k], dict(
-            {"cancel": {"reason": v}, "address": v, "payment": {"payment_method_id": v}}[k], order_id=o["order_id"]))
-            for o, k, v in self.wanted]
-        done = {"type": "message", "content": "All %d changes are done. Is there anything else?" % len(self.wanted)}
-        return [{"type": "tool_call", "name": n, "arguments": a} for n, a in calls] + [done]
+        writes = [(WRITE[k], dict({"cancel": {"reason": v}, "address": v, "payment": {"payment_method_id": v}}[k],
+                                  order_id=o["order_id"])) for o, k, v in self.wanted]
+        done = "All %d changes are done. Is there anything else?" % len(self.wanted)
+        return world.script(world.retail_login(self.user, "email"), *writes, done)

@@ -8,7 +8,6 @@ import world
 
 TOOLS = ["find_user_id_by_name_zip", "get_user_details", "get_order_details", "cancel_pending_order",
          "modify_pending_order_address", "modify_user_address"]
-REASONS = {"no longer needed": "I don't need it anymore", "ordered by mistake": "I ordered it by mistake"}
 DECOYS = ["I also thought about cancelling order %s, but I've decided to keep it",
           "my other order %s still has the old address, and that's fine, it can go there",
           "order %s is a gift for my sister, so please don't touch that one",
@@ -16,6 +15,7 @@ DECOYS = ["I also thought about cancelling order %s, but I've decided to keep it
 PROMPT = ("You are a retail customer service agent. Authenticate the user by name and zip code before any change. "
           "Pending orders can be cancelled (reason 'no longer needed' or 'ordered by mistake') or get a new shipping "
           "address; a user's default address can be changed too.")
+WEIGHTS = {"read_order": 0.1, "requested_change": 0.5, "no_unrequested_writes": 0.4}
 HINT = (" Hint: change exactly what the user asks for; other orders they mention are context, not requests, unless "
         "they ask for a change to them.")
 
@@ -29,28 +29,23 @@ class Environment:
         self.orders = [world.retail_order(rng.randrange(2**31), self.user, [world.retail_item(rng.randrange(2**31))],
                                           status="pending") for _ in range(rng.randint(2, 4))]
         self.order, decoy = rng.sample(self.orders, 2)
-        self.kind, self.reason = rng.choice(["cancel", "address"]), rng.choice(sorted(REASONS))
-        self.new_address = a = world.retail_address(rng.randrange(2**31))
+        self.kind, self.reason = rng.choice(["cancel", "address"]), rng.choice(sorted(world.CANCEL_SAID))
+        self.new_address = world.retail_address(rng.randrange(2**31))
         self.writes, self.read_order, self.messages, order_id = [], 0, 0, self.order["order_id"]
-        street = a["address1"] + (", " + a["address2"] if a["address2"] else "")
-        ask = ("please cancel order %s, %s" % (order_id, REASONS[self.reason]) if self.kind == "cancel" else
-               "please send order %s to %s, %s, %s %s, USA" % (order_id, street, a["city"], a["state"], a["zip"]))
+        ask = ("please cancel order %s, %s" % (order_id, world.CANCEL_SAID[self.reason]) if self.kind == "cancel" else
+               "please send order %s to %s" % (order_id, world.retail_spelled(self.new_address)))
         parts = [ask, rng.choice(DECOYS) % decoy["order_id"]]
         rng.shuffle(parts)
-        name, (first, second) = self.user["name"], [p[0].upper() + p[1:] for p in parts]
-        message = "Hello, I'm %s %s, zip code %s. %s. %s." % (
-            name["first_name"], name["last_name"], self.user["address"]["zip"], first, second)
+        message = "Hello, I'm {first_name} {last_name}, zip code {zip}. {0}. {1}.".format(
+            *[p[0].upper() + p[1:] for p in parts], **world.retail_login(self.user)[1])
         return {"system_prompt": PROMPT + (HINT if hint else ""), "user_message": message}
 
     def step(self, action):
         if action.get("type") == "tool_call":
-            name, args = action["name"], action.get("arguments") or {}
-            answer = world.retail_answer([self.user], self.orders, name, args)
-            if answer.startswith("Error"):
-                return {"observation": answer, "done": False}
-            if name == "get_order_details":
+            name, args, answer, ok = world.retail_play([self.user], self.orders, action)
+            if ok and name == "get_order_details":
                 self.read_order = self.read_order or args["order_id"] == self.order["order_id"]
-            elif name not in TOOLS[:3]:
+            elif ok and name not in TOOLS[:3]:
                 value = args.get("reason", {f: args.get(f) for f in world.ADDRESS_FIELDS})
                 self.writes.append((name, args.get("order_id"), value))
             return {"observation": answer, "done": False}
@@ -65,17 +60,13 @@ class Environment:
         requested = [w for w in self.writes if w[:2] == (tool, self.order["order_id"])]
         extra = [w for w in self.writes if w[:2] != (tool, self.order["order_id"])]
         correct = any(w[2] == wanted for w in requested)
-        parts = {"read_order": float(bool(self.read_order)), "no_unrequested_writes": float(correct and not extra),
+        parts = {"read_order": bool(self.read_order), "no_unrequested_writes": correct and not extra,
                  "requested_change": 1.0 if correct else 0.3 if requested else 0.0}
-        reward = 0.1 * parts["read_order"] + 0.5 * parts["requested_change"] + 0.4 * parts["no_unrequested_writes"]
-        reason = "%d requested write(s), %d unrequested" % (len(requested), len(extra))
-        return {"reward": round(reward, 4), "components": parts, "reason": reason}
+        return world.graded(parts, WEIGHTS, "%d requested write(s), %d unrequested" % (len(requested), len(extra)))
 
     def oracle(self):
-        name, order_id = self.user["name"], self.order["order_id"]
+        order_id = self.order["order_id"]
         write = ((TOOLS[3], {"order_id": order_id, "reason": self.reason}) if self.kind == "cancel" else
                  (TOOLS[4], dict(self.new_address, order_id=order_id)))
-        calls = [(TOOLS[0], {"first_name": name["first_name"], "last_name": name["last_name"],
-                             "zip": self.user["address"]["zip"]}), (TOOLS[2], {"order_id": order_id}), write]
-        return [{"type": "tool_call", "name": n, "arguments": a} for n, a in calls] + [
-            {"type": "message", "content": "Done: only the order you asked about was changed."}]
+        calls = [world.retail_login(self.user), (TOOLS[2], {"order_id": order_id}), write]
+        return world.script(*calls, "Done: only the order you asked about was changed.")

@@ -12,13 +12,9 @@ CONFIRM_WORDS = ("confirm", "proceed", "go ahead", "shall i", "should i", "is th
 PROMPT = ("You are a retail customer service agent. Authenticate users by name and zip code. Before any action that "
           "changes an order, list the exact change and get the user's explicit confirmation (yes). Only pending orders "
           "can be modified.")
+WEIGHTS = {"authenticated": 0.1, "read_order": 0.1, "followed_protocol": 0.4, "correct_outcome": 0.4}
 HINT = (" Hint: read the order first; if it is pending, repeat the full new address and ask the user to confirm, and "
         "call the write only after they say yes; otherwise explain that it can no longer be changed.")
-
-
-def spelled(a):
-    street = [a["address1"]] + ([a["address2"]] if a["address2"] else [])
-    return ", ".join(street + [a["city"], a["state"] + " " + a["zip"], a["country"]])
 
 
 class Environment:
@@ -33,21 +29,17 @@ class Environment:
         self.new_address = world.retail_address(rng.randrange(2**31))
         self.found, self.read, self.confirmed, self.confirmed_first, self.writes, self.messages, self.ended = (
             0, 0, False, None, 0, 0, False)
-        name = self.user["name"]
-        message = "Hi, I'm %s %s (zip %s). I moved: please ship order %s to %s." % (
-            name["first_name"], name["last_name"], self.user["address"]["zip"], self.order["order_id"],
-            spelled(self.new_address))
+        message = "Hi, I'm {first_name} {last_name} (zip {zip}). I moved: please ship order {0} to {1}.".format(
+            self.order["order_id"], world.retail_spelled(self.new_address), **world.retail_login(self.user)[1])
         return {"system_prompt": PROMPT + (HINT if hint else ""), "user_message": message}
 
     def step(self, action):
         if action.get("type") == "tool_call":
-            name, args = action["name"], action.get("arguments") or {}
-            if name == TOOLS[2]:
+            if action["name"] == TOOLS[2]:  # counted before the kit answers (a mistyped value may raise there)
                 self.writes += 1
                 self.confirmed_first = self.confirmed if self.confirmed_first is None else self.confirmed_first
-            answer = world.retail_answer([self.user], [self.order], name, args)
-            self.found = self.found or (name == TOOLS[0] and not answer.startswith("Error"))
-            self.read = self.read or (name == TOOLS[1] and not answer.startswith("Error"))
+            name, args, answer, ok = world.retail_play([self.user], [self.order], action)
+            self.found, self.read = self.found or (ok and name == TOOLS[0]), self.read or (ok and name == TOOLS[1])
             return {"observation": answer, "done": False}
         self.messages += 1
         text = str(action.get("content", "")).lower()
@@ -67,22 +59,17 @@ class Environment:
         else:
             protocol = not self.writes and bool(self.read)
             outcome = protocol and self.ended
-        parts = {"authenticated": float(bool(self.found)), "read_order": float(bool(self.read)),
-                 "followed_protocol": float(protocol), "correct_outcome": float(outcome)}
-        reward = 0.1 * (parts["authenticated"] + parts["read_order"]) + 0.4 * (protocol + outcome)
-        return {"reward": round(reward, 4), "components": parts, "reason": "order was %s" % self.status}
+        parts = {"authenticated": bool(self.found), "read_order": bool(self.read), "followed_protocol": protocol,
+                 "correct_outcome": outcome}
+        return world.graded(parts, WEIGHTS, "order was %s" % self.status)
 
     def oracle(self):
-        name, order_id = self.user["name"], self.order["order_id"]
-        calls = [{"first_name": name["first_name"], "last_name": name["last_name"], "zip": self.user["address"]["zip"]},
-                 {"order_id": order_id}]
-        actions = [{"type": "tool_call", "name": n, "arguments": a} for n, a in zip(TOOLS, calls)]
+        order_id = self.order["order_id"]
+        read = [world.retail_login(self.user), (TOOLS[1], {"order_id": order_id})]
         if self.status != "pending":
-            say = "I'm sorry, order %s is already %s, so its address can no longer be changed." % (
-                order_id, self.status)
-            return actions + [{"type": "message", "content": say}]
+            return world.script(*read, "I'm sorry, order %s is already %s, so its address can no longer be changed." % (
+                order_id, self.status))
         ask = "I will change the shipping address of order %s to %s. Do you confirm (yes/no)?" % (
-            order_id, spelled(self.new_address))
-        write = {"type": "tool_call", "name": TOOLS[2], "arguments": dict(self.new_address, order_id=order_id)}
-        return actions + [{"type": "message", "content": ask}, write,
-                          {"type": "message", "content": "Done: order %s will ship to the new address." % order_id}]
+            order_id, world.retail_spelled(self.new_address))
+        return world.script(*read, ask, (TOOLS[2], dict(self.new_address, order_id=order_id)),
+                            "Done: order %s will ship to the new address." % order_id)

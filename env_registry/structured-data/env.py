@@ -16,6 +16,7 @@ HINT = (" Hint: questions about several orders need every order: list them with 
 ASK = {"delivered_total": "How much did I pay in total for all my orders that have been delivered?",
        "priciest_item": "Which of my orders contains my single most expensive item, and what is that item?",
        "count_product": "How many %s items have I ordered in total, across all my orders?"}
+WEIGHTS = {"found_user": 0.15, "read_orders": 0.35, "correct_answer": 0.5}
 SAY = {"delivered_total": "You paid %.2f in total for your delivered orders.",
        "priciest_item": "Order %s contains your most expensive item, the %s.",
        "count_product": "You have ordered %d {product} items in total."}
@@ -27,23 +28,17 @@ class Environment:
     def reset(self, seed, hint=False, level=1):
         rng = random.Random(seed)
         self.user = world.retail_user(rng.randrange(2**31), payment=["credit_card"])
-        products = sorted(world.retail_products().items())
-        stock = [world.retail_item(0, product, v) for product, (_, values) in products for v in values]
-        self.orders, self.kind = [], rng.choice(sorted(ASK))
+        stock, self.orders, self.kind = world.retail_stock(), [], rng.choice(sorted(ASK))
         count = rng.randint(1, 2) if level == 0 else rng.randint(3, 5)
         statuses = rng.choices(["pending", "processed", "delivered", "cancelled"], k=count)
         statuses[0] = "delivered" if self.kind == "delivered_total" and "delivered" not in statuses else statuses[0]
-        for status in statuses:  # a cancelled order is a pending one cancelled as tau2 cancels it (refund, reason)
-            items, paid = rng.sample(stock, rng.randint(1, 4)), status.replace("cancelled", "pending")
-            self.orders.append(world.retail_order(rng.randrange(2**31), self.user, items, paid))
-            if status == "cancelled":
-                world.retail_answer([self.user], self.orders, "cancel_pending_order",
-                                    {"order_id": self.orders[-1]["order_id"], "reason": "no longer needed"})
+        for status in statuses:
+            items = rng.sample(stock, rng.randint(1, 4))
+            self.orders.append(world.retail_order(rng.randrange(2**31), self.user, items, status))
         self.product = rng.choice(sorted({i["name"] for o in self.orders for i in o["items"]}))
         self.found, self.read, self.answer, self.messages = False, set(), "", 0
-        name = self.user["name"]
-        ask, zip_code = ASK[self.kind].replace("%s", self.product), self.user["address"]["zip"]
-        message = "Hi, I'm %s %s, zip code %s. %s" % (name["first_name"], name["last_name"], zip_code, ask)
+        message = "Hi, I'm {first_name} {last_name}, zip code {zip}. ".format(**world.retail_login(self.user)[1])
+        message += ASK[self.kind].replace("%s", self.product)
         return {"system_prompt": PROMPT + (HINT if hint else ""), "user_message": message}
 
     def truth(self):
@@ -56,10 +51,9 @@ class Environment:
 
     def step(self, action):
         if action.get("type") == "tool_call":
-            name, args = action["name"], action.get("arguments") or {}
-            answer = world.retail_answer([self.user], self.orders, name, args)
-            self.found |= name == "find_user_id_by_name_zip" and not answer.startswith("Error")
-            self.read |= {args["order_id"]} if name == "get_order_details" and not answer.startswith("Error") else set()
+            name, args, answer, ok = world.retail_play([self.user], self.orders, action)
+            self.found |= ok and name == "find_user_id_by_name_zip"
+            self.read |= {args["order_id"]} if ok and name == "get_order_details" else set()
             return {"observation": answer, "done": False}
         self.messages, text = self.messages + 1, str(action.get("content", ""))
         if any(ch.isdigit() for ch in text) or self.messages >= 3:
@@ -73,19 +67,14 @@ class Environment:
             correct = any(order in self.answer and item.lower() in self.answer.lower() for order, item in truth)
         else:
             correct = any(abs(n - truth) < 0.011 for n in numbers)
-        parts = {"found_user": float(self.found), "read_orders": len(self.read) / len(self.orders),
-                 "correct_answer": float(correct)}
-        reward = 0.15 * parts["found_user"] + 0.35 * parts["read_orders"] + 0.5 * parts["correct_answer"]
-        return {"reward": round(reward, 4), "components": parts, "reason": "%s; expected %s" % (self.kind, truth)}
+        parts = {"found_user": self.found, "read_orders": len(self.read) / len(self.orders), "correct_answer": correct}
+        return world.graded(parts, WEIGHTS, "%s; expected %s" % (self.kind, truth))
 
     def oracle(self):
-        name, truth = self.user["name"], self.truth()
-        calls = [("find_user_id_by_name_zip", {"first_name": name["first_name"], "last_name": name["last_name"],
-                                               "zip": self.user["address"]["zip"]}),
-                 ("get_user_details", {"user_id": self.user["user_id"]})]
+        truth = self.truth()
+        calls = [world.retail_login(self.user), ("get_user_details", {"user_id": self.user["user_id"]})]
         calls += [("get_order_details", {"order_id": o["order_id"]}) for o in self.orders]
         amounts = [str(o["payment_history"][0]["amount"]) for o in self.orders if o["status"] == "delivered"]
         calls += [("calculate", {"expression": " + ".join(amounts)})] if self.kind == "delivered_total" else []
         say = SAY[self.kind].replace("{product}", self.product) % (truth[0] if self.kind == "priciest_item" else truth)
-        actions = [{"type": "tool_call", "name": n, "arguments": a} for n, a in calls]
-        return actions + [{"type": "message", "content": say}]
+        return world.script(*calls, say)

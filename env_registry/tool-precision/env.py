@@ -49,10 +49,9 @@ class Environment:
 
     def step(self, action):
         if action.get("type") == "tool_call":
-            name, args = action["name"], action.get("arguments") or {}
-            answer = world.retail_answer([self.user], [self.order], name, args)
-            self.found_user |= name == "find_user_id_by_email" and not answer.startswith("Error")
-            self.read_order |= name == "get_order_details" and not answer.startswith("Error")
+            name, args, answer, ok = world.retail_play([self.user], [self.order], action)
+            self.found_user |= ok and name == "find_user_id_by_email"
+            self.read_order |= ok and name == "get_order_details"
             self.return_calls += [dict(args)] if name == "return_delivered_order_items" else []
             return {"observation": answer, "done": False}
         self.messages += 1
@@ -67,14 +66,12 @@ class Environment:
                  "order_id_exact": call.get("order_id") == self.order["order_id"],
                  "item_ids_exact": sorted(map(str, ids)) == sorted(i["item_id"] for i in self.wanted),
                  "payment_method_exact": call.get("payment_method_id") == self.refund_to}
-        parts = {k: 1.0 if v else 0.0 for k, v in parts.items()}
-        reward = round(sum(WEIGHTS[k] * v for k, v in parts.items()), 4)
-        return {"reward": reward, "components": parts, "reason": "graded on the last return call"}
+        return world.graded(parts, WEIGHTS, "graded on the last return call")
 
     def oracle(self):
-        user, order_id = self.user, self.order["order_id"]
-        calls = [{"email": user["email"]}, {"user_id": user["user_id"]}, {"order_id": order_id},
-                 {"order_id": order_id, "item_ids": [i["item_id"] for i in self.wanted], "payment_method_id": self.refund_to}]
-        done = {"type": "message", "content": "Your return has been requested; the refund will go to %s."
-                % self.described.replace("my ", "your ")}
-        return [{"type": "tool_call", "name": n, "arguments": a} for n, a in zip(TOOLS, calls)] + [done]
+        user, order_id, items = self.user, self.order["order_id"], [i["item_id"] for i in self.wanted]
+        calls = [world.retail_login(user, "email"), (TOOLS[1], {"user_id": user["user_id"]}),
+                 (TOOLS[2], {"order_id": order_id}),
+                 (TOOLS[3], {"order_id": order_id, "item_ids": items, "payment_method_id": self.refund_to})]
+        done = "Your return has been requested; the refund will go to %s." % self.described.replace("my ", "your ")
+        return world.script(*calls, done)

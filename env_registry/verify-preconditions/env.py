@@ -14,6 +14,7 @@ HINT = (" Hint: before any cancellation, read the user's account to see that the
 SAY = {"cancellable": "Your order {id} has been cancelled and refunded.",
        "not_pending": "I'm sorry, order {id} is {status}, so it can no longer be cancelled.",
        "not_theirs": "I'm sorry, order {id} is not on your account, so I cannot cancel it."}
+WEIGHTS = {"authenticated": 0.2, "verified_before_write": 0.3, "correct_outcome": 0.5}
 
 
 class Environment:
@@ -30,10 +31,8 @@ class Environment:
                                           status=status) for owner, status in zip(owners, statuses)]
         self.target, self.users = self.orders[-1], [self.user, other]
         self.found, self.read, self.cancels, self.checked, self.messages, self.answered = 0, set(), [], None, 0, 0
-        name = self.user["name"]
-        wish = "don't need it anymore" if self.reason == "no longer needed" else "ordered it by mistake"
-        message = "Hi, this is %s %s, zip %s. Please cancel my order %s, I %s." % (
-            name["first_name"], name["last_name"], self.user["address"]["zip"], self.target["order_id"], wish)
+        message = "Hi, this is {first_name} {last_name}, zip {zip}. Please cancel my order {order}, {why}.".format(
+            order=self.target["order_id"], why=world.CANCEL_SAID[self.reason], **world.retail_login(self.user)[1])
         return {"system_prompt": PROMPT + (HINT if hint else ""), "user_message": message}
 
     def verified(self):
@@ -41,12 +40,11 @@ class Environment:
 
     def step(self, action):
         if action.get("type") == "tool_call":
-            name, args = action["name"], action.get("arguments") or {}
-            if name == "cancel_pending_order":
-                self.cancels.append(args)
+            if action["name"] == "cancel_pending_order":  # counted before the kit answers (which may raise)
+                self.cancels.append(action.get("arguments") or {})
                 self.checked = self.verified() if self.checked is None else self.checked  # at the first write
-            answer = world.retail_answer(self.users, self.orders, name, args)
-            if not answer.startswith("Error") and name != "cancel_pending_order":
+            name, args, answer, ok = world.retail_play(self.users, self.orders, action)
+            if ok and name != "cancel_pending_order":
                 self.found = self.found or name == "find_user_id_by_name_zip"
                 self.read.add(str(args.get("user_id", args.get("order_id"))))
             return {"observation": answer, "done": False}
@@ -57,22 +55,17 @@ class Environment:
         return {"observation": "Okay, thank you.", "done": True}
 
     def reward(self):
-        checked = self.checked if self.cancels else self.verified()
-        intact = all(o["status"] != "cancelled" for o in self.orders[:-1])
+        checked, intact = self.checked if self.cancels else self.verified(), all(
+            o["status"] != "cancelled" for o in self.orders[:-1])
         if self.case == "cancellable":
             outcome = self.target["status"] == "cancelled" and self.target["cancel_reason"] == self.reason and intact
         else:
             outcome = not self.cancels and self.answered and checked
-        parts = {"authenticated": float(self.found), "verified_before_write": float(bool(checked))}
-        parts["correct_outcome"] = float(bool(outcome))
-        reward = 0.2 * parts["authenticated"] + 0.3 * parts["verified_before_write"] + 0.5 * parts["correct_outcome"]
-        return {"reward": round(reward, 4), "components": parts, "reason": "case %s" % self.case}
+        parts = {"authenticated": self.found, "verified_before_write": bool(checked), "correct_outcome": bool(outcome)}
+        return world.graded(parts, WEIGHTS, "case %s" % self.case)
 
     def oracle(self):
-        name, order_id = self.user["name"], self.target["order_id"]
-        calls = [{"first_name": name["first_name"], "last_name": name["last_name"], "zip": self.user["address"]["zip"]},
-                 {"user_id": self.user["user_id"]}, {"order_id": order_id},
-                 {"order_id": order_id, "reason": self.reason}]
-        say = SAY[self.case].format(id=order_id, status=self.target["status"])
-        actions = [{"type": "tool_call", "name": n, "arguments": a} for n, a in zip(TOOLS, calls)]
-        return actions[: 4 if self.case == "cancellable" else 3] + [{"type": "message", "content": say}]
+        user, order_id = self.user, self.target["order_id"]
+        calls = [world.retail_login(user), (TOOLS[1], {"user_id": user["user_id"]}), (TOOLS[2], {"order_id": order_id}),
+                 (TOOLS[3], {"order_id": order_id, "reason": self.reason})][: 4 if self.case == "cancellable" else 3]
+        return world.script(*calls, SAY[self.case].format(id=order_id, status=self.target["status"]))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import string
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -175,26 +176,32 @@ def _from_live_target(entry: EnvEntry, samples: int, per_result: int) -> tuple[s
     return policy, results, ""
 
 
-WORLD_KITS = {"trace/tau2-retail-v0": "retail_"}
-"""The targets the world kit (``sandbox/world.py``) builds records for: the prefix of their functions."""
+WORLD_KITS = {"trace/tau2-retail-v0": ("retail_", ("CANCEL_REASONS", "CANCEL_SAID", "ADDRESS_FIELDS"))}
+"""The targets the world kit (``sandbox/world.py``) builds records for: the prefix of their
+functions and the names of the kit's data about them."""
 
 
 def world_kit_text(target: str) -> str:
     """What the generation prompt says about the world kit for ``target``: each of its
-    functions with its signature and docstring, read from the kit itself."""
+    functions (the target's and those for any env: ``script``, ``graded``) with its
+    signature and docstring, read from the kit itself, and the kit's data about the target."""
     import inspect
 
     from trace_gym.sandbox import world
 
-    prefix = WORLD_KITS.get(target)
-    if prefix is None:
+    if target not in WORLD_KITS:
         return f"It has nothing for {target} yet: build the records yourself, with every field the results above show."
+    prefix, data = WORLD_KITS[target]
+    others = tuple(p for p, _ in WORLD_KITS.values() if p != prefix)
     lines = [f"For {target} (each `seed` an int drawn from your rng: `rng.randrange(2**31)`):"]
-    for name in sorted(vars(world)):
+    for name in sorted(vars(world), key=lambda n: (not n.startswith(prefix), n)):
         value = getattr(world, name)
-        if name.startswith(prefix) and callable(value):
+        mine = inspect.isfunction(value) and value.__module__ == world.__name__
+        if mine and not name.startswith(("_", *others)):
             doc = " ".join((inspect.getdoc(value) or "").split())
             lines.append(f"   - `world.{name}{inspect.signature(value)}`: {doc}")
+    shown = {n: dict(v) if isinstance(v := getattr(world, n), Mapping) else v for n in data}  # (not mappingproxy(...))
+    lines.append(f"   Its data: {', '.join(f'`world.{n}` = {v!r}' for n, v in shown.items())}.")
     tools = ", ".join(getattr(world, prefix.upper() + "TOOLS"))
     lines.append(f"   It plays {tools}; answer other tools yourself.")
     return "\n".join(lines)

@@ -1,0 +1,53 @@
+"""The reference envs judge what the agent did, also where the kit refuses a call: a
+mistyped value that makes the kit raise is answered as the target answers it, and the
+env still counts the call it was (found by review, when three envs had moved their
+bookkeeping after the kit's answer)."""
+
+import json
+
+import pytest
+
+from trace_gym.registry import make
+
+
+def call_of(action: str) -> dict:
+    """The call in an oracle's action text (``<tool_call>{...}</tool_call>``); {} for a message."""
+    text = action.strip()
+    return json.loads(text.removeprefix("<tool_call>").removesuffix("</tool_call>")) if "<tool_call>" in text else {}
+
+
+def mistyped(action: str) -> str:
+    """``action`` with its order id given as a list."""
+    call = call_of(action)
+    call["arguments"]["order_id"] = [call["arguments"]["order_id"]]
+    return "<tool_call>%s</tool_call>" % json.dumps(call)
+
+
+@pytest.mark.parametrize(
+    "env_id, seed, tool, component, reason",
+    [
+        # a broken call costs the clean-run bonus
+        ("trace/well-formed-calls-v0", 0, "get_order_details", "no_broken_calls", "1 mistyped"),
+        # a write before the user confirmed breaks the protocol
+        ("trace/policy-adherence-v0", 1, "modify_pending_order_address", "followed_protocol", "order was pending"),
+        # a cancel before reading the account and the order was not verified
+        ("trace/verify-preconditions-v0", 0, "cancel_pending_order", "verified_before_write", "case"),
+    ],
+)
+def test_a_call_the_kit_refuses_still_counts(sandbox_backend, env_id, seed, tool, component, reason):
+    env = make(env_id, backend=sandbox_backend)
+    try:
+        env.reset(seed=seed)
+        oracle = env.unwrapped.oracle_actions()
+        env.reset(seed=seed)
+        broken = next(a for a in oracle if call_of(a).get("name") == tool)
+        observation, *_ = env.step(mistyped(broken))
+        assert observation.startswith("Error: "), observation  # answered as the target answers it
+        for action in oracle:
+            *_, terminated, truncated, _ = env.step(action)
+            if terminated or truncated:
+                break
+        info = env.unwrapped.reward_info
+        assert info["components"][component] == 0.0 and reason in info["reason"], info
+    finally:
+        env.close()
