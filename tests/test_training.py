@@ -73,6 +73,28 @@ def test_checkpointing_is_asked_for_by_the_installed_transformers_names():
     assert args.gradient_checkpointing and args.gradient_checkpointing_kwargs == {"use_reentrant": False}
 
 
+def test_training_hides_trls_own_deprecation_and_no_other_warning():
+    """TRL reads ``is_gradient_checkpointing`` (deprecated by transformers 5.x) at every
+    run; the user cannot act on it, so training does not show it, and shows the rest."""
+    import warnings
+
+    from trace_gym.training.config import without_trl_deprecations
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with without_trl_deprecations():
+            warnings.warn("`is_gradient_checkpointing` is deprecated and will be removed in v6.", FutureWarning)
+            warnings.warn("`gradient_checkpointing_enable` is deprecated and will be removed in v6.", FutureWarning)
+            warnings.warn("`gradient_checkpointing` is deprecated", FutureWarning)  # an argument of ours: shown
+            warnings.warn("`something_else` is deprecated", FutureWarning)
+            warnings.warn("`is_gradient_checkpointing` is deprecated", UserWarning)
+    assert [(w.category, str(w.message)) for w in caught] == [
+        (FutureWarning, "`gradient_checkpointing` is deprecated"),
+        (FutureWarning, "`something_else` is deprecated"),
+        (UserWarning, "`is_gradient_checkpointing` is deprecated"),
+    ]
+
+
 X86_CPUINFO = """processor	: 0
 vendor_id	: AuthenticAMD
 flags		: fpu sse2 avx2 avx512f avx512bw {extra}

@@ -42,7 +42,7 @@ from typing import Any
 
 from trace_gym.registry import HELD_OUT_SPLIT
 
-from .config import DTYPES, TrainingError, checkpointing, native_bf16
+from .config import DTYPES, TrainingError, checkpointing, native_bf16, without_trl_deprecations
 
 
 @dataclass
@@ -516,26 +516,28 @@ def sft(config: SFTTrainingConfig, *, progress: bool | None = None) -> SFTResult
                     }
                 )
 
-    trainer = _trainer_class()(
-        model=model,
-        args=args,
-        train_dataset=Dataset.from_list(
-            [{k: r[k] for k in ("prompt_ids", "completion_ids", "completion_mask")} for r in rows]
-        ),
-        processing_class=tokenizer,
-        data_collator=_Collator(tokenizer.pad_token_id),
-        peft_config=LoraConfig(
-            r=config.lora_rank,
-            lora_alpha=config.lora_alpha,
-            lora_dropout=0.0,
-            target_modules=list(config.lora_target_modules),
-            task_type="CAUSAL_LM",
-        ),
-        callbacks=[Log()],
-    )
+    with without_trl_deprecations():  # (peft asks the model about checkpointing as it wraps it)
+        trainer = _trainer_class()(
+            model=model,
+            args=args,
+            train_dataset=Dataset.from_list(
+                [{k: r[k] for k in ("prompt_ids", "completion_ids", "completion_mask")} for r in rows]
+            ),
+            processing_class=tokenizer,
+            data_collator=_Collator(tokenizer.pad_token_id),
+            peft_config=LoraConfig(
+                r=config.lora_rank,
+                lora_alpha=config.lora_alpha,
+                lora_dropout=0.0,
+                target_modules=list(config.lora_target_modules),
+                task_type="CAUSAL_LM",
+            ),
+            callbacks=[Log()],
+        )
     trainer.prefix_gradient = config.prefix_gradient
     trainer.prompt_groups = [r["prompt_group"] for r in rows]
-    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    with without_trl_deprecations():
+        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     adapter = out / "adapter"
     trainer.model.save_pretrained(str(adapter))
     from trace_gym.llm.embedded import merge_adapter

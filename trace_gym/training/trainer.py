@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from .config import GRPOTrainingConfig, TrainingError, native_bf16
+from .config import GRPOTrainingConfig, TrainingError, native_bf16, without_trl_deprecations
 from .log import TrainLog, plot_reward_curve
 from . import ranks
 from .pool import EnvPool
@@ -486,22 +486,23 @@ def build_trainer(
     )
     dataset = Dataset.from_list([{"prompt": key} for key in plan_groups(config, tasks)])
     args = config.to_grpo_args()
-    trainer = trainer_class()(
-        model=model,
-        reward_funcs=[env_reward],
-        args=args,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        rollout_func=rollout,
-        peft_config=LoraConfig(
-            r=config.lora_rank,
-            lora_alpha=config.lora_alpha,
-            lora_dropout=config.lora_dropout,
-            target_modules=list(config.lora_target_modules),
-            task_type="CAUSAL_LM",
-        ),
-        callbacks=[iteration_log.callback()],
-    )
+    with without_trl_deprecations():  # (peft enables checkpointing as it wraps the model)
+        trainer = trainer_class()(
+            model=model,
+            reward_funcs=[env_reward],
+            args=args,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            rollout_func=rollout,
+            peft_config=LoraConfig(
+                r=config.lora_rank,
+                lora_alpha=config.lora_alpha,
+                lora_dropout=config.lora_dropout,
+                target_modules=list(config.lora_target_modules),
+                task_type="CAUSAL_LM",
+            ),
+            callbacks=[iteration_log.callback()],
+        )
     trainer.shared_prefix_update = config.shared_prefix_update
     if config.use_vllm:
         print(
@@ -526,7 +527,8 @@ def run_trainer(config: GRPOTrainingConfig, trainer: Any, parts: dict[str, Any])
     out = Path(config.out)
     try:
         checkpoint = parts["checkpoint"]
-        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+        with without_trl_deprecations():
+            trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
         adapter = out / "adapter"
         if ranks.is_main():
             trainer.model.save_pretrained(str(adapter))
