@@ -78,11 +78,11 @@ def test_training_hides_trls_own_deprecation_and_no_other_warning():
     run; the user cannot act on it, so training does not show it, and shows the rest."""
     import warnings
 
-    from trace_gym.training.config import without_trl_deprecations
+    from trace_gym.llm.lora import without_checkpointing_deprecations
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with without_trl_deprecations():
+        with without_checkpointing_deprecations():
             warnings.warn("`is_gradient_checkpointing` is deprecated and will be removed in v6.", FutureWarning)
             warnings.warn("`gradient_checkpointing_enable` is deprecated and will be removed in v6.", FutureWarning)
             warnings.warn("`gradient_checkpointing` is deprecated", FutureWarning)  # an argument of ours: shown

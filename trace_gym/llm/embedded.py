@@ -156,12 +156,15 @@ def merge_adapter(
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .lora import without_checkpointing_deprecations
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     merged = AutoModelForCausalLM.from_pretrained(str(base), local_files_only=True, dtype=torch.float32)
     for stage in adapter if isinstance(adapter, list) else [adapter]:
-        merged = PeftModel.from_pretrained(merged, str(stage)).merge_and_unload()
+        with without_checkpointing_deprecations():
+            merged = PeftModel.from_pretrained(merged, str(stage)).merge_and_unload()
     tokenizer = AutoTokenizer.from_pretrained(str(base), local_files_only=True)
     if chat_template is not None:
         tokenizer.chat_template = chat_template

@@ -5,11 +5,33 @@ entries of a changed adapter must go."""
 
 from __future__ import annotations
 
+import contextlib
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from .base import LLMError
 from .kv_cache import KVStore
+
+
+DEPRECATED_CHECKPOINTING_CALLS = (
+    "is_gradient_checkpointing",
+    "gradient_checkpointing_enable",
+    "gradient_checkpointing_disable",
+)
+
+
+@contextlib.contextmanager
+def without_checkpointing_deprecations() -> Iterator[None]:
+    """peft (as it wraps a model in an adapter) and TRL 1.16 (as it trains) call
+    ``model.is_gradient_checkpointing`` and ``gradient_checkpointing_enable``/``_disable``,
+    which transformers 5.x deprecates with a FutureWarning at every run: nothing a user
+    can act on, so they are not shown (every other warning still is, our own arguments'
+    names included)."""
+    with warnings.catch_warnings():
+        for name in DEPRECATED_CHECKPOINTING_CALLS:
+            warnings.filterwarnings("ignore", message=f"`{name}` is deprecated", category=FutureWarning)
+        yield
 
 
 class LoraAdapters:
@@ -29,7 +51,8 @@ class LoraAdapters:
             raise LLMError(f"no adapter at {path}")
         with self._lock:
             if not hasattr(self.model, "peft_config"):
-                self.model = PeftModel.from_pretrained(self.model, path, adapter_name=name)
+                with without_checkpointing_deprecations():
+                    self.model = PeftModel.from_pretrained(self.model, path, adapter_name=name)
             else:
                 self.model.load_adapter(path, adapter_name=name)
             self.model.eval()

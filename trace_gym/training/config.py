@@ -11,13 +11,11 @@ them onto TRL's ``GRPOConfig``.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from trace_gym.errors import TraceGymError
 
@@ -343,21 +341,6 @@ def checkpointing(config_class: type, on: bool) -> dict[str, Any]:
     names = {f.name for f in dataclasses.fields(config_class)}
     prefix = "activation" if "activation_checkpointing" in names else "gradient"
     return {f"{prefix}_checkpointing": on, f"{prefix}_checkpointing_kwargs": {"use_reentrant": False}}
-
-
-TRL_DEPRECATED_CALLS = ("is_gradient_checkpointing", "gradient_checkpointing_enable", "gradient_checkpointing_disable")
-
-
-@contextlib.contextmanager
-def without_trl_deprecations() -> Iterator[None]:
-    """TRL 1.16 and peft call ``model.is_gradient_checkpointing`` and
-    ``gradient_checkpointing_enable``/``_disable``, which transformers 5.x deprecates
-    with a FutureWarning at every training run: nothing a user can act on, so they are
-    not shown (every other warning still is, our own arguments' names included)."""
-    with warnings.catch_warnings():
-        for name in TRL_DEPRECATED_CALLS:
-            warnings.filterwarnings("ignore", message=f"`{name}` is deprecated", category=FutureWarning)
-        yield
 
 
 BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})  # x86 AVX512-BF16 and AMX; Arm's BF16 extension

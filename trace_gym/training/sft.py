@@ -42,7 +42,9 @@ from typing import Any
 
 from trace_gym.registry import HELD_OUT_SPLIT
 
-from .config import DTYPES, TrainingError, checkpointing, native_bf16, without_trl_deprecations
+from trace_gym.llm.lora import without_checkpointing_deprecations
+
+from .config import DTYPES, TrainingError, checkpointing, native_bf16
 
 
 @dataclass
@@ -516,7 +518,7 @@ def sft(config: SFTTrainingConfig, *, progress: bool | None = None) -> SFTResult
                     }
                 )
 
-    with without_trl_deprecations():  # (peft asks the model about checkpointing as it wraps it)
+    with without_checkpointing_deprecations():  # (peft asks the model about checkpointing as it wraps it)
         trainer = _trainer_class()(
             model=model,
             args=args,
@@ -536,7 +538,7 @@ def sft(config: SFTTrainingConfig, *, progress: bool | None = None) -> SFTResult
         )
     trainer.prefix_gradient = config.prefix_gradient
     trainer.prompt_groups = [r["prompt_group"] for r in rows]
-    with without_trl_deprecations():
+    with without_checkpointing_deprecations():
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     adapter = out / "adapter"
     trainer.model.save_pretrained(str(adapter))

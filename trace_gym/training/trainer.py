@@ -36,7 +36,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from .config import GRPOTrainingConfig, TrainingError, native_bf16, without_trl_deprecations
+from trace_gym.llm.lora import without_checkpointing_deprecations
+
+from .config import GRPOTrainingConfig, TrainingError, native_bf16
 from .log import TrainLog, plot_reward_curve
 from . import ranks
 from .pool import EnvPool
@@ -486,7 +488,7 @@ def build_trainer(
     )
     dataset = Dataset.from_list([{"prompt": key} for key in plan_groups(config, tasks)])
     args = config.to_grpo_args()
-    with without_trl_deprecations():  # (peft enables checkpointing as it wraps the model)
+    with without_checkpointing_deprecations():  # (peft enables checkpointing as it wraps the model)
         trainer = trainer_class()(
             model=model,
             reward_funcs=[env_reward],
@@ -527,7 +529,7 @@ def run_trainer(config: GRPOTrainingConfig, trainer: Any, parts: dict[str, Any])
     out = Path(config.out)
     try:
         checkpoint = parts["checkpoint"]
-        with without_trl_deprecations():
+        with without_checkpointing_deprecations():
             trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
         adapter = out / "adapter"
         if ranks.is_main():
