@@ -360,12 +360,11 @@ def test_the_example_folder_runs_the_whole_loop_offline_with_the_generic_analyst
     result = run_cli("run", str(REPO / "examples" / "bank-support" / "run.toml"), env=ON_PATH, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     run = tmp_path / "runs" / "bank-support"
+    # The 135M model makes no call: its own failures lack complete actions, and precise arguments
+    # never apply to them (no write attempted), so the planted successes beside them select one.
     selected = {c.name for c in Identification.load(run / "identify").selected}
-    assert selected == {"precise_arguments", "complete_actions"}
-    assert EnvSet.load(run / "envs").trainable() == {
-        "precise_arguments": "trace/bank-card-lookup-v0",
-        "complete_actions": "trace/bank-freeze-all-v0",
-    }
+    assert selected == {"complete_actions"}
+    assert EnvSet.load(run / "envs").trainable() == {"complete_actions": "trace/bank-freeze-all-v0"}
     assert {a.name for a in AdapterSet.load(run / "adapters").of_kind("capability")} == selected
     rows = {r.method: r for r in load_results(run / "eval" / "results.json")}
     assert set(rows) == {"base", "trace"} and all(r.tasks == 6 for r in rows.values())  # bank's 6 test tasks

@@ -171,3 +171,52 @@ def test_evaluations_step_limit_is_checked_on_the_train_split(tmp_path):
         json.loads(line).get("task_id") for f in tmp_path.glob("oracle-*.jsonl") for line in f.read_text().splitlines()
     } - {None}
     assert played == {"0", "1", "2", "3"}  # the train split's first tasks; evaluation's held-out ones untouched
+
+
+STAND_INS = """
+[run]
+target = "trace/tau2-retail-v0"
+dir = "{run}"
+stages = ["rollout", "identify"]
+
+[policy]
+model = "openai:double"
+base_url = "{url}"
+api_key_env = "DOUBLE_KEY"
+
+[rollout]
+tasks = 3
+max_steps = 16
+fallback = "oracle"
+
+[identify.selection]
+runs = 4
+min_runs = 3
+"""
+
+
+def test_a_policy_without_successes_keeps_its_failures_and_the_oracles_stand_in(tmp_path):
+    from openai_double import OpenAIDouble
+
+    from trace_gym.store import read_trajectories
+
+    refuse = {"content": "I am sorry, I cannot help with that. Is there anything else I can help you with?"}
+    config = tmp_path / "run.toml"
+    with OpenAIDouble(lambda body: refuse) as server:
+        config.write_text(STAND_INS.format(run=tmp_path / "run", url=server.base_url))
+        result = run_cli("run", str(config), env={"DOUBLE_KEY": "test-key"})
+    assert result.returncode == 0, result.stderr
+    assert "the oracle agent's" in result.stderr and "successes stand in for the policy's" in result.stderr
+    outputs = json.loads((tmp_path / "run" / "state.json").read_text())["stages"]["rollout"]["outputs"]
+    episodes = read_trajectories(outputs["trajectories"])
+    own = [t for t in episodes if t.agent == "llm"]
+    stand_ins = [t for t in episodes if t.agent != "llm"]
+    assert len(own) == 3 and not any(t.success for t in own)  # every episode of the policy's, all failed
+    assert stand_ins and all(t.success and t.agent == "oracle" for t in stand_ins)  # the oracle's successes only
+    assert all(t.episode_id.endswith("|oracle") for t in stand_ins)  # the same tasks, other ids
+    assert outputs["stand_in"]["added"] == {"successes": len(stand_ins), "failures": 0}
+    labelled = {json.loads(line)["episode_id"] for line in (tmp_path / "run" / "identify" / "labels.jsonl").open()}
+    assert {t.episode_id for t in own} <= labelled  # identification explains the policy's own failures
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "**Too few to contrast**" in report and "every episode of the policy's" in report
+    assert "The failures it explains are the policy's own" in report

@@ -136,10 +136,12 @@ class RolloutStage:
     """Successes and failures (each) the policy's own rollouts need for identification to contrast
     them; with fewer, ``fallback`` (if set) plays instead."""
     fallback: str | None = None
-    """An agent (e.g. ``planted``, with ``deficits``) whose trajectories identification contrasts
-    when the policy's own hold fewer than ``min_contrast`` successes or failures; it plays the
-    whole split (``tasks`` limits the policy only). The report says so and keeps the policy's
-    figures. None: contrast what the policy did."""
+    """An agent whose episodes stand in where the policy's own hold fewer than ``min_contrast``
+    successes or failures: it plays the whole split (``tasks`` limits the policy only), and its
+    episodes of the side the policy is short of join every episode of the policy's. ``oracle``:
+    the target's own solutions stand in for the successes a weak policy lacks, so identification
+    still explains the policy's own failures; ``planted`` (with ``deficits``): the oracle with
+    seeded deficits. The report says which episodes are whose. None: contrast what the policy did."""
 
 
 @dataclass
@@ -775,25 +777,62 @@ def stage_rollout(config: PipelineConfig, state: RunState, say: Callable[[str], 
 
     ceilings = _check_ceilings(config, out.parent, say)
     played = play(config.rollout.agent, out)
-    failures = played["episodes"] - played["successes"]
-    short = min(played["successes"], failures) < config.rollout.min_contrast
+    short = [
+        side
+        for side, n in (("successes", played["successes"]), ("failures", played["episodes"] - played["successes"]))
+        if n < config.rollout.min_contrast
+    ]
     if config.rollout.agent == "policy" and config.rollout.fallback and short:
+        who = config.rollout.fallback
         reason = (
-            f"the policy's {played['episodes']} episodes hold {played['successes']} successes and {failures} "
-            f"failures, fewer than {config.rollout.min_contrast} of each to contrast"
+            f"the policy's {played['episodes']} episodes hold {played['successes']} successes and "
+            f"{played['episodes'] - played['successes']} failures, fewer than {config.rollout.min_contrast} of each "
+            "to contrast"
         )
-        say(f"{reason}: identification contrasts the {config.rollout.fallback} agent's trajectories instead")
         # (the whole split: a scripted fallback costs no model time, and selection needs contrast)
-        fallback = play(config.rollout.fallback, out.with_name(out.stem + f"-{config.rollout.fallback}.jsonl"), None)
-        fallback["wall_s"] += played["wall_s"]
+        other = play(who, out.with_name(out.stem + f"-{who}.jsonl"), None)
+        mixed = out.with_name(out.stem + "-contrast.jsonl")
+        added = write_stand_ins(Path(played["trajectories"]), Path(other["trajectories"]), mixed, short)
+        said = " and ".join(f"{added[side]} {side}" for side in short)
+        say(f"{reason}: the {who} agent's {said} stand in for the policy's; its own episodes are all kept")
+        episodes, successes = played["episodes"] + sum(added.values()), played["successes"] + added["successes"]
         return {
-            **fallback,
+            "trajectories": str(mixed),
+            "sha256": content_hash(mixed),
+            "agent": "policy",
+            "episodes": episodes,
+            "successes": successes,
+            "pass_rate": successes / max(episodes, 1),
+            "wall_s": played["wall_s"] + other["wall_s"],
             "policy": played,
+            "stand_in": {**other, "sides": short, "added": added},
             "fallback_reason": reason,
             "ceilings": ceilings,
-            "summary": f"policy: {played['summary']}; too few to contrast, {config.rollout.fallback}: {fallback['summary']}",
+            "summary": f"policy: {played['summary']}; too few to contrast, {who} adds {said}",
         }
     return {**played, "ceilings": ceilings}
+
+
+def write_stand_ins(own: Path, other: Path, out: Path, sides: list[str]) -> dict[str, int]:
+    """One file for identification: every episode of ``own`` and, of ``other``, those on the
+    ``sides`` (``successes``, ``failures``) the first is short of. Both played the same split, so
+    a stand-in's episode id gains its agent's name. Written whole or not at all; returns how many
+    of each side were added."""
+    from .store import RUN_RECORD, read_run_settings, read_trajectories
+
+    lines = [json.dumps({"record": RUN_RECORD, "settings": s}, sort_keys=True) for s in read_run_settings(own)]
+    lines += [t.model_dump_json() for t in read_trajectories(own)]
+    lines += [json.dumps({"record": RUN_RECORD, "settings": s}, sort_keys=True) for s in read_run_settings(other)]
+    added = {"successes": 0, "failures": 0}
+    for t in read_trajectories(other):
+        side = "successes" if t.success else "failures"
+        if side in sides:
+            lines.append(t.model_copy(update={"episode_id": f"{t.episode_id}|{t.agent}"}).model_dump_json())
+            added[side] += 1
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    tmp.replace(out)
+    return added
 
 
 def oracle_ceiling(

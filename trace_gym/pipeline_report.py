@@ -55,44 +55,7 @@ def write_report(config: Any, state: Any) -> Path:
     ]
     stages = state.stages
     if "rollout" in stages:
-        r = stages["rollout"].outputs
-        where = "given (not rolled out)" if r.get("given") else f"on the `{config.rollout.split}` split"
-        who = r.get("agent", "policy")
-        heading = (
-            "## 1. The base policy on the target"
-            if who == "policy" and not r.get("given")
-            else "## 1. The trajectories identification contrasts"
-        )
-        if who not in ("policy", None) and not r.get("given"):
-            where += (
-                f", played by the `{who}` agent, not by the policy: its failures are the ones identification "
-                f"explains" + (f" (deficits {r.get('deficits')})" if r.get("deficits") else "")
-            )
-        if r.get("policy"):
-            p = r["policy"]
-            out += [
-                "## 1. The base policy on the target",
-                "",
-                f"{p['episodes']} episodes on the `{config.rollout.split}` split: pass rate **{p['pass_rate']:.3f}** "
-                f"({p['successes']} successes), mean reward {p['mean_reward']:.3f}, {p['wall_s']:.0f} s "
-                f"(`{_rel(p['trajectories'], run_dir)}`).",
-                "",
-                f"**Too few to contrast**: {r['fallback_reason']}; identification uses the trajectories below instead.",
-                "",
-            ]
-            heading = "### The trajectories identification contrasts instead"
-        out += [
-            heading,
-            "",
-            f"{r['episodes']} episodes {where}: pass rate **{r['pass_rate']:.3f}** "
-            f"({r['successes']} successes), mean reward {r['mean_reward']:.3f}, {r['wall_s']:.0f} s "
-            f"(`{_rel(r['trajectories'], run_dir)}`).",
-            "",
-            "*Pass rate*: the share of episodes the target's own evaluator scored as solved. Identification "
-            "contrasts the successes with the failures, so it needs some of each.",
-            "",
-        ]
-        out += _ceilings(r.get("ceilings") or {})
+        out += _rollout_section(stages["rollout"].outputs, run_dir, config)
     if "identify" in stages:
         out += _identify_section(stages["identify"].outputs, run_dir, config)
     if "synthesize" in stages:
@@ -109,6 +72,59 @@ def write_report(config: Any, state: Any) -> Path:
     path = run_dir / "report.md"
     path.write_text("\n".join(out) + "\n", encoding="utf-8")
     return path
+
+
+PASS_RATE_NOTE = [
+    "*Pass rate*: the share of episodes the target's own evaluator scored as solved. Identification "
+    "contrasts the successes with the failures, so it needs some of each.",
+    "",
+]
+
+
+def _played(r: dict[str, Any], run_dir: Path) -> str:
+    return (
+        f"pass rate **{r['pass_rate']:.3f}** ({r['successes']} successes), mean reward {r['mean_reward']:.3f}, "
+        f"{r['wall_s']:.0f} s (`{_rel(r['trajectories'], run_dir)}`)"
+    )
+
+
+def _rollout_section(r: dict[str, Any], run_dir: Path, config: Any) -> list[str]:
+    split, who = config.rollout.split, r.get("agent", "policy")
+    if r.get("stand_in"):  # the policy's episodes, and another agent's on the side it is short of
+        p, o = r["policy"], r["stand_in"]
+        added = " and ".join(f"{o['added'][side]} {side}" for side in o["sides"])
+        deficits = f" (the oracle with seeded deficits {o['deficits']})" if o.get("deficits") else ""
+        explained = "partly the stand-in's" if "failures" in o["sides"] else "the policy's own"
+        return [
+            "## 1. The base policy on the target",
+            "",
+            f"{p['episodes']} episodes on the `{split}` split: {_played(p, run_dir)}.",
+            "",
+            f"**Too few to contrast**: {r['fallback_reason']}. Identification reads every episode of the policy's "
+            f"and {added} of the `{o['agent']}` agent{deficits}, which played the whole split ({o['episodes']} "
+            f"episodes: {_played(o, run_dir)}): {r['episodes']} episodes, {r['successes']} successes "
+            f"(`{_rel(r['trajectories'], run_dir)}`). The failures it explains are {explained}; where stand-ins "
+            "are the successes, a gap measures the distance from what succeeds, not a contrast within the policy.",
+            "",
+            *PASS_RATE_NOTE,
+            *_ceilings(r.get("ceilings") or {}),
+        ]
+    if r.get("given"):
+        heading, where = "## 1. The trajectories identification contrasts", "given (not rolled out)"
+    elif who == "policy":
+        heading, where = "## 1. The base policy on the target", f"on the `{split}` split"
+    else:
+        heading = "## 1. The trajectories identification contrasts"
+        where = f"on the `{split}` split, played by the `{who}` agent, not by the policy: its failures are the ones "
+        where += "identification explains" + (f" (deficits {r.get('deficits')})" if r.get("deficits") else "")
+    return [
+        heading,
+        "",
+        f"{r['episodes']} episodes {where}: {_played(r, run_dir)}.",
+        "",
+        *PASS_RATE_NOTE,
+        *_ceilings(r.get("ceilings") or {}),
+    ]
 
 
 def _identify_section(outputs: dict[str, Any], run_dir: Path, config: Any) -> list[str]:
