@@ -347,3 +347,27 @@ def test_a_lock_step_batch_is_generated_in_one_pass_whatever_the_models_default(
         progress=False,
     )
     assert sizes[0] == 10 and backend.max_batch == 10
+
+
+def test_a_leveled_env_is_played_at_the_level_asked_and_a_bad_level_is_one_line(tmp_path):
+    asks = {}
+    for level in (0, 1):
+        out = tmp_path / f"level{level}.jsonl"
+        result = run_cli(
+            "rollout", "--env", "trace/complete-actions-v0", "--agent", "oracle", "--seeds", "3", "--level", str(level),
+            "--out", str(out), "--no-progress",
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert read_run_settings(out)[0]["env_options"] == {"level": level}  # recorded: a resume at another refuses
+        asks[level] = [next(m.content for m in t.messages if m.role == "user") for t in read_trajectories(out)]
+    assert all("; also, " not in a for a in asks[0])  # level 0: one change asked for
+    assert all("; also, " in a for a in asks[1])  # level 1: two
+    for env, level, fragment in (
+        ("trace/complete-actions-v0", "5", "level must be an integer in 0..2, got 5"),
+        ("trace/well-formed-calls-v0", "1", "has no difficulty levels"),
+        (RETAIL, "1", "--level: trace/tau2-retail-v0 is a target; levels are for synthesized envs"),
+    ):
+        where = ["--tasks", "1"] if env == RETAIL else ["--seeds", "1"]
+        result = run_cli("rollout", "--env", env, "--agent", "oracle", *where, "--level", level,
+                         "--out", str(tmp_path / "bad.jsonl"), "--no-progress")  # fmt: skip
+        assert result.returncode == 2 and fragment in result.stderr and "Traceback" not in result.stderr, result.stderr

@@ -220,6 +220,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="step limit before truncation (τ² targets: tau2's orchestrator steps, every message counted; synthesized envs: agent actions)",
     )
+    roll.add_argument(
+        "--level",
+        type=int,
+        default=None,
+        help="synthesized envs with LEVELS: the difficulty level to play (default: the env's own)",
+    )
     roll.add_argument("--json", action="store_true", help="print the summary as JSON")
     roll.add_argument("--no-progress", action="store_true", help="no progress bar")
     roll.set_defaults(func=cmd_rollout)
@@ -830,12 +836,17 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     from .rollout import rollout
 
     entry = get_entry(args.env)  # an unknown id fails here, before any heavy import
+    if args.level is not None and entry.kind != "synthesized":
+        raise TraceGymError(
+            f"--level: {entry.id} is a {entry.kind}; levels are for synthesized envs that declare LEVELS"
+        )
     env_kwargs: dict[str, Any] = {}
     for key, value in (
         ("user", args.user),
         ("user_model", args.user_model),
         ("user_base_url", args.user_base_url),
         ("max_steps", args.max_steps),
+        ("level", args.level),
     ):
         if value is not None:
             env_kwargs[key] = value
