@@ -205,7 +205,15 @@ def test_a_policy_without_successes_keeps_its_failures_and_the_oracles_stand_in(
     with OpenAIDouble(lambda body: refuse) as server:
         config.write_text(STAND_INS.format(run=tmp_path / "run", url=server.base_url))
         result = run_cli("run", str(config), env={"DOUBLE_KEY": "test-key"})
-    assert result.returncode == 0, result.stderr
+        assert result.returncode == 0, result.stderr
+        # A run from before stand-ins kept the fallback's episodes only: resumed, its rollout is redone.
+        state = json.loads((tmp_path / "run" / "state.json").read_text())
+        state["stages"]["rollout"]["outputs"].pop("stand_in")
+        (tmp_path / "run" / "state.json").write_text(json.dumps(state))
+        served = len(server.requests)
+        again = run_cli("run", str(config), "--resume", env={"DOUBLE_KEY": "test-key"})
+        assert again.returncode == 0 and "[rollout] made before a fallback's episodes joined" in again.stderr
+        assert len(server.requests) == served  # from its files: no episode played again
     assert "the oracle agent's" in result.stderr and "successes stand in for the policy's" in result.stderr
     outputs = json.loads((tmp_path / "run" / "state.json").read_text())["stages"]["rollout"]["outputs"]
     episodes = read_trajectories(outputs["trajectories"])
@@ -214,9 +222,14 @@ def test_a_policy_without_successes_keeps_its_failures_and_the_oracles_stand_in(
     assert len(own) == 3 and not any(t.success for t in own)  # every episode of the policy's, all failed
     assert stand_ins and all(t.success and t.agent == "oracle" for t in stand_ins)  # the oracle's successes only
     assert all(t.episode_id.endswith("|oracle") for t in stand_ins)  # the same tasks, other ids
+    oracle = read_trajectories(outputs["stand_in"]["trajectories"])
+    assert len(stand_ins) == sum(t.success for t in oracle) > 0  # every success of the oracle's, no failure
     assert outputs["stand_in"]["added"] == {"successes": len(stand_ins), "failures": 0}
+    assert (outputs["episodes"], outputs["successes"]) == (len(episodes), len(stand_ins))
+    identified = json.loads((tmp_path / "run" / "state.json").read_text())["stages"]["identify"]["outputs"]
+    assert "degenerate" not in identified and identified["selected"]
     labelled = {json.loads(line)["episode_id"] for line in (tmp_path / "run" / "identify" / "labels.jsonl").open()}
-    assert {t.episode_id for t in own} <= labelled  # identification explains the policy's own failures
+    assert {t.episode_id for t in episodes} == labelled  # the policy's own failures among them
     report = (tmp_path / "run" / "report.md").read_text()
     assert "**Too few to contrast**" in report and "every episode of the policy's" in report
     assert "The failures it explains are the policy's own" in report

@@ -134,7 +134,7 @@ class RolloutStage:
     rolling the policy out; its episodes must be of ``[run] target``."""
     min_contrast: int = 3
     """Successes and failures (each) the policy's own rollouts need for identification to contrast
-    them; with fewer, ``fallback`` (if set) plays instead."""
+    them; with fewer, ``fallback`` (if set) stands in for the side that is short."""
     fallback: str | None = None
     """An agent whose episodes stand in where the policy's own hold fewer than ``min_contrast``
     successes or failures: it plays the whole split (``tasks`` limits the policy only), and its
@@ -608,9 +608,14 @@ def run_pipeline(
         redo = redo or stage == from_stage
         inputs = stage_inputs_hash(config, stage, state)
         record = state.stages.get(stage)
-        if record and record.inputs_hash == inputs and not redo:
+        # A rollout from before stand-ins joined the policy's episodes kept only the fallback's: redone
+        # (its files resume, so only the contrast file is new).
+        outdated = stage == "rollout" and record and "policy" in record.outputs and "stand_in" not in record.outputs
+        if record and record.inputs_hash == inputs and not redo and not outdated:
             say(f"[{stage}] unchanged since {record.finished_at}; kept ({_summary(record.outputs)})")
             continue
+        if outdated:
+            say("[rollout] made before a fallback's episodes joined the policy's own: redone from its files")
         _run_stage(config, state, stage, say)
     from .pipeline_report import write_report
 
@@ -796,6 +801,8 @@ def stage_rollout(config: PipelineConfig, state: RunState, say: Callable[[str], 
         said = " and ".join(f"{added[side]} {side}" for side in short)
         say(f"{reason}: the {who} agent's {said} stand in for the policy's; its own episodes are all kept")
         episodes, successes = played["episodes"] + sum(added.values()), played["successes"] + added["successes"]
+        if min(successes, episodes - successes) < config.rollout.min_contrast:
+            say(f"still fewer than {config.rollout.min_contrast} of each with them: identification may select nothing")
         return {
             "trajectories": str(mixed),
             "sha256": content_hash(mixed),

@@ -94,7 +94,17 @@ def _rollout_section(r: dict[str, Any], run_dir: Path, config: Any) -> list[str]
         p, o = r["policy"], r["stand_in"]
         added = " and ".join(f"{o['added'][side]} {side}" for side in o["sides"])
         deficits = f" (the oracle with seeded deficits {o['deficits']})" if o.get("deficits") else ""
-        explained = "partly the stand-in's" if "failures" in o["sides"] else "the policy's own"
+        own_failures = p["episodes"] - p["successes"]
+        explained = (
+            "the policy's own"
+            if not o["added"]["failures"]
+            else "the stand-in's"
+            if not own_failures
+            else "partly the stand-in's"
+        )
+        if o["added"]["successes"]:
+            explained += "; where stand-ins are the successes, a gap measures the distance from what succeeds"
+            explained += ", not a contrast within the policy"
         return [
             "## 1. The base policy on the target",
             "",
@@ -103,8 +113,7 @@ def _rollout_section(r: dict[str, Any], run_dir: Path, config: Any) -> list[str]
             f"**Too few to contrast**: {r['fallback_reason']}. Identification reads every episode of the policy's "
             f"and {added} of the `{o['agent']}` agent{deficits}, which played the whole split ({o['episodes']} "
             f"episodes: {_played(o, run_dir)}): {r['episodes']} episodes, {r['successes']} successes "
-            f"(`{_rel(r['trajectories'], run_dir)}`). The failures it explains are {explained}; where stand-ins "
-            "are the successes, a gap measures the distance from what succeeds, not a contrast within the policy.",
+            f"(`{_rel(r['trajectories'], run_dir)}`). The failures it explains are {explained}.",
             "",
             *PASS_RATE_NOTE,
             *_ceilings(r.get("ceilings") or {}),
