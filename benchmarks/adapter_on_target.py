@@ -22,11 +22,11 @@ from pathlib import Path
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-LACKING, PRESENT = "LACKING", "PRESENT"
-
 
 def paired_change(base: dict[str, str], other: dict[str, str], rng: random.Random) -> tuple[int, float, float, float]:
     """Over the tasks where the capability applies in both: (tasks, mean change in LACKING, 95% interval)."""
+    from trace_gym.identification.stats import LACKING, PRESENT
+
     tasks = [k for k in base if base[k] in (LACKING, PRESENT) and other.get(k) in (LACKING, PRESENT)]
     diffs = [(other[k] == LACKING) - (base[k] == LACKING) for k in tasks]
     if not diffs:

@@ -206,14 +206,10 @@ def test_a_policy_without_successes_keeps_its_failures_and_the_oracles_stand_in(
         config.write_text(STAND_INS.format(run=tmp_path / "run", url=server.base_url))
         result = run_cli("run", str(config), env={"DOUBLE_KEY": "test-key"})
         assert result.returncode == 0, result.stderr
-        # A run from before stand-ins kept the fallback's episodes only: resumed, its rollout is redone.
-        state = json.loads((tmp_path / "run" / "state.json").read_text())
-        state["stages"]["rollout"]["outputs"].pop("stand_in")
-        (tmp_path / "run" / "state.json").write_text(json.dumps(state))
         served = len(server.requests)
         again = run_cli("run", str(config), "--resume", env={"DOUBLE_KEY": "test-key"})
-        assert again.returncode == 0 and "[rollout] made before a fallback's episodes joined" in again.stderr
-        assert len(server.requests) == served  # from its files: no episode played again
+        assert again.returncode == 0 and "[rollout] unchanged since" in again.stderr, again.stderr
+        assert len(server.requests) == served  # resumed: nothing played again
     assert "the oracle agent's" in result.stderr and "successes stand in for the policy's" in result.stderr
     outputs = json.loads((tmp_path / "run" / "state.json").read_text())["stages"]["rollout"]["outputs"]
     episodes = read_trajectories(outputs["trajectories"])
@@ -233,3 +229,26 @@ def test_a_policy_without_successes_keeps_its_failures_and_the_oracles_stand_in(
     report = (tmp_path / "run" / "report.md").read_text()
     assert "**Too few to contrast**" in report and "every episode of the policy's" in report
     assert "The failures it explains are the policy's own" in report
+
+
+def test_a_stage_at_a_new_version_is_redone_and_version_one_hashes_as_before(monkeypatch, tmp_path):
+    """A resumed run from before a stage's outputs changed meaning (rollout 2: stand-ins join the
+    policy's episodes) redoes that stage; a stage never versioned keeps its old hash."""
+    import hashlib
+
+    from trace_gym import pipeline
+
+    config = pipeline.config_from_data({"run": {"target": "trace/tau2-retail-v0", "dir": str(tmp_path)}})
+    state = pipeline.RunState(tmp_path)
+    current = pipeline.stage_inputs_hash(config, "rollout", state)
+    monkeypatch.setitem(pipeline.STAGE_VERSIONS, "rollout", 1)
+    before_versions = pipeline.stage_inputs_hash(config, "rollout", state)
+    assert current != before_versions  # a run hashed before the version bump does not match: redone
+    payload = {
+        "target": config.run.target,
+        "seed": config.run.seed,
+        "policy": pipeline._hashed("policy", pipeline.to_table(config.policy)),
+        "settings": pipeline._hashed("rollout", pipeline.to_table(config.rollout)),
+        "upstream": {},
+    }
+    assert before_versions == hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()

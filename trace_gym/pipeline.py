@@ -564,11 +564,20 @@ def _hashed(section: str, table: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in table.items() if not (k in late and v == late[k]) and k not in NOT_HASHED}
 
 
+STAGE_VERSIONS = {"rollout": 2}
+"""A stage whose outputs changed meaning is at a new version, so that a resumed run made
+before redoes it (and what follows). rollout 2: a fallback's episodes join the policy's
+own instead of replacing them."""
+
+
 def stage_inputs_hash(config: PipelineConfig, stage: str, state: RunState) -> str:
-    """A stage's inputs: the run's target and seed, the policy, its own settings, and
-    every upstream stage's recorded outputs (so a changed upstream redoes it)."""
+    """A stage's inputs: the run's target and seed, the policy, its own settings, its
+    version (from 2 on), and every upstream stage's recorded outputs (so a changed upstream
+    redoes it)."""
     upstream = STAGES[: STAGES.index(stage)]
+    version = STAGE_VERSIONS.get(stage, 1)
     payload = {
+        **({"version": version} if version > 1 else {}),  # version 1 hashes as before versions existed
         "target": config.run.target,
         "seed": config.run.seed,
         "policy": _hashed("policy", to_table(config.policy)),
@@ -608,14 +617,9 @@ def run_pipeline(
         redo = redo or stage == from_stage
         inputs = stage_inputs_hash(config, stage, state)
         record = state.stages.get(stage)
-        # A rollout from before stand-ins joined the policy's episodes kept only the fallback's: redone
-        # (its files resume, so only the contrast file is new).
-        outdated = stage == "rollout" and record and "policy" in record.outputs and "stand_in" not in record.outputs
-        if record and record.inputs_hash == inputs and not redo and not outdated:
+        if record and record.inputs_hash == inputs and not redo:
             say(f"[{stage}] unchanged since {record.finished_at}; kept ({_summary(record.outputs)})")
             continue
-        if outdated:
-            say("[rollout] made before a fallback's episodes joined the policy's own: redone from its files")
         _run_stage(config, state, stage, say)
     from .pipeline_report import write_report
 
@@ -825,20 +829,15 @@ def write_stand_ins(own: Path, other: Path, out: Path, sides: list[str]) -> dict
     ``sides`` (``successes``, ``failures``) the first is short of. Both played the same split, so
     a stand-in's episode id gains its agent's name. Written whole or not at all; returns how many
     of each side were added."""
-    from .store import RUN_RECORD, read_run_settings, read_trajectories
+    from .store import read_run_settings, read_trajectories, write_trajectories
 
-    lines = [json.dumps({"record": RUN_RECORD, "settings": s}, sort_keys=True) for s in read_run_settings(own)]
-    lines += [t.model_dump_json() for t in read_trajectories(own)]
-    lines += [json.dumps({"record": RUN_RECORD, "settings": s}, sort_keys=True) for s in read_run_settings(other)]
-    added = {"successes": 0, "failures": 0}
+    kept, added = read_trajectories(own), {"successes": 0, "failures": 0}
     for t in read_trajectories(other):
         side = "successes" if t.success else "failures"
         if side in sides:
-            lines.append(t.model_copy(update={"episode_id": f"{t.episode_id}|{t.agent}"}).model_dump_json())
+            kept.append(t.model_copy(update={"episode_id": f"{t.episode_id}|{t.agent}"}))
             added[side] += 1
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    tmp.replace(out)
+    write_trajectories(out, read_run_settings(own) + read_run_settings(other), kept)
     return added
 
 

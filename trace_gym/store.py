@@ -46,6 +46,17 @@ def read_run_settings(path: str | Path) -> list[dict[str, Any]]:
     return _read(Path(path), repair=False).settings
 
 
+def write_trajectories(path: str | Path, settings: list[dict[str, Any]], trajectories: list[Trajectory]) -> None:
+    """A whole trajectory file at once (a derived one, not a run in progress): a header per run
+    settings, then the episodes; written to a temporary file and renamed, so whole or not at all."""
+    path = Path(path)
+    lines = [json.dumps({"record": RUN_RECORD, "settings": s}, sort_keys=True) for s in settings]
+    lines += [t.model_dump_json() for t in trajectories]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def normalize_settings(settings: dict[str, Any]) -> dict[str, Any]:
     """Settings as they read back from the file (JSON types; objects by their text)."""
     return json.loads(json.dumps(settings, sort_keys=True, default=str))
