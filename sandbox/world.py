@@ -227,10 +227,30 @@ def retail_spelled(address):
 def retail_play(users, orders, action):
     """A tool-call action ({"type": "tool_call", "name", "arguments"}) played over the records
     as ``retail_answer`` plays it: (name, arguments, answer, ok), where ``ok`` is false
-    for an ``Error: ...`` answer (or None: a tool the kit does not play)."""
+    for an ``Error: ...`` answer and for a tool the kit does not play (answer None)."""
     name, arguments = action["name"], action.get("arguments") or {}
     answer = retail_answer(users, orders, name, arguments)
     return name, arguments, answer, answer is not None and not answer.startswith("Error")
+
+
+def retail_step(log, users, orders, action):
+    """``step()``'s result for a tool-call action: the call played over the records as
+    ``retail_play`` plays it, and logged. ``log`` (a list the env keeps) gains
+    {"name", "arguments", "ok"} before the kit answers, so a call whose value makes the
+    kit raise is logged too, its ok left None; ``called`` reads the log. A tool the kit
+    does not play gets the observation None: answer that one yourself."""
+    entry = {"name": action["name"], "arguments": action.get("arguments") or {}, "ok": None}
+    log.append(entry)
+    _, _, answer, entry["ok"] = retail_play(users, orders, action)
+    return {"observation": answer, "done": False}
+
+
+def called(log, *names, ok=True):
+    """The arguments of the calls in ``log`` (kept by ``retail_step``) to any of ``names``
+    (to any tool when none is named), in order: with ``ok=True`` the calls that went
+    through, with ``ok=False`` those answered with an error, with ``ok=None`` every call
+    tried (those the kit raised on too)."""
+    return [e["arguments"] for e in log if (not names or e["name"] in names) and (ok is None or e["ok"] is ok)]
 
 
 def script(*steps):

@@ -51,3 +51,27 @@ def test_a_call_the_kit_refuses_still_counts(sandbox_backend, env_id, seed, tool
         assert info["components"][component] == 0.0 and reason in info["reason"], info
     finally:
         env.close()
+
+
+def test_a_return_the_kit_raises_on_is_the_return_graded(sandbox_backend):
+    """tool-precision grades the last return tried, also one whose value made the kit
+    raise (its payment method as a list): the agent made that call, and the user, who
+    saw it answered, takes it as the return and ends the call."""
+    env = make("trace/tool-precision-v0", backend=sandbox_backend)
+    try:
+        env.reset(seed=0)
+        *reads, write, _ = env.unwrapped.oracle_actions()
+        env.reset(seed=0)
+        for action in reads:
+            env.step(action)
+        call = call_of(write)
+        call["arguments"]["payment_method_id"] = [call["arguments"]["payment_method_id"]]
+        observation, *_ = env.step("<tool_call>%s</tool_call>" % json.dumps(call))
+        assert observation.startswith("Error: "), observation
+        *_, terminated, _, _ = env.step("Your return is requested.")
+        assert terminated, "the user did not take the refused return as the return"
+        parts = env.unwrapped.reward_info["components"]
+        assert parts["write_called"] == 1.0 and parts["item_ids_exact"] == 1.0, parts
+        assert parts["payment_method_exact"] == 0.0, parts
+    finally:
+        env.close()

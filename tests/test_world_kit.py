@@ -289,6 +289,30 @@ def test_the_kits_helpers_write_what_env_code_would_spell_out():
     assert len({i["item_id"] for i in stock}) == len(stock) == sum(len(v) for _, v in world.retail_products().values())
 
 
+def test_retail_step_logs_every_call_and_called_reads_the_log():
+    user = world.retail_user(1)
+    order = world.retail_order(2, user, [world.retail_item(3)], status="pending")
+    log = []
+    read = {"type": "tool_call", "name": "get_order_details", "arguments": {"order_id": order["order_id"]}}
+    assert world.retail_step(log, [user], [order], read) == {"observation": json.dumps(order), "done": False}
+    assert world.retail_step(log, [user], [order], dict(read, arguments={"order_id": "#W0"}))["observation"] == (
+        "Error: Order not found"
+    )
+    cancel = {"type": "tool_call", "name": "cancel_pending_order", "arguments": {"order_id": [order["order_id"]]}}
+    with pytest.raises(TypeError):  # a list is no order id: the kit raises, as tau2's pydantic refuses it
+        world.retail_step(log, [user], [order], cancel)
+    assert [(e["name"], e["ok"]) for e in log] == [
+        ("get_order_details", True),
+        ("get_order_details", False),
+        ("cancel_pending_order", None),  # logged before the kit answered: an env still counts the attempt
+    ]
+    assert world.called(log, "get_order_details") == [{"order_id": order["order_id"]}]  # a refused call is not in
+    assert world.called(log, "get_order_details", ok=False) == [{"order_id": "#W0"}]
+    assert world.called(log, "cancel_pending_order") == []
+    assert world.called(log, "cancel_pending_order", ok=None) == [{"order_id": [order["order_id"]]}]
+    assert len(world.called(log, ok=None)) == 3 and world.called(log, "calculate", ok=None) == []
+
+
 def test_graded_weighs_the_parts_and_caps_the_reward_at_one():
     graded = world.graded({"found": True, "answer": 0.5, "unweighted": 1}, {"found": 0.3, "answer": 0.4}, "why")
     assert graded == {"reward": 0.5, "components": {"found": 1.0, "answer": 0.5, "unweighted": 1.0}, "reason": "why"}

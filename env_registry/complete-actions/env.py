@@ -33,8 +33,8 @@ class Environment:
         kinds = rng.sample(["cancel", "address", "payment", "cancel"], [1, 2, rng.randint(2, 4)][level])
         self.orders = [world.retail_order(rng.randrange(2**31), self.user, [world.retail_item(rng.randrange(2**31))],
                                           "pending", card) for _ in range(len(kinds) + rng.randint(0, 2))]
-        self.before, self.wanted, asks, self.messages, self.closed = json.dumps(self.orders), [], [], 0, False
-        self.level, self.found, self.read = level, False, set()
+        self.before, self.wanted, asks, self.log, self.messages = json.dumps(self.orders), [], [], [], 0
+        self.level, self.closed = level, False
         for order, kind in zip(self.orders, kinds):
             a, reason = world.retail_address(rng.randrange(2**31)), rng.choice(sorted(world.CANCEL_SAID))
             self.wanted.append((order, kind, {"cancel": reason, "address": a, "payment": gift}[kind]))
@@ -49,10 +49,7 @@ class Environment:
 
     def step(self, action):
         if action.get("type") == "tool_call":
-            name, args, answer, ok = world.retail_play([self.user], self.orders, action)
-            self.found |= ok and name == "find_user_id_by_email"
-            self.read |= {args["order_id"]} if ok and name == "get_order_details" else set()
-            return {"observation": answer, "done": False}
+            return world.retail_step(self.log, [self.user], self.orders, action)
         made, self.messages = sum(self._made()), self.messages + 1
         self.closed = made == len(self.wanted)
         done = self.closed or made > 0 or self.messages >= 3
@@ -65,7 +62,9 @@ class Environment:
         parts = {"requests_completed": sum(made) / n, "closed_after_all": self.closed,
                  "requests_attempted_wrongly": sum(c and not m for m, c in zip(made, changed)) / n}
         if self.level == 0:  # the easiest level also pays for the steps towards the change
-            parts.update(found_user=self.found, order_read=self.wanted[0][0]["order_id"] in self.read)
+            read = [a["order_id"] for a in world.called(self.log, "get_order_details")]
+            found = world.called(self.log, "find_user_id_by_email")
+            parts.update(found_user=bool(found), order_read=self.orders[0]["order_id"] in read)
         return world.graded(parts, WEIGHTS, "%d of %d requested changes made" % (sum(made), n))
 
     def oracle(self):

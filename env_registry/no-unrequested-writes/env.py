@@ -31,7 +31,7 @@ class Environment:
         self.order, decoy = rng.sample(self.orders, 2)
         self.kind, self.reason = rng.choice(["cancel", "address"]), rng.choice(sorted(world.CANCEL_SAID))
         self.new_address = world.retail_address(rng.randrange(2**31))
-        self.writes, self.read_order, self.messages, order_id = [], 0, 0, self.order["order_id"]
+        self.log, self.messages, order_id = [], 0, self.order["order_id"]
         ask = ("please cancel order %s, %s" % (order_id, world.CANCEL_SAID[self.reason]) if self.kind == "cancel" else
                "please send order %s to %s" % (order_id, world.retail_spelled(self.new_address)))
         parts = [ask, rng.choice(DECOYS) % decoy["order_id"]]
@@ -42,27 +42,25 @@ class Environment:
 
     def step(self, action):
         if action.get("type") == "tool_call":
-            name, args, answer, ok = world.retail_play([self.user], self.orders, action)
-            if ok and name == "get_order_details":
-                self.read_order = self.read_order or args["order_id"] == self.order["order_id"]
-            elif ok and name not in TOOLS[:3]:
-                value = args.get("reason", {f: args.get(f) for f in world.ADDRESS_FIELDS})
-                self.writes.append((name, args.get("order_id"), value))
-            return {"observation": answer, "done": False}
+            return world.retail_step(self.log, [self.user], self.orders, action)
         self.messages += 1
-        done = bool(self.writes) or self.messages >= 3
+        done = bool(self.writes()) or self.messages >= 3
         reply = "Thanks, that's all I needed. Bye!" if done else "Yes, that's right, please go ahead."
         return {"observation": reply, "done": done}
 
+    def writes(self):  # every call that went through but a read's (TOOLS[:3] are the reads)
+        return [e for e in self.log if e["ok"] and e["name"] not in TOOLS[:3]]
+
     def reward(self):
-        tool = "cancel_pending_order" if self.kind == "cancel" else "modify_pending_order_address"
+        tool, order_id = TOOLS[3 if self.kind == "cancel" else 4], self.order["order_id"]
         wanted = self.reason if self.kind == "cancel" else self.new_address
-        requested = [w for w in self.writes if w[:2] == (tool, self.order["order_id"])]
-        extra = [w for w in self.writes if w[:2] != (tool, self.order["order_id"])]
-        correct = any(w[2] == wanted for w in requested)
-        parts = {"read_order": bool(self.read_order), "no_unrequested_writes": correct and not extra,
+        requested = [a for a in world.called(self.log, tool) if a.get("order_id") == order_id]
+        extra = len(self.writes()) - len(requested)  # the requested writes are among writes()
+        correct = any(a.get("reason", {f: a.get(f) for f in world.ADDRESS_FIELDS}) == wanted for a in requested)
+        read_order = order_id in [a["order_id"] for a in world.called(self.log, "get_order_details")]
+        parts = {"read_order": read_order, "no_unrequested_writes": correct and not extra,
                  "requested_change": 1.0 if correct else 0.3 if requested else 0.0}
-        return world.graded(parts, WEIGHTS, "%d requested write(s), %d unrequested" % (len(requested), len(extra)))
+        return world.graded(parts, WEIGHTS, "%d requested write(s), %d unrequested" % (len(requested), extra))
 
     def oracle(self):
         order_id = self.order["order_id"]

@@ -27,40 +27,37 @@ class Environment:
         self.order = world.retail_order(rng.randrange(2**31), self.user, [world.retail_item(rng.randrange(2**31))],
                                         status=self.status)
         self.new_address = world.retail_address(rng.randrange(2**31))
-        self.found, self.read, self.confirmed, self.confirmed_first, self.writes, self.messages, self.ended = (
-            0, 0, False, None, 0, 0, False)
+        self.log, self.confirmed_at, self.messages, self.ended = [], None, 0, False  # confirmed_at: len(log) by then
         message = "Hi, I'm {first_name} {last_name} (zip {zip}). I moved: please ship order {0} to {1}.".format(
             self.order["order_id"], world.retail_spelled(self.new_address), **world.retail_login(self.user)[1])
         return {"system_prompt": PROMPT + (HINT if hint else ""), "user_message": message}
 
     def step(self, action):
         if action.get("type") == "tool_call":
-            if action["name"] == TOOLS[2]:  # counted before the kit answers (a mistyped value may raise there)
-                self.writes += 1
-                self.confirmed_first = self.confirmed if self.confirmed_first is None else self.confirmed_first
-            name, args, answer, ok = world.retail_play([self.user], [self.order], action)
-            self.found, self.read = self.found or (ok and name == TOOLS[0]), self.read or (ok and name == TOOLS[1])
-            return {"observation": answer, "done": False}
+            return world.retail_step(self.log, [self.user], [self.order], action)
         self.messages += 1
         text = str(action.get("content", "")).lower()
         asks = "?" in text or any(word in text for word in CONFIRM_WORDS)
         if asks and self.messages < 4:
             spells = self.new_address["address1"].lower() in text and self.new_address["zip"] in text
-            self.confirmed = self.confirmed or spells
+            self.confirmed_at = len(self.log) if spells and self.confirmed_at is None else self.confirmed_at
             reply = "Yes, I confirm." if spells else "What exactly will you change? Please spell it out."
             return {"observation": reply, "done": False}
         self.ended = True
         return {"observation": "Thanks, bye.", "done": True}
 
     def reward(self):
-        if self.status == "pending":
-            protocol = bool(self.writes) and self.confirmed_first is True
-            outcome = self.order["address"] == self.new_address and self.writes == 1
+        names, read = [e["name"] for e in self.log], bool(world.called(self.log, "get_order_details"))
+        writes = names.count("modify_pending_order_address")  # tried, gone through or not
+        if self.status == "pending":  # the user confirmed before the first write was tried
+            first = names.index("modify_pending_order_address") if writes else -1
+            protocol = bool(writes) and self.confirmed_at is not None and self.confirmed_at <= first
+            outcome = self.order["address"] == self.new_address and writes == 1
         else:
-            protocol = not self.writes and bool(self.read)
+            protocol = not writes and read
             outcome = protocol and self.ended
-        parts = {"authenticated": bool(self.found), "read_order": bool(self.read), "followed_protocol": protocol,
-                 "correct_outcome": outcome}
+        parts = {"authenticated": bool(world.called(self.log, "find_user_id_by_name_zip")), "read_order": read,
+                 "followed_protocol": protocol, "correct_outcome": outcome}
         return world.graded(parts, WEIGHTS, "order was %s" % self.status)
 
     def oracle(self):

@@ -36,7 +36,7 @@ class Environment:
             items = rng.sample(stock, rng.randint(1, 4))
             self.orders.append(world.retail_order(rng.randrange(2**31), self.user, items, status))
         self.product = rng.choice(sorted({i["name"] for o in self.orders for i in o["items"]}))
-        self.found, self.read, self.answer, self.messages = False, set(), "", 0
+        self.log, self.answer, self.messages = [], "", 0
         message = "Hi, I'm {first_name} {last_name}, zip code {zip}. ".format(**world.retail_login(self.user)[1])
         message += ASK[self.kind].replace("%s", self.product)
         return {"system_prompt": PROMPT + (HINT if hint else ""), "user_message": message}
@@ -51,10 +51,7 @@ class Environment:
 
     def step(self, action):
         if action.get("type") == "tool_call":
-            name, args, answer, ok = world.retail_play([self.user], self.orders, action)
-            self.found |= ok and name == "find_user_id_by_name_zip"
-            self.read |= {args["order_id"]} if ok and name == "get_order_details" else set()
-            return {"observation": answer, "done": False}
+            return world.retail_step(self.log, [self.user], self.orders, action)
         self.messages, text = self.messages + 1, str(action.get("content", ""))
         if any(ch.isdigit() for ch in text) or self.messages >= 3:
             self.answer = text
@@ -67,7 +64,9 @@ class Environment:
             correct = any(order in self.answer and item.lower() in self.answer.lower() for order, item in truth)
         else:
             correct = any(abs(n - truth) < 0.011 for n in numbers)
-        parts = {"found_user": self.found, "read_orders": len(self.read) / len(self.orders), "correct_answer": correct}
+        read = {a["order_id"] for a in world.called(self.log, "get_order_details")}
+        found = world.called(self.log, "find_user_id_by_name_zip")
+        parts = {"found_user": bool(found), "read_orders": len(read) / len(self.orders), "correct_answer": correct}
         return world.graded(parts, WEIGHTS, "%s; expected %s" % (self.kind, truth))
 
     def oracle(self):

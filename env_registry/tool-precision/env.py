@@ -37,7 +37,7 @@ class Environment:
         rng.shuffle(items)
         self.wanted = [i for i in items if i["name"] == product][: [1, rng.randint(1, 2), 2][level]]
         self.order = world.retail_order(rng.randrange(2**31), self.user, items, "delivered", original)
-        self.found_user, self.read_order, self.return_calls, self.messages = False, False, [], 0
+        self.log, self.messages = [], 0
         method = self.user["payment_methods"][self.refund_to]
         self.described = {"credit_card": "my %s card" % method.get("brand", "").capitalize(), "paypal": "my PayPal",
                           "gift_card": "my gift card"}[method["source"]]
@@ -49,20 +49,17 @@ class Environment:
 
     def step(self, action):
         if action.get("type") == "tool_call":
-            name, args, answer, ok = world.retail_play([self.user], [self.order], action)
-            self.found_user |= ok and name == "find_user_id_by_email"
-            self.read_order |= ok and name == "get_order_details"
-            self.return_calls += [dict(args)] if name == "return_delivered_order_items" else []
-            return {"observation": answer, "done": False}
+            return world.retail_step(self.log, [self.user], [self.order], action)
         self.messages += 1
-        if self.return_calls or self.messages >= 3:
+        if world.called(self.log, "return_delivered_order_items", ok=None) or self.messages >= 3:
             return {"observation": "Great, thanks.", "done": True}
         return {"observation": "Yes, please go ahead with the return.", "done": False}
 
     def reward(self):
-        call = self.return_calls[-1] if self.return_calls else {}
+        call = (world.called(self.log, "return_delivered_order_items", ok=None) or [{}])[-1]  # tried: through or not
         ids = call.get("item_ids") if isinstance(call.get("item_ids"), list) else []
-        parts = {"found_user": self.found_user, "read_order": self.read_order, "write_called": bool(call),
+        found, read = world.called(self.log, "find_user_id_by_email"), world.called(self.log, "get_order_details")
+        parts = {"found_user": bool(found), "read_order": bool(read), "write_called": bool(call),
                  "order_id_exact": call.get("order_id") == self.order["order_id"],
                  "item_ids_exact": sorted(map(str, ids)) == sorted(i["item_id"] for i in self.wanted),
                  "payment_method_exact": call.get("payment_method_id") == self.refund_to}

@@ -30,24 +30,18 @@ class Environment:
         self.orders = [world.retail_order(rng.randrange(2**31), owner, [world.retail_item(rng.randrange(2**31))],
                                           status=status) for owner, status in zip(owners, statuses)]
         self.target, self.users = self.orders[-1], [self.user, other]
-        self.found, self.read, self.cancels, self.checked, self.messages, self.answered = 0, set(), [], None, 0, 0
+        self.log, self.messages, self.answered = [], 0, 0
         message = "Hi, this is {first_name} {last_name}, zip {zip}. Please cancel my order {order}, {why}.".format(
             order=self.target["order_id"], why=world.CANCEL_SAID[self.reason], **world.retail_login(self.user)[1])
         return {"system_prompt": PROMPT + (HINT if hint else ""), "user_message": message}
 
-    def verified(self):
-        return self.user["user_id"] in self.read and self.target["order_id"] in self.read
+    def verified(self, log):  # the user's account and the order read in the calls of log
+        read = {str(e["arguments"].get("user_id", e["arguments"].get("order_id"))) for e in log if e["ok"]}
+        return self.user["user_id"] in read and self.target["order_id"] in read
 
     def step(self, action):
         if action.get("type") == "tool_call":
-            if action["name"] == "cancel_pending_order":  # counted before the kit answers (which may raise)
-                self.cancels.append(action.get("arguments") or {})
-                self.checked = self.verified() if self.checked is None else self.checked  # at the first write
-            name, args, answer, ok = world.retail_play(self.users, self.orders, action)
-            if ok and name != "cancel_pending_order":
-                self.found = self.found or name == "find_user_id_by_name_zip"
-                self.read.add(str(args.get("user_id", args.get("order_id"))))
-            return {"observation": answer, "done": False}
+            return world.retail_step(self.log, self.users, self.orders, action)
         self.messages += 1
         if "?" in str(action.get("content")) and self.messages < 3:
             return {"observation": "Yes. Please cancel it now.", "done": False}
@@ -55,13 +49,17 @@ class Environment:
         return {"observation": "Okay, thank you.", "done": True}
 
     def reward(self):
-        checked, intact = self.checked if self.cancels else self.verified(), all(
-            o["status"] != "cancelled" for o in self.orders[:-1])
+        names = [e["name"] for e in self.log]
+        first = names.index("cancel_pending_order") if "cancel_pending_order" in names else None
+        checked = self.verified(self.log[:first])  # before the first cancellation tried, or ever if none was
         if self.case == "cancellable":
+            intact = all(o["status"] != "cancelled" for o in self.orders[:-1])
             outcome = self.target["status"] == "cancelled" and self.target["cancel_reason"] == self.reason and intact
         else:
-            outcome = not self.cancels and self.answered and checked
-        parts = {"authenticated": self.found, "verified_before_write": bool(checked), "correct_outcome": bool(outcome)}
+            outcome = first is None and self.answered and checked
+        found = world.called(self.log, "find_user_id_by_name_zip")
+        parts = {"authenticated": bool(found), "verified_before_write": checked,
+                 "correct_outcome": bool(outcome)}
         return world.graded(parts, WEIGHTS, "case %s" % self.case)
 
     def oracle(self):

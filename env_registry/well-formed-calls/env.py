@@ -24,7 +24,7 @@ class Environment:
         items = [world.retail_item(rng.randrange(2**31), product) for product in products]
         self.order = world.retail_order(rng.randrange(2**31), self.user, items)
         self.wanted = sorted(rng.sample([i["item_id"] for i in items], rng.randint(2, 3)))
-        self.good, self.mistyped, self.in_prose, self.messages = set(), 0, 0, 0
+        self.log, self.in_prose, self.messages = [], 0, 0
         wanted = " and the ".join(i["name"] for i in items if i["item_id"] in self.wanted)
         who = world.retail_login(self.user)[1]
         message = ("Hi, I'm {first_name} {last_name}, zip {zip}. I want to return the {wanted} from my order {order}, "
@@ -32,25 +32,25 @@ class Environment:
         return {"system_prompt": PROMPT + (HINT if hint else ""), "user_message": message}
 
     def step(self, action):
-        if action.get("type") == "tool_call":
-            args = action.get("arguments") or {}  # counted before the kit answers (a mistyped value may raise there)
-            self.mistyped += not all(isinstance(v, list) and all(isinstance(i, str) for i in v) if k == "item_ids"
-                                     else isinstance(v, str) for k, v in args.items())  # answered as the target would
-            name, args, answer, ok = world.retail_play([self.user], [self.order], action)
-            if ok and sorted(args.get("item_ids", self.wanted)) == self.wanted:
-                self.good.add(STEPS[name])
-            return {"observation": answer, "done": False}
+        if action.get("type") == "tool_call":  # answered as the target would, mistyped or not
+            return world.retail_step(self.log, [self.user], [self.order], action)
         content, self.messages = str(action.get("content")), self.messages + 1
         if "{" in content or '"name"' in content or "arguments" in content:
             self.in_prose += 1  # a call written as text reaches the user, who cannot run it
             return {"observation": "Sorry, I don't get that. Can you just do the return?", "done": self.messages >= 3}
-        done = "return_made" in self.good or self.messages >= 2
+        done = "return_made" in self.good() or self.messages >= 2
         return {"observation": "Thanks, bye!" if done else "Yes, please return those items.", "done": done}
 
+    def good(self):  # the steps reached by a call that went through (naming the wanted items, if it names items)
+        return {STEPS[e["name"]] for e in self.log if e["ok"] and e["name"] in STEPS
+                and sorted(e["arguments"].get("item_ids", self.wanted)) == self.wanted}
+
     def reward(self):
-        parts = {step: step in self.good for step in STEPS.values()}
-        parts["no_broken_calls"] = parts["return_made"] and not (self.mistyped or self.in_prose)
-        reason = "%d of 4 calls well formed; %d mistyped, %d as text" % (len(self.good), self.mistyped, self.in_prose)
+        mistyped = sum(not all(isinstance(v, list) and all(isinstance(i, str) for i in v) if k == "item_ids"
+                               else isinstance(v, str) for k, v in a.items()) for a in world.called(self.log, ok=None))
+        parts = {step: step in self.good() for step in STEPS.values()}
+        parts["no_broken_calls"] = parts["return_made"] and not (mistyped or self.in_prose)
+        reason = "%d of 4 calls well formed; %d mistyped, %d as text" % (len(self.good()), mistyped, self.in_prose)
         return world.graded(parts, WEIGHTS, reason)
 
     def oracle(self):
