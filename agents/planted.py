@@ -5,7 +5,8 @@ known truth: which deficit fired in which episode is recorded in the
 trajectory (``agent_info["deficits"]``). Deficits, each with a probability:
 
 - ``corrupt_ids``: one id argument of a state-changing call is off by a digit
-  (precise tool calls);
+  (precise tool calls; the id names no record, so the tool answers with an
+  error: valid tool arguments too);
 - ``end_early``: the last state-changing call is never made (completing every
   requested action);
 - ``omit_info``: the closing message leaves out what the user had to be told

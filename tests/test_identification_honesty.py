@@ -111,6 +111,31 @@ def test_gold_argument_comparison_handles_lists_of_dicts():
     assert _same({"item_ids": ["2", "1"]}, {"item_ids": ["1", "2"]})
 
 
+def test_a_call_the_tool_refuses_lacks_valid_arguments_and_user_side_calls_do_not_count():
+    from trace_gym.identification.gold import valid_tool_arguments
+    from trace_gym.trajectory import ToolCallRecord
+
+    def episode(*answers: tuple[str, bool, str]) -> Trajectory:
+        t = traj("1", 0, False)
+        for i, (content, error, requestor) in enumerate(answers):
+            call = ToolCallRecord(id=f"c{i}", name="get_order_details", arguments={"order_id": "#W1"})
+            t.messages += [
+                Message(role="assistant", tool_calls=[call], requestor=requestor),
+                Message(role="tool", tool_call_id=f"c{i}", content=content, error=error, requestor=requestor),
+            ]
+        return t
+
+    assert valid_tool_arguments(episode())[0] == "NOT_APPLICABLE"
+    assert valid_tool_arguments(episode(("{}", False, "assistant"), ("Error: no", True, "user"))) == (
+        "PRESENT",
+        "all 1 calls ran",
+    )
+    label, evidence = valid_tool_arguments(
+        episode(("{}", False, "assistant"), ("Error: unexpected", True, "assistant"))
+    )
+    assert label == "LACKING" and evidence == "message 4: 'Error: unexpected'"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("env_id", ["trace/tau2-airline-v0", "trace/tau2-retail-v0"])
 def test_gold_analyst_labels_every_planted_trajectory(tmp_path, env_id):
@@ -130,7 +155,7 @@ def test_gold_analyst_labels_every_planted_trajectory(tmp_path, env_id):
     trajectories = read_trajectories(out)
     analyst = GoldActionAnalyst()
     labels = [label for t in trajectories for label in analyst.label(t)]
-    assert len(labels) == len(trajectories) * 6
+    assert len(labels) == len(trajectories) * len(analyst.capabilities())
     if env_id.endswith("airline-v0"):
         corrupted = [t for t in trajectories if "corrupt_ids" in t.agent_info["deficits"]]
         lacking = {x.episode_id for x in labels if x.capability == "precise_arguments" and x.label == "LACKING"}
@@ -247,6 +272,11 @@ def test_planted_airline_mix_through_the_cli_selects_the_harmful_deficits_only(t
     found = run_cli("identify", "--trajectories", str(out), "--analyst", "gold", "--out", str(tmp_path / "id"))
     assert found.returncode == 0, found.stderr
     written = json.loads((tmp_path / "id" / "capabilities.json").read_text())
-    assert sorted(c["name"] for c in written["selected"]) == ["complete_actions", "precise_arguments"]
+    # corrupt_ids' id names no record, so the tool refuses the call: it lacks valid arguments too
+    assert sorted(c["name"] for c in written["selected"]) == [
+        "complete_actions",
+        "precise_arguments",
+        "valid_tool_arguments",
+    ]
     control = next(c for c in written["candidates"] if c["name"] == "read_before_write")
     assert not control["selected"] and control["runs_passed"] < 8

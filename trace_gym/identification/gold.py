@@ -22,6 +22,8 @@ GOLD_CAPABILITIES = {
     "communicates_required_info": "Tell the user the information the task requires (amounts, counts, statuses) in a message.",
     "read_before_write": "Read the records a state-changing action depends on before making it.",
     "well_formed_calls": "Write tool calls that parse: valid JSON with a name and an arguments object.",
+    "valid_tool_arguments": "Call tools with arguments they accept (the names their schema takes, values they can "
+    "use), so that no call is answered with an error.",
     "no_unrequested_writes": "Make no state-changing call that the request does not need.",
 }
 
@@ -122,6 +124,7 @@ def label_against(trajectory: Trajectory, gold: list[tuple[str, dict[str, Any]]]
         )
 
     labels["well_formed_calls"] = well_formed_calls(trajectory)
+    labels["valid_tool_arguments"] = valid_tool_arguments(trajectory)
 
     gold_names = {g[0] for g in gold_writes}
     extra = [(i, c) for i, c in writes if c.name not in gold_names]
@@ -140,6 +143,19 @@ def well_formed_calls(trajectory: Trajectory) -> tuple[str, str]:
     if malformed:
         return LACKING, f"message {malformed[0]}: {(trajectory.messages[malformed[0]].raw or '')[:80]!r}"
     return PRESENT, "every action parsed"
+
+
+def valid_tool_arguments(trajectory: Trajectory) -> tuple[str, str]:
+    """``valid_tool_arguments``, every analyst's one rule: LACKING at the first of the
+    agent's calls that the tool answered with an error (an argument its schema does not
+    take, a value it cannot use), PRESENT when every call ran, NOT_APPLICABLE without one."""
+    answered = [(i, m) for i, m in enumerate(trajectory.messages) if m.role == "tool" and m.requestor == "assistant"]
+    if not answered:
+        return NOT_APPLICABLE, "the agent made no tool call"
+    failed = [(i, m) for i, m in answered if m.error]
+    if failed:
+        return LACKING, f"message {failed[0][0]}: {(failed[0][1].content or '')[:100]!r}"
+    return PRESENT, f"all {len(answered)} calls ran"
 
 
 def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:

@@ -19,7 +19,7 @@ from typing import Any
 from trace_gym.errors import TraceGymError
 from trace_gym.trajectory import Trajectory
 
-from .gold import well_formed_calls
+from .gold import valid_tool_arguments, well_formed_calls
 from .stats import LACKING, NOT_APPLICABLE, PRESENT, Label
 
 MET = 1.0 - 1e-9  # a milestone counts as met at ToolSandbox's perfect similarity only
@@ -99,19 +99,7 @@ class MilestoneAnalyst:
                 )
                 labels[capability] = (LACKING, f"a {category} scenario not solved: {why}")
 
-        answered = [
-            (i, m) for i, m in enumerate(trajectory.messages) if m.role == "tool" and m.requestor == "assistant"
-        ]
-        if not answered:
-            labels["valid_tool_arguments"] = (NOT_APPLICABLE, "the agent made no tool call")
-        else:
-            failed = [(i, m) for i, m in answered if m.error]
-            labels["valid_tool_arguments"] = (
-                (LACKING, f"message {failed[0][0]}: {(failed[0][1].content or '')[:100]!r}")
-                if failed
-                else (PRESENT, f"all {len(answered)} calls ran")
-            )
-
+        labels["valid_tool_arguments"] = valid_tool_arguments(trajectory)
         labels["well_formed_calls"] = well_formed_calls(trajectory)
         return [Label(trajectory.episode_id, cap, label, evidence) for cap, (label, evidence) in labels.items()]
 
