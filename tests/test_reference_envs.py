@@ -75,3 +75,27 @@ def test_a_return_the_kit_raises_on_is_the_return_graded(sandbox_backend):
         assert parts["payment_method_exact"] == 0.0, parts
     finally:
         env.close()
+
+
+def test_a_call_the_tool_refuses_costs_well_formed_calls_its_clean_run_bonus(sandbox_backend):
+    """valid_tool_arguments is served by well-formed-calls: an order id that names no
+    record is refused by the tool, and the run that made it is not a clean one, though
+    the oracle then makes every call right."""
+    env = make("trace/well-formed-calls-v0", backend=sandbox_backend)
+    try:
+        env.reset(seed=0)
+        oracle = env.unwrapped.oracle_actions()
+        env.reset(seed=0)
+        read = call_of(next(a for a in oracle if call_of(a).get("name") == "get_order_details"))
+        read["arguments"]["order_id"] = "#W0000000"
+        observation, *_ = env.step("<tool_call>%s</tool_call>" % json.dumps(read))
+        assert observation.startswith("Error: "), observation
+        for action in oracle:
+            *_, terminated, truncated, _ = env.step(action)
+            if terminated or truncated:
+                break
+        info = env.unwrapped.reward_info
+        assert info["components"]["return_made"] == 1.0 and info["components"]["no_broken_calls"] == 0.0, info
+        assert "1 refused" in info["reason"], info
+    finally:
+        env.close()

@@ -49,8 +49,10 @@ class Environment:
         mistyped = sum(not all(isinstance(v, list) and all(isinstance(i, str) for i in v) if k == "item_ids"
                                else isinstance(v, str) for k, v in a.items()) for a in world.called(self.log, ok=None))
         parts = {step: step in self.good() for step in STEPS.values()}
-        parts["no_broken_calls"] = parts["return_made"] and not (mistyped or self.in_prose)
-        reason = "%d of 4 calls well formed; %d mistyped, %d as text" % (len(self.good()), mistyped, self.in_prose)
+        refused = len(world.called(self.log, ok=False))  # an id that names no record (the host refuses wrong names)
+        parts["no_broken_calls"] = parts["return_made"] and not (mistyped or self.in_prose or refused)
+        reason = "%d of 4 calls well formed; %d mistyped, %d refused, %d as text" % (
+            len(self.good()), mistyped, refused, self.in_prose)
         return world.graded(parts, WEIGHTS, reason)
 
     def oracle(self):
