@@ -92,7 +92,11 @@ def planted_runs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("planted")
     planted = {"corrupt_ids": 0.3, "end_early": 0.3, "omit_info": 0.5, "skip_reads": 0.3}
     runs = {}
-    for name, deficits in (("all", planted), ("no_end_early", {**planted, "end_early": 0.0})):
+    for name, deficits in (
+        ("all", planted),
+        ("no_end_early", {**planted, "end_early": 0.0}),
+        ("no_corrupt_ids", {**planted, "corrupt_ids": 0.0}),
+    ):
         rollout(
             "trace/tau2-retail-v0",
             "planted",
@@ -138,6 +142,13 @@ def test_gold_analyst_selects_exactly_the_planted_deficits(planted_runs, tmp_pat
 def test_switching_a_planted_deficit_off_makes_it_disappear(planted_runs):
     result = identify(planted_runs["no_end_early"], GoldActionAnalyst())
     assert sorted(result.selected) == ["communicates_required_info", "precise_arguments", "valid_tool_arguments"]
+
+
+@pytest.mark.slow
+def test_refused_calls_are_selected_only_where_a_deficit_makes_them(planted_runs):
+    """Without corrupted ids no call is refused: neither precise_arguments nor valid_tool_arguments is selected."""
+    result = identify(planted_runs["no_corrupt_ids"], GoldActionAnalyst())
+    assert sorted(result.selected) == ["communicates_required_info", "complete_actions"]
 
 
 def recorded_analyst(gold_labels: dict[tuple[str, str], str]):

@@ -146,9 +146,10 @@ def well_formed_calls(trajectory: Trajectory) -> tuple[str, str]:
 
 
 def valid_tool_arguments(trajectory: Trajectory) -> tuple[str, str]:
-    """``valid_tool_arguments``, every analyst's one rule: LACKING at the first of the
-    agent's calls that the tool answered with an error (an argument its schema does not
-    take, a value it cannot use), PRESENT when every call ran, NOT_APPLICABLE without one."""
+    """``valid_tool_arguments``, the gold, reference and milestone analysts' one rule:
+    LACKING at the first of the agent's calls that the tool answered with an error (an
+    argument its schema does not take, a value it cannot use), PRESENT when every call
+    ran, NOT_APPLICABLE without one."""
     answered = [(i, m) for i, m in enumerate(trajectory.messages) if m.role == "tool" and m.requestor == "assistant"]
     if not answered:
         return NOT_APPLICABLE, "the agent made no tool call"
