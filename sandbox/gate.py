@@ -211,6 +211,9 @@ def enforce(source: str, filename: str = "env.py") -> None:
         raise SandboxViolation(findings, filename)
 
 
+_UNPACK = (ast.Tuple, ast.List, ast.Starred)
+
+
 def _check_node(node: ast.AST) -> list[Finding]:
     line = getattr(node, "lineno", 1)
     out = []
@@ -243,6 +246,10 @@ def _check_node(node: ast.AST) -> list[Finding]:
                         f"(from {module}: {', '.join(sorted(MODULES[module]))})",
                     )
                 )
+    elif isinstance(node, ast.Assign) and len(node.targets) > 1 and any(isinstance(t, _UNPACK) for t in node.targets):
+        # RestrictedPython unpacks through the iteration guard by repeating the value per target
+        # (`a, b = c = f()` would call f twice), so the code would not do what it says
+        out.append(Finding(line, "a chained assignment that unpacks runs its value once per target here; split it"))
     elif isinstance(node, ast.Name):
         if node.id in FORBIDDEN_NAMES:
             out.append(Finding(line, f"'{node.id}' is not allowed"))

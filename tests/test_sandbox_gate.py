@@ -39,6 +39,8 @@ REFUSED = {
     "relative import": ("from . import secrets", "relative imports"),
     "sys": ("import sys\nsys.modules['os']", "import of 'sys'"),
     "async": ("async def f():\n    pass", "RestrictedPython: AsyncFunctionDef statements are not allowed"),
+    "chained unpacking": ("a, b = c = [1, 2]", "chained assignment that unpacks"),
+    "chained unpacking, list target": ("x = [a, b] = [1, 2]", "chained assignment that unpacks"),
     "syntax error": ("def (:", "syntax error"),
     "too large": ("x = 1\n" * 60000, "larger than"),
     "deep unary nesting": ("x = " + "-" * 100000 + "1", "nests too deeply"),
@@ -68,6 +70,7 @@ def test_legitimate_env_code_passes(tmp_path):
         "        return {'system_prompt': f'{self._rng.random():.2f}', 'user_message': 'hi'}\n"
     )
     assert check_source(ok) == []
+    assert check_source("a = b = 1\nc, d = [1, 2]\n") == []  # one value per statement: evaluated once
 
 
 def test_findings_name_every_offending_line():
