@@ -87,9 +87,9 @@ MODULES: dict[str, frozenset[str]] = {
         "copy": "copy deepcopy",
         "dataclasses": "dataclass field fields asdict astuple replace is_dataclass",
         # the world kit (world.py beside the worker): plain data in, plain data out
-        "world": "retail_address retail_user retail_item retail_order retail_answer retail_products retail_stock "
-        "retail_login retail_spelled retail_play retail_step called script graded RETAIL_TOOLS PAYMENT_SOURCES "
-        "ADDRESS_FIELDS CANCEL_REASONS CANCEL_SAID",
+        "world": "retail_address retail_user retail_item retail_order retail_orders retail_answer retail_made "
+        "retail_products retail_stock retail_login retail_spelled retail_play retail_step called logged_in read_ids "
+        "script graded RETAIL_TOOLS PAYMENT_SOURCES ADDRESS_FIELDS CANCEL_REASONS CANCEL_SAID",
     }.items()
 }
 ALLOWED_MODULES = tuple(MODULES)

@@ -41,6 +41,7 @@ PRODUCTS = {
 }
 PAYMENT_SOURCES = ("credit_card", "paypal", "gift_card")
 CANCEL_REASONS = ("no longer needed", "ordered by mistake")
+ORDER_STATUSES = ("pending", "processed", "delivered", "cancelled", "return requested")
 # read-only: env code shares the kit's module across resets
 CANCEL_SAID = types.MappingProxyType(
     {"no longer needed": "I don't need it anymore", "ordered by mistake": "I ordered it by mistake"}
@@ -178,6 +179,23 @@ def retail_order(seed, user, items, status="delivered", paid_with=None):
     return order
 
 
+def retail_orders(seed, user, statuses, paid_with=None, items=(1, 1)):
+    """One ``retail_order`` of ``user`` per status in ``statuses`` (a list of strings), in
+    that order, each paid with ``paid_with`` and holding between ``items[0]`` and
+    ``items[1]`` distinct items of ``retail_stock()``, drawn."""
+    rng, stock = _seeded(seed), retail_stock()
+    for status in statuses:
+        if status not in ORDER_STATUSES:
+            raise ValueError("world: an order's status is one of %s, got %r" % (", ".join(ORDER_STATUSES), status))
+    low, high = items
+    if not 1 <= low <= high <= len(stock):
+        raise ValueError("world: items is (fewest, most), 1 <= fewest <= most <= %d" % len(stock))
+    return [
+        retail_order(rng.randrange(2**31), user, rng.sample(stock, rng.randint(low, high)), s, paid_with)
+        for s in statuses
+    ]
+
+
 RETAIL_TOOLS = (
     "find_user_id_by_email",
     "find_user_id_by_name_zip",
@@ -205,6 +223,49 @@ def retail_answer(users, orders, name, arguments):
     except ValueError as exc:
         return "Error: %s" % exc
     return result if result is None or isinstance(result, str) else json.dumps(result)
+
+
+def retail_made(users, orders, writes):
+    """Per write in ``writes`` (``(name, arguments)`` pairs, as ``script`` takes them),
+    whether the records hold what it makes: the order cancelled with that reason, or
+    still open (not cancelled) and shipping to that address or paid with that method,
+    or returned with those items to that method; the user at that address. False for
+    a read, an unknown id or a tool the kit does not play."""
+    made = []
+    for write in writes:
+        if not isinstance(write, (list, tuple)) or len(write) != 2:
+            raise ValueError("world: each write is a (name, arguments) pair, got %r" % (write,))
+        made.append(_made(users, orders, write[0], write[1] if isinstance(write[1], dict) else {}))
+    return made
+
+
+def _made(users, orders, name, arguments):
+    order_id, user_id = arguments.get("order_id"), arguments.get("user_id")
+    order = {o["order_id"]: o for o in orders}.get(order_id) if isinstance(order_id, str) else None
+    user = {u["user_id"]: u for u in users}.get(user_id) if isinstance(user_id, str) else None
+    address = {field: arguments.get(field) for field in ADDRESS_FIELDS}
+    if name == "modify_user_address":
+        return user is not None and user["address"] == address
+    if order is None:
+        return False
+    if name == "cancel_pending_order":
+        return order["status"] == "cancelled" and order["cancel_reason"] == arguments.get("reason")
+    if order["status"] == "cancelled":  # a change to an order cancelled since is not in the final records
+        return False
+    if name == "modify_pending_order_address":
+        return order["address"] == address
+    if name == "modify_pending_order_payment":
+        paid = [p["payment_method_id"] for p in order["payment_history"][1:] if p["transaction_type"] == "payment"]
+        return arguments.get("payment_method_id") in paid
+    if name == "return_delivered_order_items":
+        items = arguments.get("item_ids")
+        return (
+            order["status"] == "return requested"
+            and isinstance(items, (list, tuple))
+            and order["return_items"] == sorted(items, key=str)
+            and order["return_payment_method_id"] == arguments.get("payment_method_id")
+        )
+    return False
 
 
 def retail_login(user, by="name_zip"):
@@ -251,6 +312,19 @@ def called(log, *names, ok=True):
     through, with ``ok=False`` those answered with an error, with ``ok=None`` every call
     tried (those the kit raised on too)."""
     return [e["arguments"] for e in log if (not names or e["name"] in names) and (ok is None or e["ok"] is ok)]
+
+
+def logged_in(log):
+    """Whether a call in ``log`` authenticated a user: find_user_id_by_email or
+    find_user_id_by_name_zip went through."""
+    return bool(called(log, "find_user_id_by_email", "find_user_id_by_name_zip"))
+
+
+def read_ids(log):
+    """The ids the calls in ``log`` read and got, sorted, each once: the user id of each
+    get_user_details and the order id of each get_order_details that went through."""
+    users, orders = called(log, "get_user_details"), called(log, "get_order_details")
+    return sorted({str(a.get("user_id")) for a in users} | {str(a.get("order_id")) for a in orders})
 
 
 def script(*steps):

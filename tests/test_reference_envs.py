@@ -72,7 +72,7 @@ def test_a_return_the_kit_raises_on_is_the_return_graded(sandbox_backend):
         assert terminated, "the user did not take the refused return as the return"
         parts = env.unwrapped.reward_info["components"]
         assert parts["write_called"] == 1.0 and parts["item_ids_exact"] == 1.0, parts
-        assert parts["payment_method_exact"] == 0.0, parts
+        assert parts["payment_method_id_exact"] == 0.0, parts
     finally:
         env.close()
 

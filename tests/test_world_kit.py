@@ -317,3 +317,94 @@ def test_graded_weighs_the_parts_and_caps_the_reward_at_one():
     graded = world.graded({"found": True, "answer": 0.5, "unweighted": 1}, {"found": 0.3, "answer": 0.4}, "why")
     assert graded == {"reward": 0.5, "components": {"found": 1.0, "answer": 0.5, "unweighted": 1.0}, "reason": "why"}
     assert world.graded({"a": 1, "b": 1}, {"a": 0.8, "b": 0.7}, "")["reward"] == 1.0
+
+
+def test_retail_orders_builds_one_order_per_status_from_the_stock():
+    user = world.retail_user(4, payment=["credit_card", "paypal"])
+    paypal = sorted(user["payment_methods"])[1]
+    orders = world.retail_orders(5, user, ["pending", "delivered", "cancelled"], paypal, items=(2, 3))
+    assert [o["status"] for o in orders] == ["pending", "delivered", "cancelled"]
+    assert user["orders"] == [o["order_id"] for o in orders]
+    stock = {i["item_id"] for i in world.retail_stock()}
+    for order in orders:
+        ids = [i["item_id"] for i in order["items"]]
+        assert 2 <= len(ids) <= 3 and len(set(ids)) == len(ids) and set(ids) <= stock
+        assert order["payment_history"][0]["payment_method_id"] == paypal
+    assert [len(o["items"]) for o in world.retail_orders(5, world.retail_user(4), ["pending"] * 4)] == [1] * 4
+    again = world.retail_orders(5, world.retail_user(4, payment=["credit_card", "paypal"]), ["pending"], paypal, (2, 3))
+    assert again[0] == orders[0]  # one seed, one scenario
+    with pytest.raises(ValueError, match="not a payment method"):
+        world.retail_orders(5, user, ["pending"], "paypal_0000000")
+    with pytest.raises(ValueError, match="an order's status is one of"):
+        world.retail_orders(5, user, ["canceled"])
+    with pytest.raises(ValueError, match="fewest, most"):
+        world.retail_orders(5, user, ["pending"], items=(3, 2))
+
+
+def test_retail_made_finds_a_write_in_the_records_and_nothing_near_it():
+    user = world.retail_user(6, payment=["credit_card", "gift_card"])
+    card, gift = sorted(user["payment_methods"])
+    user["payment_methods"][gift]["balance"] = 1000.0
+    pending, other, delivered = world.retail_orders(7, user, ["pending", "pending", "delivered"])
+    orders, new = [pending, other, delivered], world.retail_address(8)
+    item = delivered["items"][0]["item_id"]
+    writes = [
+        ("cancel_pending_order", {"order_id": pending["order_id"], "reason": "ordered by mistake"}),
+        ("modify_pending_order_address", dict(new, order_id=other["order_id"])),
+        ("modify_pending_order_payment", {"order_id": other["order_id"], "payment_method_id": gift}),
+        (
+            "return_delivered_order_items",
+            {"order_id": delivered["order_id"], "item_ids": [item], "payment_method_id": card},
+        ),
+        ("modify_user_address", dict(new, user_id=user["user_id"])),
+    ]
+    near = [  # one value off each: the records never hold these
+        ("cancel_pending_order", {"order_id": pending["order_id"], "reason": "no longer needed"}),
+        ("modify_pending_order_address", dict(new, order_id=other["order_id"], zip="00000")),
+        ("modify_pending_order_payment", {"order_id": other["order_id"], "payment_method_id": card}),
+        (
+            "return_delivered_order_items",
+            {"order_id": delivered["order_id"], "item_ids": [], "payment_method_id": card},
+        ),
+        ("modify_user_address", dict(new, user_id=user["user_id"], city="Elsewhere")),
+        ("cancel_pending_order", {"order_id": "#W0000000", "reason": "ordered by mistake"}),
+        ("get_order_details", {"order_id": pending["order_id"]}),
+        (
+            "return_delivered_order_items",
+            {"order_id": delivered["order_id"], "item_ids": item, "payment_method_id": card},
+        ),
+    ]
+    assert world.retail_made([user], orders, writes) == [False] * 5
+    for name, arguments in writes:
+        assert not world.retail_answer([user], orders, name, arguments).startswith("Error"), name
+    assert world.retail_made([user], orders, writes) == [True] * 5
+    assert world.retail_made([user], orders, near) == [False] * len(near)
+    assert world.retail_made([user], orders, [("cancel_pending_order", "not arguments")]) == [False]
+    assert world.retail_made([user], orders, [("cancel_pending_order", {"order_id": [pending["order_id"]]})]) == [False]
+    with pytest.raises(ValueError, match="a \\(name, arguments\\) pair"):
+        world.retail_made([user], orders, ["ok"])  # a script's message is no write
+    # a change to an order cancelled since is not in the final records
+    world.retail_answer(
+        [user], orders, "cancel_pending_order", {"order_id": other["order_id"], "reason": "no longer needed"}
+    )
+    assert world.retail_made([user], orders, writes[1:3]) == [False, False]
+
+
+def test_logged_in_and_read_ids_read_only_the_calls_that_went_through():
+    user = world.retail_user(9)
+    [order] = world.retail_orders(10, user, ["delivered"])
+    log = []
+
+    def call(name, **arguments):
+        world.retail_step(log, [user], [order], {"type": "tool_call", "name": name, "arguments": arguments})
+
+    call("find_user_id_by_email", email="nobody@example.com")
+    call("get_order_details", order_id="#W0000000")
+    call("get_user_details", user_id="nobody_1234")
+    assert not world.logged_in(log) and world.read_ids(log) == []
+    call("find_user_id_by_name_zip", **world.retail_login(user)[1])
+    call("get_order_details", order_id=order["order_id"])
+    assert world.logged_in(log) and world.read_ids(log) == [order["order_id"]]
+    call("get_user_details", user_id=user["user_id"])
+    call("get_order_details", order_id=order["order_id"])  # read twice, listed once
+    assert world.read_ids(log) == sorted([order["order_id"], user["user_id"]])

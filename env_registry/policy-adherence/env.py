@@ -1,8 +1,5 @@
-"""Transfer rationale: the tau2-retail policy requires the agent to state a consequential change and obtain the
-user's explicit yes before calling a write tool, and to refuse changes the policy forbids (only pending orders can
-be modified). Here a user asks to change an order's shipping address; the order may or may not still be pending,
-and the user only says yes to a request that spells out the new address, so the agent must follow the same
-confirm-or-refuse protocol the target grades."""
+"""Transfer rationale: the tau2-retail policy asks for the user's explicit yes to a spelled-out change before any
+write, and forbids changing an order that is no longer pending. Here the agent must confirm or refuse, as graded."""
 
 import random
 import world
@@ -21,52 +18,43 @@ class Environment:
     max_steps = 15
 
     def reset(self, seed, hint=False):
-        rng = random.Random(seed)
+        rng, self.log, self.messages, self.ended = random.Random(seed), [], 0, False
         self.status = rng.choice(["pending", "pending", "processed", "delivered"])
         self.user = world.retail_user(rng.randrange(2**31), payment=["paypal"])
-        self.order = world.retail_order(rng.randrange(2**31), self.user, [world.retail_item(rng.randrange(2**31))],
-                                        status=self.status)
-        self.new_address = world.retail_address(rng.randrange(2**31))
-        self.log, self.confirmed_at, self.messages, self.ended = [], None, 0, False  # confirmed_at: len(log) by then
+        [self.order] = world.retail_orders(rng.randrange(2**31), self.user, [self.status])
+        self.new_address, order_id = world.retail_address(rng.randrange(2**31)), self.order["order_id"]
+        self.write = (TOOLS[2], dict(self.new_address, order_id=order_id))  # the change, once the user said yes
+        self.confirmed_at = self.max_steps  # len(log) when the user first said yes: no write is tried that late
         message = "Hi, I'm {first_name} {last_name} (zip {zip}). I moved: please ship order {0} to {1}.".format(
-            self.order["order_id"], world.retail_spelled(self.new_address), **world.retail_login(self.user)[1])
+            order_id, world.retail_spelled(self.new_address), **world.retail_login(self.user)[1])
         return {"system_prompt": PROMPT + (HINT if hint else ""), "user_message": message}
 
     def step(self, action):
         if action.get("type") == "tool_call":
             return world.retail_step(self.log, [self.user], [self.order], action)
-        self.messages += 1
-        text = str(action.get("content", "")).lower()
-        asks = "?" in text or any(word in text for word in CONFIRM_WORDS)
-        if asks and self.messages < 4:
+        self.messages, text = self.messages + 1, str(action.get("content", "")).lower()
+        if ("?" in text or any(word in text for word in CONFIRM_WORDS)) and self.messages < 4:  # the agent asks
             spells = self.new_address["address1"].lower() in text and self.new_address["zip"] in text
-            self.confirmed_at = len(self.log) if spells and self.confirmed_at is None else self.confirmed_at
+            self.confirmed_at = min(self.confirmed_at, len(self.log)) if spells else self.confirmed_at
             reply = "Yes, I confirm." if spells else "What exactly will you change? Please spell it out."
             return {"observation": reply, "done": False}
         self.ended = True
         return {"observation": "Thanks, bye.", "done": True}
 
     def reward(self):
-        names, read = [e["name"] for e in self.log], bool(world.called(self.log, "get_order_details"))
-        writes = names.count("modify_pending_order_address")  # tried, gone through or not
-        if self.status == "pending":  # the user confirmed before the first write was tried
-            first = names.index("modify_pending_order_address") if writes else -1
-            protocol = bool(writes) and self.confirmed_at is not None and self.confirmed_at <= first
-            outcome = self.order["address"] == self.new_address and writes == 1
-        else:
-            protocol = not writes and read
-            outcome = protocol and self.ended
-        parts = {"authenticated": bool(world.called(self.log, "find_user_id_by_name_zip")), "read_order": read,
-                 "followed_protocol": protocol, "correct_outcome": outcome}
+        names, read, pending = [e["name"] for e in self.log], bool(world.read_ids(self.log)), self.status == "pending"
+        writes, [made] = names.count(TOOLS[2]), world.retail_made([self.user], [self.order], [self.write])  # tried
+        protocol = (writes > 0 and self.confirmed_at <= names.index(TOOLS[2])) if pending else (not writes and read)
+        outcome = (made and writes == 1) if pending else (protocol and self.ended)
+        parts = {"authenticated": world.logged_in(self.log), "read_order": read, "followed_protocol": protocol,
+                 "correct_outcome": outcome}
         return world.graded(parts, WEIGHTS, "order was %s" % self.status)
 
     def oracle(self):
-        order_id = self.order["order_id"]
+        order_id, said = self.order["order_id"], world.retail_spelled(self.new_address)
         read = [world.retail_login(self.user), (TOOLS[1], {"order_id": order_id})]
         if self.status != "pending":
             return world.script(*read, "I'm sorry, order %s is already %s, so its address can no longer be changed." % (
                 order_id, self.status))
-        ask = "I will change the shipping address of order %s to %s. Do you confirm (yes/no)?" % (
-            order_id, world.retail_spelled(self.new_address))
-        return world.script(*read, ask, (TOOLS[2], dict(self.new_address, order_id=order_id)),
-                            "Done: order %s will ship to the new address." % order_id)
+        ask = "I will change the shipping address of order %s to %s. Do you confirm (yes/no)?" % (order_id, said)
+        return world.script(*read, ask, self.write, "Done: order %s will ship to the new address." % order_id)

@@ -18,10 +18,9 @@ class Environment:
     max_steps = 7  # tight: every broken call costs a turn the return needs
 
     def reset(self, seed, hint=False):
-        rng = random.Random(seed)
+        rng, names = random.Random(seed), sorted(world.retail_products())
         self.user = world.retail_user(rng.randrange(2**31), payment=["credit_card"])
-        products = rng.sample(sorted(world.retail_products()), rng.randint(3, 5))
-        items = [world.retail_item(rng.randrange(2**31), product) for product in products]
+        items = [world.retail_item(rng.randrange(2**31), p) for p in rng.sample(names, rng.randint(3, 5))]
         self.order = world.retail_order(rng.randrange(2**31), self.user, items)
         self.wanted = sorted(rng.sample([i["item_id"] for i in items], rng.randint(2, 3)))
         self.log, self.in_prose, self.messages = [], 0, 0
@@ -51,9 +50,8 @@ class Environment:
         parts = {step: step in self.good() for step in STEPS.values()}
         refused = len(world.called(self.log, ok=False))  # an id that names no record (the host refuses wrong names)
         parts["no_broken_calls"] = parts["return_made"] and not (mistyped or self.in_prose or refused)
-        reason = "%d of 4 calls well formed; %d mistyped, %d refused, %d as text" % (
-            len(self.good()), mistyped, refused, self.in_prose)
-        return world.graded(parts, WEIGHTS, reason)
+        return world.graded(parts, WEIGHTS, "%d of 4 calls well formed; %d mistyped, %d refused, %d as text" % (
+            len(self.good()), mistyped, refused, self.in_prose))
 
     def oracle(self):
         user, order_id, card = self.user, self.order["order_id"], list(self.user["payment_methods"])[0]
