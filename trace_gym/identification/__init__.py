@@ -15,7 +15,7 @@ import json
 import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 from trace_gym.errors import TraceGymError
 from trace_gym.llm.registry import is_chat_endpoint
@@ -50,7 +50,36 @@ __all__ = [
     "select",
     "cohen_kappa",
     "make_analyst",
+    "RuleAnalyst",
+    "DiscoveringAnalyst",
+    "Analyst",
 ]
+
+
+@runtime_checkable
+class RuleAnalyst(Protocol):
+    """An analyst with a fixed dictionary of capabilities that labels one episode at a
+    time by rules (gold, milestone, reference: no model calls)."""
+
+    def capabilities(self) -> dict[str, str]: ...
+
+    def label(self, trajectory: Trajectory) -> list[Label]: ...
+
+
+@runtime_checkable
+class DiscoveringAnalyst(Protocol):
+    """An analyst that finds its candidate capabilities in the failures and labels every
+    episode against them in one pass (the LLM analyst)."""
+
+    calls: int
+    tokens: int
+
+    def discover(self, failures: list[Trajectory], *, runs: int, seed: int = 0) -> dict[str, str]: ...
+
+    def label_all(self, trajectories: list[Trajectory], candidates: dict[str, str]) -> list[Label]: ...
+
+
+Analyst = RuleAnalyst | DiscoveringAnalyst
 
 
 @dataclass
@@ -91,7 +120,7 @@ def make_analyst(spec: str, **llm_options: Any):
 
 def identify(
     trajectories: list[Trajectory],
-    analyst: Any,
+    analyst: Analyst,
     out_dir: str | Path | None = None,
     *,
     config: SelectionConfig | None = None,
@@ -107,7 +136,7 @@ def identify(
     say = progress or (lambda message: None)
 
     say("discovering candidate capabilities")
-    if hasattr(analyst, "discover"):
+    if isinstance(analyst, DiscoveringAnalyst):
         candidates = analyst.discover([t for t in trajectories if not t.success], runs=config.runs, seed=seed)
     else:
         candidates = analyst.capabilities()
@@ -116,7 +145,7 @@ def identify(
     by_episode = labels_by_episode(labels, success, list(candidates))
 
     agreement: dict[str, float | None] = {}
-    if compare_gold and hasattr(analyst, "discover"):
+    if compare_gold and isinstance(analyst, DiscoveringAnalyst):
         # The analyst labels the gold capabilities too, for kappa only: they are
         # not candidates, so comparing never changes what is selected.
         say(f"labelling the {len(GOLD_CAPABILITIES)} gold capabilities for agreement")
@@ -151,8 +180,8 @@ def identify(
     chosen = select(runs, candidates, examples, config)
     info = {
         "analyst": getattr(analyst, "name", type(analyst).__name__),
-        "calls": getattr(analyst, "calls", 0),
-        "tokens": getattr(analyst, "tokens", 0),
+        "calls": analyst.calls if isinstance(analyst, DiscoveringAnalyst) else 0,
+        "tokens": analyst.tokens if isinstance(analyst, DiscoveringAnalyst) else 0,
         "trajectories": len(trajectories),
         "successes": sum(success.values()),
         "failures": len(success) - sum(success.values()),
@@ -186,8 +215,8 @@ def bootstrap_sample(clusters: list[list[str]], rng: random.Random) -> list[str]
     return [episode for cluster in rng.choices(clusters, k=len(clusters)) for episode in cluster]
 
 
-def label_all(analyst: Any, trajectories: list[Trajectory], candidates: dict[str, str]) -> list[Label]:
-    if hasattr(analyst, "label_all"):
+def label_all(analyst: Analyst, trajectories: list[Trajectory], candidates: dict[str, str]) -> list[Label]:
+    if isinstance(analyst, DiscoveringAnalyst):
         return analyst.label_all(trajectories, candidates)
     return [label for t in trajectories for label in analyst.label(t) if label.capability in candidates]
 
