@@ -270,15 +270,21 @@ def test_lacking_rates_count_only_the_episodes_where_a_capability_applies():
 # --- trace-gym evaluate and route over an earlier run ------------------------------------------------
 
 
-def _zero_lora(folder):
-    """A real peft LoRA for the embedded model (B = 0: the policy unchanged, the code path the same)."""
+def _lora(folder, b=0.0):
+    """A real peft LoRA for the embedded model; B = 0 (peft's start) leaves the policy unchanged."""
+    import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     from trace_gym.llm.embedded import ensure_embedded_model
 
     base = AutoModelForCausalLM.from_pretrained(str(ensure_embedded_model()))
-    get_peft_model(base, LoraConfig(r=2, target_modules=["q_proj"])).save_pretrained(folder)
+    model = get_peft_model(base, LoraConfig(r=2, target_modules=["q_proj"]))
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if "lora_B" in name:
+                weight.fill_(b)
+    model.save_pretrained(folder)
 
 
 def _earlier_run(tmp_path):
@@ -287,7 +293,8 @@ def _earlier_run(tmp_path):
 
     run = tmp_path / "run"
     _identification().save(run / "identify")
-    _zero_lora(tmp_path / "lora")
+    _lora(tmp_path / "lora")
+    _lora(tmp_path / "lora-trained", b=1e-3)
     records = []
     for name, kind, extra in (
         ("precise_arguments", "capability", {}),
@@ -297,7 +304,7 @@ def _earlier_run(tmp_path):
         ("control-communicates_required_info", "control", {"capability": "communicates_required_info"}),
     ):
         folder = run / "adapters" / name
-        shutil.copytree(tmp_path / "lora", folder / "adapter")
+        shutil.copytree(tmp_path / ("lora" if name != "merged" else "lora-trained"), folder / "adapter")
         (folder / "train_log.jsonl").write_text(json.dumps({"iteration": 1, "mean_reward": 0.1, "rollouts": 8}) + "\n")
         records.append(
             AdapterRecord(
@@ -347,6 +354,10 @@ def test_evaluate_plays_every_method_row_from_an_earlier_runs_artifacts(tmp_path
     assert rows["control"].routing is not None and rows["summed"].routing is None
     assert rows["trace"].cost["train_rollouts"] == 16 and rows["trace"].cost["analyst_calls"] == 3
     assert rows["grpo-target"].cost == {"train_rollouts": 16, "analyst_calls": 0, "wall_s": 0}
+    # grpo-target's adapter is B = 0, the base policy itself: base's episodes are scored for it, said so
+    assert not (run / "eval" / "grpo-target.jsonl").exists() and (run / "eval" / "merged.jsonl").exists()
+    assert "adds nothing" in rows["grpo-target"].note and not rows["merged"].note
+    assert "- grpo-target: its adapter adds nothing" in (run / "eval" / "results.md").read_text()
     assert rows["merged"].cost["analyst_calls"] == 3
     assert set(rows["base"].lacking) == {"precise_arguments", "complete_actions", "communicates_required_info"}
     assert rows["base"].flips == {} and set(rows["trace"].flips) == {"gained", "lost"}

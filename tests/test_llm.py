@@ -264,6 +264,37 @@ def test_local_model_loads_and_switches_lora_adapters(tmp_path):
         backend.generate(prompt, adapter="other")
 
 
+def test_an_adapter_adds_nothing_only_when_every_update_is_zero(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from trace_gym.llm.lora import adds_nothing
+
+    layer = "base_model.model.model.layers.0.self_attn.q_proj"
+    zero_b = {f"{layer}.lora_A.weight": torch.randn(2, 8), f"{layer}.lora_B.weight": torch.zeros(8, 2)}
+    cases = {
+        "untrained": (zero_b, True),
+        "zero A": ({f"{layer}.lora_A.weight": torch.zeros(2, 8), f"{layer}.lora_B.weight": torch.ones(8, 2)}, True),
+        "one entry moved": (
+            {**zero_b, f"{layer}.lora_B.weight": torch.zeros(8, 2).index_fill(0, torch.tensor([3]), 1e-9)},
+            False,
+        ),
+        "a second layer trained": (
+            {**zero_b, "x.lora_A.weight": torch.ones(2, 8), "x.lora_B.weight": torch.ones(8, 2)},
+            False,
+        ),
+        "DoRA magnitudes": ({**zero_b, f"{layer}.lora_magnitude_vector": torch.ones(8)}, False),
+        "a factor missing": ({f"{layer}.lora_B.weight": torch.zeros(8, 2)}, False),
+        "no LoRA at all": ({}, False),
+    }
+    for name, (weights, expected) in cases.items():
+        (tmp_path / name).mkdir()
+        save_file(weights, str(tmp_path / name / "adapter_model.safetensors"))
+        assert adds_nothing(tmp_path / name) is expected, name
+    with pytest.raises(LLMError, match="no adapter weights at"):
+        adds_nothing(tmp_path / "missing")
+
+
 def test_unknown_model_spec_and_missing_local_model():
     with pytest.raises(LLMError, match="unknown model 'gpt5'"):
         make_backend("gpt5")

@@ -97,7 +97,7 @@ def test_the_vllm_client_plays_the_episodes_the_local_model_plays():
 def test_serve_routes_each_conversation_of_an_earlier_run_to_its_adapter(tmp_path):
     import openai
 
-    from test_evaluation import _earlier_run, _zero_lora
+    from test_evaluation import _earlier_run, _lora
 
     run = _earlier_run(tmp_path)
     tools = [
@@ -171,7 +171,7 @@ def test_serve_routes_each_conversation_of_an_earlier_run_to_its_adapter(tmp_pat
         with pytest.raises(urllib.error.HTTPError, match="403"):
             urllib.request.urlopen(host, timeout=30)  # a page that rebinds its name to 127.0.0.1
 
-        _zero_lora(tmp_path / "new")
+        _lora(tmp_path / "new")
         status, body = post(f"{url}/load_lora_adapter", {"lora_name": "late", "lora_path": str(tmp_path / "new")}, key)
         assert status == 200 and "Success" in body
         assert "late" in [m.id for m in client.models.list().data]

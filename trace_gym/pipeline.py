@@ -1233,6 +1233,10 @@ def stage_evaluate(config: PipelineConfig, state: RunState, say: Callable[[str],
     env_kwargs = {"max_steps": config.evaluate.max_steps} if config.evaluate.max_steps else {}
     played = {}
     for name, built, cost in build_methods(config.evaluate.methods, ctx, say):
+        if built.same_as in played:
+            say(f"{name}: {built.note}; not played again")
+            played[name] = (played[built.same_as][0], built, cost)
+            continue
         path = out / f"{name}.jsonl"
         if name == "summed" and hasattr(ctx.backend, "save_adapter"):  # the sum of these adapters, every time
             say(f"summed adapter saved to {ctx.backend.save_adapter('summed', out / 'summed-adapter')} (servable)")
@@ -1275,6 +1279,7 @@ def stage_evaluate(config: PipelineConfig, state: RunState, say: Callable[[str],
     results = []
     for name, (trajectories, built, cost) in played.items():
         result = method_result(name, trajectories, groups=groups, routed_capabilities=built.routed, cost=cost)
+        result.note = built.note if built.same_as in played else ""
         if name in labels:
             result.lacking = lacking_rates(labels[name], _measured_capabilities(ctx))
         if base and name != "base":

@@ -27,6 +27,7 @@ rollouts as the capability adapters together (``trace_budget``), by training
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 from ..artifacts import AdapterRecord, AdapterSet, Identification
@@ -81,6 +82,11 @@ class BuiltAgent:
     routed: list[str] | None = None
     targets: list[str] = field(default_factory=list)
     """The capabilities it was trained for (specificity compares their LACKING rates with the others')."""
+    same_as: str | None = None
+    """A method whose agent is exactly this one's (its adapter adds nothing): evaluation
+    scores that method's episodes for it instead of playing the same ones again."""
+    note: str = ""
+    """Said in the table's notes (why ``same_as``)."""
 
 
 class Method:
@@ -188,9 +194,16 @@ class TrainedBaseline(Method):
     """A baseline adapter the train stage made under this method's name."""
 
     def build(self, ctx: EvalContext) -> BuiltAgent:
-        if ctx.adapters.named(self.name) is None:
+        from ..llm.lora import adds_nothing
+
+        record = ctx.adapters.named(self.name)
+        if record is None:
             raise Unavailable(f"no '{self.name}' adapter was trained")
-        return BuiltAgent("llm", {"adapter": self.name}, targets=self.targets(ctx))
+        built = BuiltAgent("llm", {"adapter": self.name}, targets=self.targets(ctx))
+        if Path(record.adapter).is_dir() and adds_nothing(record.adapter):
+            built.same_as = "base"
+            built.note = "its adapter adds nothing to the policy (every LoRA update is 0): base's episodes are its own"
+        return built
 
     def targets(self, ctx: EvalContext) -> list[str]:
         return []

@@ -57,6 +57,8 @@ class MethodResult:
     """Against base, per task (pass^1 over its samples above or below base's): ``gained``, ``lost``."""
     specificity: dict[str, float | None] = field(default_factory=dict)
     """Mean change of the LACKING rate against base on the capabilities it targets and on the others."""
+    note: str = ""
+    """What a reader must know about the row (e.g. that another method's episodes stand for it)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -283,6 +285,9 @@ def results_table(results: list[MethodResult]) -> str:
             ]
         )
     text = _markdown(rows)
+    notes = [f"- {r.method}: {r.note}" for r in results if r.note]
+    if notes:
+        text += "\n" + "\n".join(notes) + "\n"
     capabilities = sorted({c for r in results for c in (*r.lacking, *r.by_capability)})
     if capabilities:
         head = [

@@ -34,6 +34,30 @@ def without_checkpointing_deprecations() -> Iterator[None]:
         yield
 
 
+def adds_nothing(folder: str | Path) -> bool:
+    """Whether the peft LoRA in ``folder`` leaves the model as it is: every layer's
+    update ``B @ A`` is exactly 0 because one of its factors is all zeros. peft starts
+    B at 0, and an adapter whose every gradient was 0 (GRPO on constant rewards) is
+    saved so; its outputs are the base model's bit for bit. Anything but plain
+    ``lora_A``/``lora_B`` pairs (DoRA magnitudes, embeddings) answers False."""
+    from safetensors import safe_open
+
+    path = Path(folder) / "adapter_model.safetensors"
+    if not path.exists():
+        raise LLMError(f"no adapter weights at {path}")
+    factors: dict[str, list[bool]] = {}
+    with safe_open(str(path), framework="pt") as weights:
+        for key in weights.keys():
+            for part in (".lora_A.", ".lora_B."):
+                if part in key:
+                    zero = not bool(weights.get_tensor(key).any())
+                    factors.setdefault(key.split(part)[0], []).append(zero)
+                    break
+            else:
+                return False
+    return bool(factors) and all(len(z) == 2 and any(z) for z in factors.values())
+
+
 class LoraAdapters:
     """Adapters by name over ``self.model`` (made a peft model by the first one)."""
 
