@@ -57,11 +57,12 @@ quickstart: setup
 # its pid however the tests end. The suite runs in TEST_WORKERS processes (one
 # per core; a test file stays in one process, so its module fixtures are built
 # once), each with one torch thread: two processes of two threads on two cores
-# spin-wait in OpenMP and run slower than one thread each.
+# spin-wait in OpenMP and run slower than one thread each. The 25 slowest tests are
+# listed at the end: where CI's time goes.
 TEST_WORKERS ?= 2
 test: setup lint
 	@eval "$$(sandbox/engine.sh start)"; \
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests; status=$$?; \
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25 tests; status=$$?; \
 	sandbox/engine.sh stop; exit $$status
 
 # pyflakes' and pycodestyle's errors, then the formatter's verdict ([tool.ruff] in
