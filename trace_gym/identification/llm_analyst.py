@@ -131,6 +131,14 @@ class AnswerCache:
             tmp.replace(self.folder / f"{key}.json")
 
 
+def analyst_backend(spec: str, *, base_url: str | None = None, api_key: str | None = None) -> Any:
+    """The OpenAI-compatible client an analyst talks through (time-outs, back-off on
+    transient errors), one request at a time: identification's and synthesis's."""
+    from trace_gym.llm.openai_compat import OpenAICompatible
+
+    return OpenAICompatible(spec.removeprefix("openai:"), base_url=base_url, api_key=api_key, concurrency=1)
+
+
 class LLMAnalyst:
     def __init__(
         self,
@@ -145,10 +153,8 @@ class LLMAnalyst:
         base_url: str | None = None,
         api_key: str | None = None,
     ):
-        from trace_gym.llm.openai_compat import OpenAICompatible
-
         self.name = spec
-        self.backend = OpenAICompatible(spec.removeprefix("openai:"), base_url=base_url, api_key=api_key, concurrency=1)
+        self.backend = analyst_backend(spec, base_url=base_url, api_key=api_key)
         self.per_trajectory = per_trajectory
         self.cache = AnswerCache(Path(cache_dir) if cache_dir else None)
         self.batch_size = batch_size

@@ -1,7 +1,8 @@
 """The synthesis analyst: the identification analyst's client, asked for code in a conversation.
 
-It reuses ``LLMAnalyst``'s OpenAI-compatible backend (time-outs, back-off on
-transient errors) and its on-disk ``AnswerCache``; the cache key is the whole
+It talks through the identification analyst's client (``analyst_backend``:
+time-outs, back-off on transient errors) and caches answers in an on-disk
+``AnswerCache``; the cache key is the whole
 conversation, so a re-run (``--resume``) replays every attempt at no cost.
 Calls, tokens and cache hits are counted. It returns text; it never runs it.
 """
@@ -27,13 +28,13 @@ class SynthesisAnalyst:
         max_new_tokens: int = 8192,
         temperature: float = 0.0,
     ):
-        from trace_gym.identification.llm_analyst import AnswerCache, LLMAnalyst
+        from trace_gym.identification.llm_analyst import AnswerCache, analyst_backend
 
         if not is_chat_endpoint(spec) or spec == CHAT_ENDPOINT:
             raise TraceGymError(f"unknown analyst '{spec}'; use registry or openai:<model>")
         self.name = spec
-        self._client = LLMAnalyst(spec, cache_dir=cache_dir, base_url=base_url, api_key=api_key)
-        self._key = AnswerCache.key
+        self.backend = analyst_backend(spec, base_url=base_url, api_key=api_key)
+        self.cache = AnswerCache(Path(cache_dir) if cache_dir else None)
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
         self.calls = 0
@@ -42,20 +43,20 @@ class SynthesisAnalyst:
 
     @property
     def model(self) -> str:
-        return self._client.backend.model
+        return self.backend.model
 
     def converse(self, messages: list[dict[str, Any]]) -> str:
         """The model's answer to the conversation so far (from the cache when it was asked before)."""
-        key = self._key(self.model, json.dumps(messages, sort_keys=True, ensure_ascii=False))
-        cached = self._client.cache.get(key)
+        key = self.cache.key(self.model, json.dumps(messages, sort_keys=True, ensure_ascii=False))
+        cached = self.cache.get(key)
         if cached is not None:
             self.cache_hits += 1
             return cached
-        [completion] = self._client.backend.generate(
+        [completion] = self.backend.generate(
             [messages], max_new_tokens=self.max_new_tokens, temperature=self.temperature
         )
         self.calls += 1
         self.tokens += (completion.prompt_tokens or 0) + (completion.completion_tokens or 0)
         text = completion.text or ""
-        self._client.cache.put(key, text)
+        self.cache.put(key, text)
         return text
