@@ -78,14 +78,22 @@ def sandbox_backend(request):
         pytest.skip(f"SANDBOX BACKEND {request.param} NOT TESTED HERE: {exc}")
 
 
-# The longest files (minutes each, measured with --durations) start first, so that
-# `make test`'s two workers do not end with one of them running alone.
+# The longest files (minutes each, by make test's --durations report of 2026-11-28 in
+# docs/benchmarks.md) start first, so that `make test`'s two workers do not end with one
+# of them running alone.
 LONGEST_FIRST = (
+    "test_sft.py",
+    "test_evaluation.py",
     "test_pipeline_run.py",
-    "test_tau2_target.py",
     "test_identification.py",
-    "test_token_episodes.py",
+    "test_tau2_target.py",
     "test_identification_honesty.py",
+    "test_token_episodes.py",
+    "test_serve.py",
+    "test_training_run.py",
+    "test_own_target.py",
+    "test_synthesis.py",
+    "test_validation_bounds.py",
     "test_toolsandbox_registry.py",
 )
 
