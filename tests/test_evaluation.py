@@ -382,13 +382,15 @@ def test_evaluate_plays_every_method_row_from_an_earlier_runs_artifacts(tmp_path
     assert all("(adapter " in line and "scores A " in line for line in per_task.stdout.splitlines())
 
     # Moved elsewhere, the run is still evaluated from its own files; a narrower evaluation
-    # counts only the episodes it asked for, not every episode the files hold.
+    # counts only the episodes it asked for, not every episode the files hold. Asked before
+    # base, the null grpo-target has no episodes to borrow: it is played, and no note claims otherwise.
     moved = tmp_path / "elsewhere" / "run"
     shutil.move(str(run), str(moved))
-    again = run_cli("evaluate", str(moved), "--methods", "base,trace", "--tasks", "1", timeout=600)
+    again = run_cli("evaluate", str(moved), "--methods", "grpo-target,base", "--tasks", "1", timeout=600)
     assert again.returncode == 0, again.stderr
     rows = {r.method: r for r in load_results(moved / "eval")}
-    assert list(rows) == ["base", "trace"] and rows["base"].episodes == 1
+    assert list(rows) == ["grpo-target", "base"] and rows["base"].episodes == 1
+    assert (moved / "eval" / "grpo-target.jsonl").exists() and rows["grpo-target"].note == ""
 
 
 def test_evaluate_and_route_refuse_what_is_not_a_run_in_one_line(tmp_path):

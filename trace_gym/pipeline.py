@@ -1232,10 +1232,12 @@ def stage_evaluate(config: PipelineConfig, state: RunState, say: Callable[[str],
     adapters = ctx.adapters
     env_kwargs = {"max_steps": config.evaluate.max_steps} if config.evaluate.max_steps else {}
     played = {}
+    reused = set()  # rows scored from another method's episodes (their note says whose)
     for name, built, cost in build_methods(config.evaluate.methods, ctx, say):
         if built.same_as in played:
             say(f"{name}: {built.note}; not played again")
             played[name] = (played[built.same_as][0], built, cost)
+            reused.add(name)
             continue
         path = out / f"{name}.jsonl"
         if name == "summed" and hasattr(ctx.backend, "save_adapter"):  # the sum of these adapters, every time
@@ -1279,7 +1281,7 @@ def stage_evaluate(config: PipelineConfig, state: RunState, say: Callable[[str],
     results = []
     for name, (trajectories, built, cost) in played.items():
         result = method_result(name, trajectories, groups=groups, routed_capabilities=built.routed, cost=cost)
-        result.note = built.note if built.same_as in played else ""
+        result.note = built.note if name in reused else ""
         if name in labels:
             result.lacking = lacking_rates(labels[name], _measured_capabilities(ctx))
         if base and name != "base":
