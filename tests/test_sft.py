@@ -159,13 +159,16 @@ def test_nothing_to_learn_from_is_one_line(tmp_path):
 
 def test_agent_token_logps_equal_the_whole_forward(demos, backend):
     """The shared-prompt pass scores the agent's tokens as the model run whole does, with or
-    without gradients through the shared prompt (the forward is the same)."""
+    without gradients through the shared prompt (the forward is the same). Real demonstration
+    rows of the embedded model's tokens; a small random model of its architecture (the pass is
+    arithmetic, not knowledge, and three 5.7k-token passes of the 135M model cost 80 s)."""
     import torch
+    from families import tiny_model
 
     trajectories = load_demonstrations([str(demos)], 1.0)[0][:2]
     rows = demonstration_rows(backend, trajectories, 5700)
     batch = _Collator(backend.tokenizer.pad_token_id)(rows)
-    model = backend.model
+    model = tiny_model(backend.tokenizer, arch=backend.model.config.model_type).eval()
     with torch.no_grad():
         shared, mask = agent_token_logps(model, batch)
         detached, _ = agent_token_logps(model, batch, prefix_gradient=False)
@@ -177,19 +180,29 @@ def test_agent_token_logps_equal_the_whole_forward(demos, backend):
         )
         whole = torch.log_softmax(logits, -1).gather(-1, batch["input_ids"][:, -keep:, None]).squeeze(-1)
     assert mask.sum() > 20
-    assert torch.allclose(shared[mask], whole[mask], atol=2e-3)
+    assert torch.allclose(shared[mask], whole[mask], atol=1e-4)
+    off = mask[:, 1:]  # scored one token off: what the check tells apart
+    assert not torch.allclose(shared[:, 1:][off], whole[:, :-1][off], atol=1e-4)
     assert torch.equal(shared, detached) and not shared[~mask].any()
 
 
 @pytest.mark.slow
-def test_a_tiny_warm_start_gives_a_policy_usable_as_a_model(tmp_path, demos):
+def test_a_tiny_warm_start_gives_a_policy_usable_as_a_model(tmp_path, demos, backend):
+    """A small random model of the embedded one's architecture, as a user's hf: folder holds it
+    (the embedded model itself runs in the shipped warm-start and resume tests)."""
+    from families import tiny_model
     from safetensors.torch import load_file
 
+    folder = tmp_path / "tiny"
+    tiny_model(backend.tokenizer, arch=backend.model.config.model_type).save_pretrained(folder)
+    backend.tokenizer.save_pretrained(folder)
     out = tmp_path / "sft"
     result = run_cli(
         "sft",
         "--trajectories",
         str(demos),
+        "--model",
+        f"hf:{folder}",
         "--out",
         str(out),
         "--epochs",
