@@ -475,14 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--chat-template", default=None, metavar="T", help=TEMPLATE_HELP)
     train.add_argument("--out", required=True, help="run folder")
     train.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
-    train.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cpu or cuda (default cpu)")
-    train.add_argument(
-        "--dtype",
-        choices=["auto", "float32", "bfloat16"],
-        default=None,
-        help="model weights (default auto: bfloat16 on CUDA and on CPUs with bf16 instructions "
-        "(AVX512-BF16, AMX, Arm BF16), float32 elsewhere; the LoRA stays float32; --resume keeps the run's)",
-    )
+    add_torch_options(train)
     train.add_argument(
         "--use-vllm", action="store_true", help="pass TRL's vLLM integration through (needs vllm installed)"
     )
@@ -532,8 +525,6 @@ def build_parser() -> argparse.ArgumentParser:
         "(repeat for each; refused by default)",
     )
     train.add_argument("--backend", default=None, help="sandbox backend of synthesized envs: auto, docker, bwrap")
-    train.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    train.add_argument("--seed", type=int, default=None)
     train.add_argument("--json", action="store_true", help="print the result as JSON")
     train.set_defaults(func=cmd_train)
 
@@ -579,12 +570,7 @@ def build_parser() -> argparse.ArgumentParser:
     warm.add_argument(
         "--max-tokens", type=int, default=None, help="tokens per demonstration (default: the model's context)"
     )
-    warm.add_argument(
-        "--dtype", choices=["auto", "float32", "bfloat16"], default=None, help="training weights (default auto)"
-    )
-    warm.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cpu or cuda (default cpu)")
-    warm.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    warm.add_argument("--seed", type=int, default=None)
+    add_torch_options(warm)
     warm.add_argument("--save-steps", type=int, default=None, help="optimizer steps between checkpoints (default 5)")
     warm.add_argument("--resume", action="store_true", help="go on from the last checkpoint in --out (same options)")
     warm.set_defaults(func=cmd_sft)
@@ -979,6 +965,20 @@ TEMPLATE_HELP = (
     "for turn, else TRL's training template for its family), stock, a TRL template's name "
     "(qwen3_training) or a .jinja path"
 )
+
+
+def add_torch_options(parser: argparse.ArgumentParser) -> None:
+    """Where and how a training verb runs the model: the same four options for GRPO and SFT."""
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cpu or cuda (default cpu)")
+    parser.add_argument(
+        "--dtype",
+        choices=["auto", "float32", "bfloat16"],
+        default=None,
+        help="model weights (default auto: bfloat16 on CUDA and on CPUs with bf16 instructions "
+        "(AVX512-BF16, AMX, Arm BF16), float32 elsewhere; the LoRA stays float32; --resume: the run's)",
+    )
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--seed", type=int, default=None)
 
 
 def model_spec(model: str | None, template: str | None) -> str | None:
