@@ -92,9 +92,62 @@ def test_a_template_named_that_cannot_append_is_refused_in_one_line():
         from trace_gym.llm.templates import choose
 
         choose(tokenizer, "qwen3")
-    with pytest.raises(LLMError, match="chat template 'qwen9': neither a file nor one of TRL's"):
+    with pytest.raises(LLMError, match="chat template 'qwen9': neither a file, one of ours .* nor one of TRL's"):
         choose(tokenizer, "qwen9")
     assert choose(tokenizer, "qwen3_training")[1] == "'qwen3_training'"
+
+
+def test_the_compact_template_says_the_same_in_fewer_tokens():
+    """``chatml_compact_tools``: every tool, argument and description of τ²-retail's schemas
+    as signatures, JSON results without the spaces after separators (the same JSON once
+    parsed), other text as sent; it appends turn for turn and saves 1k+ tokens of the 8,192."""
+    from trace_gym.llm.embedded import COMPACT_TOOL_CHAT_TEMPLATE
+    from trace_gym.llm.templates import choose
+    from trace_gym.training.sft import env_tools
+
+    compact = backend_for("embedded", template="chatml_compact_tools")
+    assert compact.tokenizer.chat_template == COMPACT_TOOL_CHAT_TEMPLATE
+    assert choose(compact.tokenizer, "chatml_compact_tools")[1] == "'chatml_compact_tools'"
+    assert compact.tokenizer.decode(played_ids(compact, EPISODE)) == compact._render(EPISODE, TOOLS, True)
+    tools = env_tools("trace/tau2-retail-v0")
+    order = {"order_id": "#W1", "items": [{"item_id": "1", "options": {"color": "blue, dark"}}, {"item_id": "2"}]}
+    episode = [
+        EPISODE[0],
+        EPISODE[1],
+        EPISODE[4],
+        {**EPISODE[5], "content": json.dumps(order)},
+        EPISODE[8],
+        {**EPISODE[9], "content": "Error: Non-delivered order cannot be returned"},
+    ]
+    text = compact._render(episode, tools, False)
+    for tool in tools:
+        f = tool["function"]
+        properties = f["parameters"]["properties"]
+        assert f"{f['name']}(" in text and f["description"].strip() in text
+        for name, spec in properties.items():
+            assert f"{name}: " in text and spec.get("description", "").strip() in text
+    assert "item_ids: array[string]" in text and '"name": "get_order_details"' in text  # calls as the model writes them
+    sent = text.split("<tool_response>\n")[1].split("\n</tool_response>")[0]
+    assert json.loads(sent) == order and ", " not in sent.replace("blue, dark", "") and ": " not in sent
+    assert "<tool_response>\nError: Non-delivered order cannot be returned\n</tool_response>" in text
+    full = backend_for("embedded")
+    saved = len(full.encode_conversation(episode[:2], tools)[0]) - len(
+        compact.encode_conversation(episode[:2], tools)[0]
+    )
+    assert saved > 1000
+
+
+def test_a_warm_start_plays_under_the_template_it_ships(tmp_path, monkeypatch):
+    from trace_gym.llm import embedded
+
+    [name] = embedded.WARM_STARTS
+    assert embedded.chat_template_of(name) == embedded.TOOL_CHAT_TEMPLATE  # the shipped one ships none today
+    assert embedded.chat_template_of(embedded.EMBEDDED_NAME) == embedded.TOOL_CHAT_TEMPLATE
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "chat_template.jinja").write_text(embedded.COMPACT_TOOL_CHAT_TEMPLATE)
+    monkeypatch.setattr(embedded, "WARM_STARTS_DIR", tmp_path)
+    assert embedded.chat_template_of(name) == embedded.COMPACT_TOOL_CHAT_TEMPLATE
+    assert embedded.chat_template_of("hf:/elsewhere") == embedded.TOOL_CHAT_TEMPLATE
 
 
 def test_llamas_one_call_per_turn_template_still_appends_after_a_turn_with_two_calls():
@@ -241,18 +294,18 @@ def test_a_template_named_with_the_model_is_the_one_every_stage_loads(qwen3_fold
     """`[policy] chat_template` / `--chat-template` ride in the model spec: a backend, the
     trainer's loader and the pipeline's stages all read the same choice from it."""
     from trace_gym.llm import make_backend
-    from trace_gym.llm.templates import CANNOT_APPEND, trl_template
+    from trace_gym.llm.templates import CANNOT_APPEND, named_template
     from trace_gym.pipeline import PolicySettings
     from trace_gym.training.trainer import load_policy
 
     spec = PolicySettings(model=f"hf:{qwen3_folder}", chat_template="qwen3_training").spec
     assert spec == f"hf:{qwen3_folder}?template=qwen3_training"
     backend = make_backend(spec)
-    assert backend.template_note == "'qwen3_training'" and backend.tokenizer.chat_template == trl_template(
+    assert backend.template_note == "'qwen3_training'" and backend.tokenizer.chat_template == named_template(
         "qwen3_training"
     )
     _, tokenizer, _ = load_policy(spec, "float32")
-    assert tokenizer.chat_template == trl_template("qwen3_training")
+    assert tokenizer.chat_template == named_template("qwen3_training")
 
     stock = make_backend(f"hf:{qwen3_folder}?template=stock")  # what the user asked for, with the warning
     assert stock.template_note.endswith(CANNOT_APPEND)

@@ -962,8 +962,8 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
 
 TEMPLATE_HELP = (
     "chat template of a local or vllm: model: auto (default: the model's own if it appends turn "
-    "for turn, else TRL's training template for its family), stock, a TRL template's name "
-    "(qwen3_training) or a .jinja path"
+    "for turn, else TRL's training template for its family), stock, a template's name "
+    "(ours: chatml_compact_tools; TRL's: qwen3_training) or a .jinja path"
 )
 
 

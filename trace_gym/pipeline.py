@@ -98,7 +98,7 @@ class PolicySettings(Endpoint):
     chat_template: str = "auto"
     """Local and ``vllm:`` models: the chat template the policy plays, trains and is served
     under. ``auto`` keeps the model's own where it appends turn for turn, else takes TRL's
-    training template for its family; ``stock``, a TRL template's name (``qwen3_training``)
+    training template for its family; ``stock``, a template's name (``chatml_compact_tools``, ``qwen3_training``)
     or a ``.jinja`` path choose one. An ``openai:`` server renders with its own."""
 
     @property

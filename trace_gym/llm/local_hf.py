@@ -64,8 +64,8 @@ class LocalHF(LoraAdapters, TokenTemplate, Generates):
     chat_template: replaces the tokenizer's own.
     template: which template to play with (``templates.choose``): ``auto`` keeps
         one that appends turn for turn, else takes TRL's training template for the
-        family; ``stock`` keeps the tokenizer's; or a TRL template name or
-        ``.jinja`` path. ``template_note`` says what was chosen and why.
+        family; ``stock`` keeps the tokenizer's; or a template's name (ours or
+        TRL's) or a ``.jinja`` path. ``template_note`` says what was chosen and why.
     """
 
     token_level = True

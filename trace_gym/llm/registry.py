@@ -15,8 +15,8 @@ CHAT_ENDPOINT = "openai:"
 REMOTE_PREFIXES = (CHAT_ENDPOINT, "vllm:")
 TEMPLATE_OPTION = "?template="
 """A local or ``vllm:`` spec may name the chat template its model plays under:
-``hf:/models/qwen3-8b?template=qwen3_training`` (``templates.CHOICES``, a TRL template's
-name or a ``.jinja`` path). ``[policy] chat_template`` and ``--chat-template`` write it so;
+``hf:/models/qwen3-8b?template=qwen3_training`` (``templates.CHOICES``, a template's
+name, ours or TRL's, or a ``.jinja`` path). ``[policy] chat_template`` and ``--chat-template`` write it so;
 the spec then carries it through every stage, into run records and resume checks."""
 
 
@@ -65,16 +65,16 @@ def with_template(spec: str, template: str | None) -> str:
 
 def local_folder(spec: str) -> tuple[str, str | None]:
     """(folder, chat template to set, or None) of a local model spec: an embedded model's
-    name (its folder in the cache, under our tool-call template, set every time so that
-    a model cached by an older version plays under the current one) or ``hf:<folder>``
-    (a bare folder too). The one reading of a local spec: backends, training and the
+    name (its folder in the cache, under our tool-call template or the one its warm start
+    ships, set every time so that a model cached by an older version plays under the
+    current one) or ``hf:<folder>`` (a bare folder too). The one reading of a local spec: backends, training and the
     vLLM client's tokenizer all take it from here (a template choice in the spec is
     ``split_spec``'s to read). Never reaches a hub."""
     spec = split_spec(spec)[0]
     if spec in EMBEDDED_MODELS:
-        from .embedded import TOOL_CHAT_TEMPLATE, local_model
+        from .embedded import chat_template_of, local_model
 
-        return str(local_model(spec)), TOOL_CHAT_TEMPLATE
+        return str(local_model(spec)), chat_template_of(spec)
     if spec.startswith(REMOTE_PREFIXES):
         raise LLMError(
             f"{spec} is a model behind a server, not a local folder; use {EMBEDDED_NAME} or hf:<local folder>"

@@ -24,7 +24,8 @@ from .base import LLMError
 CHOICES = ("auto", "stock")
 """``auto``: the tokenizer's template if it appends turn for turn, else TRL's training
 template for its family; ``stock``: the tokenizer's, as is. Anything else is the name of
-a template TRL ships (``qwen3_training``) or a path to a ``.jinja`` file."""
+one of ours (``chatml_tools``, the embedded model's; ``chatml_compact_tools``, the same turns
+in fewer tokens), of a template TRL ships (``qwen3_training``) or a path to a ``.jinja`` file."""
 
 _CALL = {"type": "function", "function": {"name": "get_order", "arguments": {"order_id": "#W1"}}}
 PROBE = [
@@ -72,8 +73,13 @@ def appends_turns(render: Callable[[list[dict[str, Any]], bool], str]) -> bool:
     return True
 
 
-def trl_template(name: str) -> str:
-    """A template TRL ships (``trl/chat_templates/<name>.jinja``), by name."""
+def named_template(name: str) -> str:
+    """A template by name: one of ours (``embedded.OWN_TEMPLATES``), else one TRL ships
+    (``trl/chat_templates/<name>.jinja``)."""
+    from .embedded import OWN_TEMPLATES
+
+    if name in OWN_TEMPLATES:
+        return OWN_TEMPLATES[name]
     try:
         import trl
     except ImportError:
@@ -82,7 +88,10 @@ def trl_template(name: str) -> str:
     path = folder / f"{name}.jinja"
     if not path.is_file():
         known = sorted(p.stem for p in folder.glob("*.jinja"))
-        raise LLMError(f"chat template '{name}': neither a file nor one of TRL's ({', '.join(known[:8])}, ...)")
+        ours = ", ".join(OWN_TEMPLATES)
+        raise LLMError(
+            f"chat template '{name}': neither a file, one of ours ({ours}) nor one of TRL's ({', '.join(known[:8])}, ...)"
+        )
     return path.read_text(encoding="utf-8")
 
 
@@ -95,12 +104,12 @@ def check_choice(choice: str) -> None:
         if not path.is_file():
             raise LLMError(f"chat template '{choice}': no such file")
         return
-    trl_template(choice)
+    named_template(choice)
 
 
 def choose(tokenizer: Any, choice: str = "auto") -> tuple[str | None, str]:
-    """(the template to use, why). ``choice`` is one of ``CHOICES``, a TRL template
-    name or a ``.jinja`` path; a template that cannot play is kept only with ``stock``."""
+    """(the template to use, why). ``choice`` is one of ``CHOICES``, a template's
+    name (``named_template``) or a ``.jinja`` path; a template that cannot play is kept only with ``stock``."""
     stock = tokenizer.chat_template
     if isinstance(stock, dict):
         stock = stock.get("default")
@@ -111,7 +120,7 @@ def choose(tokenizer: Any, choice: str = "auto") -> tuple[str | None, str]:
     if choice != "auto":
         path = Path(choice).expanduser()
         template = (
-            path.read_text(encoding="utf-8") if path.suffix == ".jinja" and path.is_file() else trl_template(choice)
+            path.read_text(encoding="utf-8") if path.suffix == ".jinja" and path.is_file() else named_template(choice)
         )
         if not appends_turns(_renderer(tokenizer, template)):
             raise LLMError(
