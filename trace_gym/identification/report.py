@@ -8,6 +8,16 @@ from typing import Any
 from .stats import SelectionConfig, wilson
 
 
+def _finish(plt: Any, fig: Any, ax: Any, xs: Any, names: list[str], ylabel: str, path: Path) -> None:
+    """One capability per tick, the axis label and legend, saved and closed."""
+    ax.set_xticks(list(xs), names, rotation=30, ha="right")
+    ax.set_ylabel(ylabel)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def write_report(result: Any, out: Path) -> None:
     import matplotlib
 
@@ -37,35 +47,20 @@ def write_report(result: Any, out: Path) -> None:
         for x, n in zip(xs, names):
             if pooled[n][key][0] is None:
                 ax.text(x + offset, 0.02, "?", ha="center", color=colour)
-    ax.set_xticks(list(xs), names, rotation=30, ha="right")
-    ax.set_ylabel("share LACKING where applicable")
     ax.set_title("Error rates averaged over runs, 95% Wilson intervals")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "error_rates.png", dpi=110)
-    plt.close(fig)
+    _finish(plt, fig, ax, xs, names, "share LACKING where applicable", out / "error_rates.png")
 
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(names)), 3.5))
     ax.bar(list(xs), [c.coverage_mean for c in caps], yerr=[c.coverage_std for c in caps], color="tab:blue", capsize=3)
     ax.axhline(config.rho, color="black", linestyle="--", label=f"rho = {config.rho}")
-    ax.set_xticks(list(xs), names, rotation=30, ha="right")
-    ax.set_ylabel("coverage E- / |D-|")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "coverage.png", dpi=110)
-    plt.close(fig)
+    _finish(plt, fig, ax, xs, names, "coverage E- / |D-|", out / "coverage.png")
 
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(names)), 3.5))
     gaps = [[s.gap for run in result.runs for s in run if s.capability == n and s.gap is not None] for n in names]
     ax.boxplot(gaps)
-    ax.set_xticks([x + 1 for x in xs], names, rotation=30, ha="right")
     ax.axhline(config.delta, color="black", linestyle="--", label=f"delta = {config.delta}")
-    ax.set_ylabel("gap ER- - ER+ per run")
     ax.set_title(f"Stability over {len(result.runs)} runs")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "stability.png", dpi=110)
-    plt.close(fig)
+    _finish(plt, fig, ax, [x + 1 for x in xs], names, "gap ER- - ER+ per run", out / "stability.png")
 
     info = result.analyst
     made = len(result.runs)

@@ -159,18 +159,14 @@ class GRPOTrainingConfig:
     optimizer state stay float32 either way (peft keeps adapters in float32), a
     resumed run continues in the dtype it started in (``run.json``), and
     log-probabilities and the loss are taken in float32 from bf16 logits, as TRL
-    does on a GPU. On a 2-core CPU with AVX512-BF16 a GRPO iteration on
-    tool-precision took 48 s in bf16 against 81 s in float32
-    (``benchmarks/grpo_iteration.py --dtype``, one run each)."""
+    does on a GPU. What each costs: docs/benchmarks.md (``grpo_iteration.py --dtype``)."""
     use_vllm: bool = False
     """Generate through TRL's vLLM integration (only where ``vllm`` is importable)."""
     micro_batch: int | None = None
     """Episodes per forward/backward pass; None: K (one group). The optimizer still
     steps once per iteration. A larger pass runs the system prompt its groups share
-    once instead of once per group: faster, for more memory (tool-precision,
-    embedded model, G4xK4 on CPU, float32: update 50 / 47 / 42 s, peak memory
-    5.4 / 8.0 / 13.0 GiB at 4 / 8 / 16, one run each, ``benchmarks/grpo_iteration.py``;
-    in bf16 the update took 28 s at 4 and at 16, for 4.1 against 8.9 GiB)."""
+    once instead of once per group: faster, for more memory (measured in docs/benchmarks.md,
+    ``grpo_iteration.py --micro-batch``)."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (saves memory, costs about a third
     more compute); TRL turns it on by default, we keep it off: an adapter of a small

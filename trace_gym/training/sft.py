@@ -67,7 +67,7 @@ class SFTTrainingConfig:
     """Demonstrations per optimizer step."""
     micro_batch: int = 2
     """Demonstrations per forward/backward pass, all of one prompt (``SharedPromptSampler``); divides
-    ``batch_size``. Ours: 2, which holds two τ² demonstrations of up to 8k tokens in 24 GiB."""
+    ``batch_size``. Ours: 2, what the shipped warm start used (its memory: its README)."""
     lora_rank: int = 16
     """LoRA rank of the warm start (ours: 16, on attention and MLP)."""
     lora_alpha: int = 32
@@ -79,7 +79,7 @@ class SFTTrainingConfig:
     prefix_gradient: bool = False
     """Back-propagate through the system prompt the demonstrations share. Off (ours): that prompt's
     keys and values are computed with the current weights but without gradients, a stop-gradient that
-    makes a step cost its agent turns, not the 5k-token τ² prompt again with gradients (about 3x)."""
+    makes a step cost its agent turns, not the 5k-token τ² prompt again with gradients."""
     max_tokens: int | None = None
     """Tokens per demonstration; a longer one is cut after its last agent turn that fits. None: the
     model's context size."""
