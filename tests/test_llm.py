@@ -322,3 +322,29 @@ def test_a_model_spec_carries_one_chat_template_and_refuses_what_names_none(tmp_
     ):
         with pytest.raises(LLMError, match=words):
             with_template(spec, template)
+
+
+def test_what_a_backend_can_do_besides_generating_is_a_declared_protocol(tmp_path):
+    """Loading, summing and saving adapters and serving top logprobs are protocols callers test
+    with isinstance: the local model does all, the vLLM client loads adapters, a chat server none;
+    an adapter for a model that cannot load one is refused in one line."""
+    from trace_gym.errors import TraceGymError
+    from trace_gym.llm.base import LoadsAdapters, NextTokenLogprobs, SumsAdapters
+    from trace_gym.llm.local_hf import LocalHF
+    from trace_gym.llm.openai_compat import OpenAICompatible
+    from trace_gym.llm.vllm_tokens import VLLMTokens
+    from trace_gym.rollout import _with_local_adapter
+
+    can = {
+        cls.__name__: [issubclass(cls, p) for p in (LoadsAdapters, SumsAdapters, NextTokenLogprobs)]
+        for cls in (LocalHF, VLLMTokens, OpenAICompatible)
+    }
+    assert can == {
+        "LocalHF": [True, True, True],
+        "VLLMTokens": [True, False, False],
+        "OpenAICompatible": [False, False, False],
+    }
+    (tmp_path / "adapter_config.json").write_text("{}")
+    chat = OpenAICompatible("m", base_url="http://127.0.0.1:9/v1", api_key="x")
+    with pytest.raises(TraceGymError, match="cannot load LoRA adapters"):
+        _with_local_adapter("llm", {"adapter": str(tmp_path), "model": chat}, "local")

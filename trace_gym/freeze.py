@@ -15,7 +15,7 @@ from typing import Any
 
 from .errors import TraceGymError
 from .registry import get_entry
-from .result_shapes import dump_result_shapes
+from .result_shapes import DescribesResults, dump_result_shapes
 from .tools import ToolSchema, dump_frozen_tools
 
 
@@ -45,7 +45,7 @@ def live_result_shapes(env_id: str) -> dict[str, Any]:
     from .registry import make_train
 
     def shapes(env):
-        if hasattr(env.unwrapped, "result_shapes"):
+        if isinstance(env.unwrapped, DescribesResults):
             return env.unwrapped.result_shapes()
         if not callable(getattr(env.unwrapped, "oracle_actions", None)):
             raise TraceGymError(

@@ -36,6 +36,7 @@ from typing import Any, Callable, Literal
 from .config import ConfigError, from_table, read_toml, to_table
 from .errors import TraceGymError
 from .identification.stats import SelectionConfig
+from .llm.base import SumsAdapters
 from .llm.registry import is_chat_endpoint
 from .synthesis.loop import SynthesisConfig
 
@@ -1240,7 +1241,7 @@ def stage_evaluate(config: PipelineConfig, state: RunState, say: Callable[[str],
             reused.add(name)
             continue
         path = out / f"{name}.jsonl"
-        if name == "summed" and hasattr(ctx.backend, "save_adapter"):  # the sum of these adapters, every time
+        if name == "summed" and isinstance(ctx.backend, SumsAdapters):  # the sum of these adapters, every time
             say(f"summed adapter saved to {ctx.backend.save_adapter('summed', out / 'summed-adapter')} (servable)")
         say(f"{name} on the {config.evaluate.split} split")
 

@@ -20,12 +20,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from .errors import ManifestError
 
 RESULTS_FILE = "results.json"
 MAX_PROBLEMS = 3
+
+
+@runtime_checkable
+class DescribesResults(Protocol):
+    def result_shapes(self) -> dict[str, Any]:
+        """What each tool returns: ``{"error_prefix": ..., "tools": {name: {"format", "schema"}}}``."""
 
 
 def results_path(target_folder: Path) -> Path:

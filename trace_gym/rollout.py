@@ -635,7 +635,9 @@ def _with_local_adapter(agent: str, agent_kwargs: dict[str, Any], executor: str)
     from trace_gym.llm import EMBEDDED_DEFAULT, make_backend
 
     backend = make_backend(model or EMBEDDED_DEFAULT) if model is None or isinstance(model, str) else model
-    if not hasattr(backend, "load_adapter"):
+    from trace_gym.llm.base import LoadsAdapters
+
+    if not isinstance(backend, LoadsAdapters):
         raise TraceGymError(f"model {getattr(backend, 'name', backend)} cannot load LoRA adapters")
     backend.load_adapter(adapter, str(path))
     return {**agent_kwargs, "model": backend}

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import TraceGymError
+from .llm.base import NextTokenLogprobs
 
 ROUTED = "trace"
 """The model id of the routed agent."""
@@ -339,7 +340,7 @@ def scoring_response(served: Served, model: str, request: Any, k: int) -> dict[s
             f"'logprobs': {k} (top logprobs) is served for one greedy token only (max_tokens 1, temperature 0), "
             "the request a client scoring labels makes; use 'logprobs': 0 to generate"
         )
-    if not hasattr(served.backend, "next_token_logprobs"):
+    if not isinstance(served.backend, NextTokenLogprobs):
         raise ServeError(f"{served.backend.name} cannot give top logprobs", 501)
     top = served.backend.next_token_logprobs(
         request.prompt_ids, prefix_len=request.prefix_len, adapter=request.adapter, k=k

@@ -32,6 +32,7 @@ from typing import Any, Callable, ClassVar
 
 from ..artifacts import AdapterRecord, AdapterSet, Identification
 from ..errors import TraceGymError
+from ..llm.base import SumsAdapters
 from ..trajectory import Trajectory
 
 
@@ -243,7 +244,7 @@ class Summed(Method):
         records = ctx.adapters.of_kind("capability")
         if len(records) < 2:
             raise Unavailable("summing needs two or more capability adapters")
-        if not hasattr(ctx.backend, "add_summed_adapter"):
+        if not isinstance(ctx.backend, SumsAdapters):
             raise Unavailable(
                 "adding adapters' weights needs a local policy (hf: or the embedded model); a server "
                 "must serve the sum itself"

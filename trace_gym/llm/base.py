@@ -18,7 +18,8 @@ import json
 import re
 from dataclasses import dataclass, field
 from collections.abc import Iterable
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 from trace_gym.errors import TraceGymError
 
@@ -332,3 +333,27 @@ class LLMBackend(Protocol):
         adapter: str | None = None,
     ) -> dict[str, float]:
         """The log-probability of each label as the model's next reply to ``conversation``."""
+
+
+# What some backends can do beyond LLMBackend; callers test for them with isinstance.
+@runtime_checkable
+class LoadsAdapters(Protocol):
+    def load_adapter(self, name: str, path: str) -> None:
+        """Serve LoRA adapter ``path`` under ``name`` (local models; a vLLM server that allows it)."""
+
+
+@runtime_checkable
+class SumsAdapters(Protocol):
+    def add_summed_adapter(self, name: str, sources: list[str]) -> None:
+        """A new adapter ``name``, the sum of the ``sources``' weight updates."""
+
+    def save_adapter(self, name: str, folder: str | Path) -> Path:
+        """Write adapter ``name`` as a PEFT folder; returns it."""
+
+
+@runtime_checkable
+class NextTokenLogprobs(Protocol):
+    def next_token_logprobs(
+        self, ids: list[int], *, prefix_len: int = 0, adapter: str | None = None, k: int = 20
+    ) -> list[tuple[int, float]]:
+        """The ``k`` likeliest next tokens after ``ids`` with their logprobs."""
