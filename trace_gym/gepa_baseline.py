@@ -216,7 +216,7 @@ class RolloutAdapter:
         episodes = sorted(eval_batch.trajectories or [], key=lambda t: t.reward)  # failures first
         records = [
             {
-                "Task": _first_user_message(t)[:600],
+                "Task": t.first_user_message()[:600],
                 "Transcript": condensed_transcript(t, self.transcript_chars),
                 "Feedback": feedback(t),
             }
@@ -234,10 +234,6 @@ def played_episodes(folder: Path) -> int:
 
 def prompt_id(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-def _first_user_message(t: Any) -> str:
-    return next((m.content or "" for m in t.messages if m.role == "user"), "")
 
 
 def condensed_transcript(t: Any, limit: int) -> str:

@@ -167,7 +167,7 @@ def capabilities_from_identification(
         except ArtifactError as exc:
             raise RoutingError(str(exc)) from None
     lacking = {name: [label.episode_id for label in labels] for name, labels in identified.lacking().items()}
-    first_message = {t.episode_id: _first_user_message(t) for t in trajectories}
+    first_message = {t.episode_id: t.first_user_message() for t in trajectories}
     out = []
     for cap in identified.selected:
         if cap.name not in adapters:
@@ -175,13 +175,6 @@ def capabilities_from_identification(
         examples = [first_message[e] for e in lacking.get(cap.name, []) if first_message.get(e)][:max_examples]
         out.append(RouteCapability(cap.name, cap.description, adapters[cap.name], examples))
     return out
-
-
-def _first_user_message(trajectory: Any) -> str:
-    for message in trajectory.messages:
-        if message.role == "user" and message.content:
-            return message.content
-    return ""
 
 
 @functools.cache

@@ -122,6 +122,10 @@ class Trajectory(BaseModel):
     def success(self) -> bool:
         return self.reward >= SUCCESS_THRESHOLD
 
+    def first_user_message(self) -> str:
+        """What the user opened with (the task as the agent first hears it); "" if nothing."""
+        return next((m.content for m in self.messages if m.role == "user" and m.content), "")
+
     def agent_tool_calls(self) -> list[ToolCallRecord]:
         return [
             call
