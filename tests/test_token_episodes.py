@@ -10,7 +10,7 @@ import trace_gym  # noqa: F401
 from openai_double import OpenAIDouble
 from trace_gym.agents import LLMAgent
 from trace_gym.llm import GenerationRequest, LLMError, TokenEpisode, TokenTurn, make_backend
-from trace_gym.rollout import Episode, play_batched, play_episodes, run_batched, run_episode
+from trace_gym.rollout import Episode, play_batched, play_episodes, run_episode
 
 SYNTH_ENV = "trace/structured-data-v0"  # a synthesized env: it runs in the sandbox
 
@@ -170,7 +170,7 @@ def test_batched_episodes_keep_their_own_agents_settings(smol_with_adapter):
     episodes = [Episode(None, 0, 5), Episode(None, 1, 5), Episode(None, 2, 5)]
     envs = [gym.make(SYNTH_ENV, max_steps=1) for _ in settings]
     agents = [LLMAgent(backend, max_new_tokens=10, **s) for s in settings]
-    batched = {t.sample: t for t in run_batched(envs, agents, SYNTH_ENV, episodes, backend)}
+    batched = {p.trajectory.sample: p.trajectory for p in play_batched(envs, agents, SYNTH_ENV, episodes)}
     for ep, s, env in zip(episodes, settings, envs):
         alone = run_episode(env, LLMAgent(backend, max_new_tokens=10, **s), SYNTH_ENV, ep)
         assert batched[ep.sample].messages[-2:] == alone.messages[-2:], s

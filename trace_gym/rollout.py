@@ -363,12 +363,6 @@ def play_batched(
                 )
 
 
-def run_batched(envs: list[Any], agents: list[Any], env_id: str, episodes: list[Episode], backend: Any = None):
-    """``play_batched``'s trajectories (``backend`` is the agents' own; kept for callers that pass it)."""
-    for played in play_batched(envs, agents, env_id, episodes):
-        yield played.trajectory
-
-
 def play_episodes(
     policy: Any,
     env_id: str,
