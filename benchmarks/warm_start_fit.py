@@ -13,7 +13,10 @@ Two figures about an SFT warm start and the data it was made from (the Makefile'
    token a write turn gets wrong. A turn the policy cannot reproduce even here it will not
    produce in a rollout either.
 
-Forward passes only (no generation): about 30 s a demonstration of 8k tokens here.
+Forward passes only (no generation): about 60 s a demonstration of 8k tokens on one
+thread here. `--model` takes a spec with a template (`smollm2-135m-instruct?template=
+chatml_compact_tools`) and `--fit 0` skips the forward passes: how much another template
+would let SFT see, in a minute.
 
 Usage: python benchmarks/warm_start_fit.py [--env trace/tau2-retail-v0]
        [--model smollm2-135m-tau2-retail-sft] [--trajectories FILE] [--tasks N]
