@@ -155,6 +155,10 @@ def test_nothing_to_learn_from_is_one_line(tmp_path):
                 out="o",
                 **{k.lstrip("-").replace("-", "_"): int(v) for k, v in zip(bad[::2], bad[1::2])},
             ).check()
+    for bad, message in (({"dtype": "float16"}, "dtype must be one of"), ({"device": "tpu"}, "device must be")):
+        with pytest.raises(TrainingError, match=message):
+            SFTTrainingConfig(trajectories=["x"], out="o", **bad).check()
+    assert SFTTrainingConfig(trajectories=["x"], out="o", device="cuda").resolved_dtype() == "bfloat16"
 
 
 def test_agent_token_logps_equal_the_whole_forward(demos, backend):

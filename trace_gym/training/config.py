@@ -227,10 +227,7 @@ class GRPOTrainingConfig:
             raise TrainingError("learning_rate and temperature must be positive")
         if self.loss_type not in LOSS_TYPES:
             raise TrainingError(f"loss_type must be one of {', '.join(LOSS_TYPES)} (TRL's), got {self.loss_type!r}")
-        if self.device not in ("cpu", "cuda"):
-            raise TrainingError(f"device must be cpu or cuda, got {self.device!r}")
-        if self.dtype not in DTYPES:
-            raise TrainingError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        check_placement(self.device, self.dtype)
         if self.micro_batch is not None and (self.micro_batch < 1 or self.rollouts_per_iteration % self.micro_batch):
             raise TrainingError(
                 f"micro_batch must divide G x K = {self.rollouts_per_iteration}, got {self.micro_batch}"
@@ -273,11 +270,7 @@ class GRPOTrainingConfig:
     def resolved_dtype(self, flags: set[str] | None = None) -> str:
         """``dtype`` with ``auto`` decided for ``device``: ``bfloat16`` or ``float32``
         (``flags``: the CPU's feature flags; None reads this machine's)."""
-        if self.dtype != "auto":
-            return self.dtype
-        if self.device == "cuda":
-            return "bfloat16"
-        return "bfloat16" if native_bf16(flags) else "float32"
+        return resolve_dtype(self.dtype, self.device, flags)
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -356,6 +349,22 @@ def cpu_flags(cpuinfo: str | None = None) -> set[str]:
         if key.strip().lower() in ("flags", "features"):
             flags.update(value.split())
     return flags
+
+
+def check_placement(device: str, dtype: str) -> None:
+    """Refuses, in one line, a device or weights dtype a training run cannot use."""
+    if device not in ("cpu", "cuda"):
+        raise TrainingError(f"device must be cpu or cuda, got {device!r}")
+    if dtype not in DTYPES:
+        raise TrainingError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+
+
+def resolve_dtype(dtype: str, device: str, flags: set[str] | None = None) -> str:
+    """``dtype`` with ``auto`` decided: bfloat16 on CUDA and on a CPU with bf16 matrix
+    instructions (``flags``: its feature flags; None reads this machine's), else float32."""
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if device == "cuda" or native_bf16(flags) else "float32"
 
 
 def native_bf16(flags: set[str] | None = None) -> bool:

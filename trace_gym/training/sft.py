@@ -44,7 +44,7 @@ from trace_gym.registry import HELD_OUT_SPLIT
 
 from trace_gym.llm.lora import without_checkpointing_deprecations
 
-from .config import DTYPES, TrainingError, checkpointing, native_bf16
+from .config import TrainingError, check_placement, checkpointing, resolve_dtype
 
 
 @dataclass
@@ -108,10 +108,7 @@ class SFTTrainingConfig:
             raise TrainingError(f"micro_batch ({self.micro_batch}) must divide batch_size ({self.batch_size})")
         if self.learning_rate <= 0:
             raise TrainingError("learning_rate must be positive")
-        if self.dtype not in DTYPES:
-            raise TrainingError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if self.device not in ("cpu", "cuda"):
-            raise TrainingError(f"device must be cpu or cuda, got {self.device!r}")
+        check_placement(self.device, self.dtype)
         if self.max_tokens is not None and self.max_tokens < 16:
             raise TrainingError(f"max_tokens must be at least 16, got {self.max_tokens}")
         return self
@@ -120,9 +117,7 @@ class SFTTrainingConfig:
         return dataclasses.asdict(self)
 
     def resolved_dtype(self) -> str:
-        if self.dtype != "auto":
-            return self.dtype
-        return "bfloat16" if self.device == "cuda" or native_bf16() else "float32"
+        return resolve_dtype(self.dtype, self.device)
 
 
 @dataclass
