@@ -78,21 +78,23 @@ def main() -> None:
     demos, _ = load_demonstrations([path], 1.0)
     backend = make_backend(args.model)
     context = args.max_tokens or backend.context_size or 8192  # as sft cuts
-    tools = env_tools(args.env)
+    tools: dict[str, list] = {}
 
-    lengths, writes_all, writes_kept, lost_all = [], 0, 0, 0
+    lengths, writes_all, writes_kept, lost_all, with_writes = [], 0, 0, 0, 0
     for demo in demos:
-        episode = demonstration_episode(backend, demo, tools)
+        if demo.env_id not in tools:
+            tools[demo.env_id] = env_tools(demo.env_id)
+        episode = demonstration_episode(backend, demo, tools[demo.env_id])
         lengths.append(len(episode.ids))
         agent = [m for m in demo.messages if m.raw is not None]
         writes = [any(changes_state(c.name) for c in m.tool_calls or []) for m in agent]
         while episode.turns and len(episode.ids) > context:
             episode.turns.pop()
         kept = sum(writes[: len(episode.turns)])
+        with_writes += any(writes)
         writes_all += sum(writes)
         writes_kept += kept
         lost_all += bool(sum(writes)) and not kept
-    with_writes = sum(1 for d in demos if any(changes_state(c.name) for m in d.messages for c in m.tool_calls or []))
     print(f"warm_start_fit: {args.model} on {len(demos)} demonstrations of {args.env} ({path})")
     print(
         f"  tokens: median {statistics.median(lengths):.0f}, max {max(lengths)}; over the {context}-token context: "

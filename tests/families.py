@@ -50,8 +50,10 @@ def family_tokenizer(family: str):
     return tokenizer
 
 
-def tiny_model(tokenizer, arch: str = "llama", seed: int = 0):
-    """A random ``arch`` model small enough to play τ² episodes on a CPU in seconds."""
+def tiny_model(tokenizer, arch: str = "llama", seed: int = 0, layers: int = 1, init: float = 0.02):
+    """A random ``arch`` model small enough to play τ² episodes on a CPU in seconds
+    (``init``: its weights' standard deviation; larger makes its outputs depend more on
+    position and context)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -60,10 +62,11 @@ def tiny_model(tokenizer, arch: str = "llama", seed: int = 0):
         vocab_size=len(tokenizer),
         hidden_size=32,
         intermediate_size=64,
-        num_hidden_layers=1,
+        num_hidden_layers=layers,
         num_attention_heads=2,
         num_key_value_heads=1,
         max_position_embeddings=32768,
+        initializer_range=init,
     )
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config)

@@ -99,8 +99,9 @@ def test_a_template_named_that_cannot_append_is_refused_in_one_line():
 
 def test_the_compact_template_says_the_same_in_fewer_tokens():
     """``chatml_compact_tools``: every tool, argument and description of τ²-retail's schemas
-    as signatures, JSON results without the spaces after separators (the same JSON once
-    parsed), other text as sent; it appends turn for turn and saves 1k+ tokens of the 8,192."""
+    as signatures, JSON results without the spaces after separators (an order's JSON parses
+    back the same), an error as sent; it appends turn for turn and saves 1k+ tokens of the 8,192.
+    An array without items still renders (a user's tool may declare one so)."""
     from trace_gym.llm.embedded import COMPACT_TOOL_CHAT_TEMPLATE
     from trace_gym.llm.templates import choose
     from trace_gym.training.sft import env_tools
@@ -130,6 +131,10 @@ def test_the_compact_template_says_the_same_in_fewer_tokens():
     sent = text.split("<tool_response>\n")[1].split("\n</tool_response>")[0]
     assert json.loads(sent) == order and ", " not in sent.replace("blue, dark", "") and ": " not in sent
     assert "<tool_response>\nError: Non-delivered order cannot be returned\n</tool_response>" in text
+    loose = [
+        {"type": "function", "function": {"name": "tag", "parameters": {"properties": {"ids": {"type": "array"}}}}}
+    ]
+    assert "tag(ids?: array): \n" in compact._render(EPISODE[:2], loose, False)
     full = backend_for("embedded")
     saved = len(full.encode_conversation(episode[:2], tools)[0]) - len(
         compact.encode_conversation(episode[:2], tools)[0]

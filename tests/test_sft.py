@@ -172,7 +172,8 @@ def test_agent_token_logps_equal_the_whole_forward(demos, backend):
     trajectories = load_demonstrations([str(demos)], 1.0)[0][:2]
     rows = demonstration_rows(backend, trajectories, 5700)
     batch = _Collator(backend.tokenizer.pad_token_id)(rows)
-    model = tiny_model(backend.tokenizer, arch=backend.model.config.model_type).eval()
+    # two layers, larger weights: an output that depends on where each token sits and on the cache
+    model = tiny_model(backend.tokenizer, arch=backend.model.config.model_type, layers=2, init=0.2).eval()
     with torch.no_grad():
         shared, mask = agent_token_logps(model, batch)
         detached, _ = agent_token_logps(model, batch, prefix_gradient=False)
@@ -183,7 +184,13 @@ def test_agent_token_logps_equal_the_whole_forward(demos, backend):
             .float()
         )
         whole = torch.log_softmax(logits, -1).gather(-1, batch["input_ids"][:, -keep:, None]).squeeze(-1)
+        ids = batch["input_ids"]
+        moved = torch.arange(ids.shape[1])[None].repeat(ids.shape[0], 1)
+        moved[:, -keep:] += 1  # the agent's tokens one position off their prompt: what a wrong cache offset does
+        logits = model(input_ids=ids, attention_mask=batch["attention_mask"], position_ids=moved).logits
+        misplaced = torch.log_softmax(logits[:, -keep - 1 : -1].float(), -1).gather(-1, ids[:, -keep:, None])
     assert mask.sum() > 20
+    assert not torch.allclose(misplaced.squeeze(-1)[mask], whole[mask], atol=1e-4)
     assert torch.allclose(shared[mask], whole[mask], atol=1e-4)
     off = mask[:, 1:]  # scored one token off: what the check tells apart
     assert not torch.allclose(shared[:, 1:][off], whole[:, :-1][off], atol=1e-4)

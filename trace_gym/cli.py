@@ -475,7 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--chat-template", default=None, metavar="T", help=TEMPLATE_HELP)
     train.add_argument("--out", required=True, help="run folder")
     train.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
-    add_torch_options(train)
+    add_torch_options(train, "--resume keeps the run's")
     train.add_argument(
         "--use-vllm", action="store_true", help="pass TRL's vLLM integration through (needs vllm installed)"
     )
@@ -570,7 +570,7 @@ def build_parser() -> argparse.ArgumentParser:
     warm.add_argument(
         "--max-tokens", type=int, default=None, help="tokens per demonstration (default: the model's context)"
     )
-    add_torch_options(warm)
+    add_torch_options(warm, "--resume needs the run's")
     warm.add_argument("--save-steps", type=int, default=None, help="optimizer steps between checkpoints (default 5)")
     warm.add_argument("--resume", action="store_true", help="go on from the last checkpoint in --out (same options)")
     warm.set_defaults(func=cmd_sft)
@@ -967,15 +967,16 @@ TEMPLATE_HELP = (
 )
 
 
-def add_torch_options(parser: argparse.ArgumentParser) -> None:
-    """Where and how a training verb runs the model: the same four options for GRPO and SFT."""
+def add_torch_options(parser: argparse.ArgumentParser, resume_dtype: str) -> None:
+    """Where and how a training verb runs the model: the same four options for GRPO and SFT
+    (``resume_dtype``: what --resume does with --dtype, which differs between them)."""
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cpu or cuda (default cpu)")
     parser.add_argument(
         "--dtype",
         choices=["auto", "float32", "bfloat16"],
         default=None,
         help="model weights (default auto: bfloat16 on CUDA and on CPUs with bf16 instructions "
-        "(AVX512-BF16, AMX, Arm BF16), float32 elsewhere; the LoRA stays float32; --resume: the run's)",
+        f"(AVX512-BF16, AMX, Arm BF16), float32 elsewhere; the LoRA stays float32; {resume_dtype})",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--seed", type=int, default=None)
