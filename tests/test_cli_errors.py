@@ -235,7 +235,7 @@ CASES = [
     (
         ("train",),
         ["--env", "trace/tau2-retail-v0", "--chat-template", "nosuch", "--out", "{root}/t"],
-        "chat template 'nosuch': neither a file nor one of TRL's",
+        "chat template 'nosuch': neither a file, one of ours (chatml_tools, chatml_compact_tools) nor one of TRL's",
     ),
     (
         ("train",),
