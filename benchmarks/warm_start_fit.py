@@ -62,6 +62,7 @@ def main() -> None:
 
     import torch
 
+    from trace_gym.actions import parse_action
     from trace_gym.llm import make_backend
     from trace_gym.rollout import rollout
     from trace_gym.tools import changes_state
@@ -120,9 +121,9 @@ def main() -> None:
             greedy = model(input_ids=ids, logits_to_keep=keep + 1).logits[0, :-1].argmax(-1).tolist()
         gold = row["completion_ids"]
         for start, end in turn_spans(row["completion_mask"]):
-            text = tokenizer.decode(gold[start:end])
-            kind = "message" if "<tool_call>" not in text else "read"
-            if kind == "read" and any(changes_state(name) for name in _called(text)):
+            action = parse_action(tokenizer.decode(gold[start:end], skip_special_tokens=True))
+            kind = "message" if not action.is_tool_call else "read"
+            if any(changes_state(call.name) for call in action.tool_calls):
                 kind = "write"
             wrong = next((k for k in range(start, end) if greedy[k] != gold[k]), None)
             counts[kind][0] += 1
@@ -139,19 +140,6 @@ def main() -> None:
     if misses:
         print("  where each missed write turn first goes wrong:")
         print("\n".join(misses))
-
-
-def _called(text: str) -> list[str]:
-    import json
-    import re
-
-    names = []
-    for body in re.findall(r"<tool_call>(.*?)</tool_call>", text, re.S):
-        try:
-            names.append(json.loads(body).get("name", ""))
-        except (ValueError, AttributeError):
-            continue
-    return names
 
 
 if __name__ == "__main__":
