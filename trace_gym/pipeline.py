@@ -37,7 +37,7 @@ from .config import ConfigError, from_table, read_toml, to_table
 from .errors import TraceGymError
 from .identification.stats import SelectionConfig
 from .llm.base import SumsAdapters
-from .llm.registry import is_chat_endpoint
+from .llm.registry import is_chat_endpoint, is_server
 from .synthesis.loop import SynthesisConfig
 
 STAGES = ("rollout", "identify", "synthesize", "train", "gepa", "evaluate")
@@ -247,12 +247,12 @@ class PipelineConfig:
     def eval_model(self) -> str:
         """The model spec evaluation and routing load: ``[evaluate] model`` (a ``vllm:`` one
         rendering under the policy's chat template unless it names its own), else the policy's."""
-        from .llm.registry import split_spec, with_template
+        from .llm.registry import is_token_endpoint, split_spec, with_template
 
         if self.evaluate.model is None:
             return self.policy.spec
         model, choice = split_spec(self.evaluate.model)
-        if choice == "auto" and model.startswith("vllm:"):
+        if choice == "auto" and is_token_endpoint(model):
             return with_template(model, self.policy.chat_template)
         return self.evaluate.model
 
@@ -436,7 +436,7 @@ def _check_endpoint(section: Endpoint, name: str) -> None:
     model = next((getattr(section, f) for f in ("model", "analyst", "reflection") if getattr(section, f, None)), None)
     if model is None and name == "evaluate":
         raise ConfigError(f"[evaluate] {setting}: for [evaluate] model, which is not set ([policy]'s server serves)")
-    if model is None or not (is_chat_endpoint(model) or model.startswith("vllm:")):
+    if model is None or not is_server(model):
         raise ConfigError(f"[{name}] {setting}: only an openai: or vllm: model has a server, not {model!r}")
     if section.base_url is not None and not section.base_url.startswith(("http://", "https://")):
         raise ConfigError(f"[{name}] base_url: an http:// or https:// address, got {section.base_url!r}")

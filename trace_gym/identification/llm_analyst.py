@@ -135,8 +135,9 @@ def analyst_backend(spec: str, *, base_url: str | None = None, api_key: str | No
     """The OpenAI-compatible client an analyst talks through (time-outs, back-off on
     transient errors), one request at a time: identification's and synthesis's."""
     from trace_gym.llm.openai_compat import OpenAICompatible
+    from trace_gym.llm.registry import CHAT_ENDPOINT
 
-    return OpenAICompatible(spec.removeprefix("openai:"), base_url=base_url, api_key=api_key, concurrency=1)
+    return OpenAICompatible(spec.removeprefix(CHAT_ENDPOINT), base_url=base_url, api_key=api_key, concurrency=1)
 
 
 class LLMAnalyst:

@@ -12,7 +12,8 @@ EMBEDDED_DEFAULT = EMBEDDED_NAME
 
 
 CHAT_ENDPOINT = "openai:"
-REMOTE_PREFIXES = (CHAT_ENDPOINT, "vllm:")
+TOKEN_ENDPOINT = "vllm:"
+REMOTE_PREFIXES = (CHAT_ENDPOINT, TOKEN_ENDPOINT)
 TEMPLATE_OPTION = "?template="
 """A local or ``vllm:`` spec may name the chat template its model plays under:
 ``hf:/models/qwen3-8b?template=qwen3_training`` (``templates.CHOICES``, a template's
@@ -24,6 +25,17 @@ def is_chat_endpoint(spec: str) -> bool:
     """An ``openai:<model>`` spec: a server that renders conversations itself, knows its
     adapters by name (vLLM's ``--lora-modules``) and is played by concurrent requests."""
     return spec.startswith(CHAT_ENDPOINT)
+
+
+def is_token_endpoint(spec: str) -> bool:
+    """A ``vllm:<model>`` spec: a server answering token-id completions; the conversation
+    is rendered here, under a local tokenizer's chat template."""
+    return spec.startswith(TOKEN_ENDPOINT)
+
+
+def is_server(spec: str) -> bool:
+    """A model behind a server (``openai:`` or ``vllm:``), which may take a base URL and key."""
+    return spec.startswith(REMOTE_PREFIXES)
 
 
 def is_local(spec: str) -> bool:
@@ -75,7 +87,7 @@ def local_folder(spec: str) -> tuple[str, str | None]:
         from .embedded import chat_template_of, local_model
 
         return str(local_model(spec)), chat_template_of(spec)
-    if spec.startswith(REMOTE_PREFIXES):
+    if is_server(spec):
         raise LLMError(
             f"{spec} is a model behind a server, not a local folder; use {EMBEDDED_NAME} or hf:<local folder>"
         )
@@ -129,10 +141,10 @@ def make_backend(spec: str, **kwargs: Any) -> LLMBackend:
         from .openai_compat import OpenAICompatible
 
         return OpenAICompatible(model.removeprefix(CHAT_ENDPOINT), **kwargs)
-    if model.startswith("vllm:"):
+    if is_token_endpoint(model):
         from .vllm_tokens import VLLMTokens
 
-        backend = VLLMTokens(model.removeprefix("vllm:"), **kwargs)
+        backend = VLLMTokens(model.removeprefix(TOKEN_ENDPOINT), **kwargs)
         backend.name = spec
         return backend
     raise LLMError(_unknown(spec))
@@ -155,10 +167,10 @@ def check_spec(spec: str, *, endpoint: bool = True) -> None:
     with_template(model, choice)
     if model in EMBEDDED_MODELS:
         return
-    if model.startswith("vllm:"):  # a default, local address; the conversation is rendered here
+    if is_token_endpoint(model):  # a default, local address; the conversation is rendered here
         from .vllm_tokens import tokenizer_folder
 
-        tokenizer_folder(model.removeprefix("vllm:"))
+        tokenizer_folder(model.removeprefix(TOKEN_ENDPOINT))
         return
     if model.startswith("hf:"):
         if not Path(model[3:]).is_dir():

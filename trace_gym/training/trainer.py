@@ -82,12 +82,12 @@ def resolve_model(spec: str) -> tuple[str, str | None]:
     """(local folder, chat template to set) of a policy spec: the embedded name,
     ``hf:<folder>`` or a folder. Training never reaches a hub or a remote server."""
     from trace_gym.llm import LLMError
-    from trace_gym.llm.registry import REMOTE_PREFIXES, local_folder
+    from trace_gym.llm.registry import is_server, local_folder
 
     try:
         return local_folder(spec)
     except LLMError as exc:
-        reason = "training updates local weights; " if spec.startswith(REMOTE_PREFIXES) else ""
+        reason = "training updates local weights; " if is_server(spec) else ""
         raise TrainingError(f"cannot train {spec}: {reason}{exc}") from None
 
 
