@@ -278,6 +278,20 @@ def test_a_broken_manifest_is_named_when_asked_for_and_warned_of_otherwise(tmp_p
     ]
 
 
+def test_a_manifest_kind_is_one_of_the_registry_kinds(tmp_path):
+    from trace_gym.errors import ManifestError
+    from trace_gym.registry import EnvKind, ValidationStatus, read_manifest
+
+    entry = read_manifest(BANK)
+    assert entry.kind is EnvKind.TARGET and entry.validation_status() is ValidationStatus.TRUSTED
+    manifest = (BANK / "manifest.toml").read_text()
+    assert 'kind = "target"' in manifest
+    for given in ('"trainer"', '"Target"', '["target"]', "1"):
+        (tmp_path / "manifest.toml").write_text(manifest.replace('kind = "target"', f"kind = {given}"))
+        with pytest.raises(ManifestError, match=r"'kind' must be 'target' or 'synthesized', got "):
+            read_manifest(tmp_path)
+
+
 def test_a_targets_reward_is_held_to_zero_to_one_with_rounding_forgiven():
     import numpy as np
 

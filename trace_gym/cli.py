@@ -721,6 +721,7 @@ def validate_registry_envs(args: argparse.Namespace, config: Any) -> int:
     """Several envs at once (CI): one summary table, non-zero if any fails."""
     from pathlib import Path
 
+    from .registry import EnvKind
     from .registry_ci import changed_envs, registry_folders, repo_root, summary_json, summary_rows, validate_many
     from .validation import env_folder
 
@@ -746,7 +747,7 @@ def validate_registry_envs(args: argparse.Namespace, config: Any) -> int:
         registry = Path(args.registry) if args.registry else repo_root() / "env_registry"
         if not registry.is_dir():
             raise TraceGymError(f"no registry folder at {registry}")
-        paths = [e.path for e in registry_folders(registry).values() if e.kind == "synthesized"]
+        paths = [e.path for e in registry_folders(registry).values() if e.kind == EnvKind.SYNTHESIZED]
     else:
         paths = [env_folder(env) for env in args.env]
 
@@ -818,11 +819,11 @@ def cmd_envs_freeze(args: argparse.Namespace) -> int:
 def cmd_rollout(args: argparse.Namespace) -> int:
     from trace_gym.agents import AGENTS, LAZY_AGENTS, make_agent
 
-    from .registry import get_entry
+    from .registry import EnvKind, get_entry
     from .rollout import rollout
 
     entry = get_entry(args.env)  # an unknown id fails here, before any heavy import
-    if args.level is not None and entry.kind != "synthesized":
+    if args.level is not None and entry.kind != EnvKind.SYNTHESIZED:
         raise TraceGymError(
             f"--level: {entry.id} is a {entry.kind}; levels are for synthesized envs that declare LEVELS"
         )

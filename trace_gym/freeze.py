@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import TraceGymError
-from .registry import get_entry
+from .registry import EnvKind, get_entry
 from .result_shapes import DescribesResults, dump_result_shapes
 from .tools import ToolSchema, dump_frozen_tools
 
@@ -170,7 +170,7 @@ def freeze_tools(env_id: str) -> list[Path]:
     import shutil
 
     entry = get_entry(env_id)
-    if entry.kind != "target":
+    if entry.kind != EnvKind.TARGET:
         raise TraceGymError(
             f"{env_id} is not a target; only targets' schemas are frozen (a synthesized env shows its target's)"
         )

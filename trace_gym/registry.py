@@ -31,6 +31,7 @@ import sys
 import tomllib
 import warnings
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +42,29 @@ SANDBOXED_ENTRY_POINT = "trace_gym.sandbox.env:SandboxedEnv"
 VALIDATION_REPORT = "validation.json"
 
 
+class EnvKind(StrEnum):
+    """What an env folder holds (a manifest's ``kind``)."""
+
+    TARGET = "target"  # the environment to get better at: its code is the benchmark's own
+    SYNTHESIZED = "synthesized"  # a training env written for one capability of a target; runs sandboxed
+
+
+class ValidationStatus(StrEnum):
+    """Where an env stands with validation (``EnvEntry.validation_status``)."""
+
+    TRUSTED = "trusted"  # a target: not validated, it is the reference
+    UNVALIDATED = "unvalidated"  # no readable validation report
+    PASSED = "passed"
+    FAILED = "failed"
+    STALE = "stale"  # the env's code, or its target's frozen interface, changed since its report
+
+
 @dataclass(frozen=True)
 class EnvEntry:
     """What the registry knows of one env folder."""
 
     id: str
-    kind: str
+    kind: EnvKind
     path: Path
     entry_point: str
     target: str | None = None
@@ -75,29 +93,28 @@ class EnvEntry:
         clause = self.description.split(":")[0].split("(")[0].strip().rstrip(".")
         return f"a tool-using agent on {self.id}" + (f" ({clause})" if clause else "")
 
-    def validation_status(self) -> str:
-        """trusted (targets), unvalidated, passed, failed, or stale (the env's code,
-        or its target's frozen interface, changed since)."""
-        if self.kind == "target":
-            return "trusted"
+    def validation_status(self) -> ValidationStatus:
+        """Where this env stands with validation, judged afresh from its report and code."""
+        if self.kind == EnvKind.TARGET:
+            return ValidationStatus.TRUSTED
         report_path = self.path / VALIDATION_REPORT
         if not report_path.exists():
-            return "unvalidated"
+            return ValidationStatus.UNVALIDATED
         try:
             report = json.loads(report_path.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError):
-            return "unvalidated"
+            return ValidationStatus.UNVALIDATED
         from .hashing import code_hash, interface_hash  # local: keeps import trace_gym small
 
         if report.get("code_hash") != code_hash(self.path):
-            return "stale"
+            return ValidationStatus.STALE
         try:
             target_hash = interface_hash(get_entry(self.target).path, self.path)
         except UnknownEnvError:
-            return "stale"  # its target is gone: nothing it was judged against is left
+            return ValidationStatus.STALE  # its target is gone: nothing it was judged against is left
         if report.get("target_hash") != target_hash:
-            return "stale"
-        return "passed" if report.get("passed") else "failed"
+            return ValidationStatus.STALE
+        return ValidationStatus.PASSED if report.get("passed") else ValidationStatus.FAILED
 
 
 ENTRY_POINT_GROUP = "trace_gym.registry"
@@ -139,7 +156,7 @@ def agent_words(env_id: str | None) -> str:
     phrase for an id the registry does not hold."""
     try:
         entry = get_entry(env_id) if env_id else None
-        if entry is not None and entry.kind == "synthesized" and entry.target:
+        if entry is not None and entry.kind == EnvKind.SYNTHESIZED and entry.target:
             entry = get_entry(entry.target)
     except UnknownEnvError:
         entry = None
@@ -236,17 +253,17 @@ def read_manifest(folder: Path) -> EnvEntry:
     env_id = data.get("id")
     if not isinstance(env_id, str) or not env_id.startswith(f"{NAMESPACE}/") or "-v" not in env_id:
         raise ManifestError(f"{path}: 'id' must look like '{NAMESPACE}/<name>-v<N>', got {env_id!r}")
-    kind = data.get("kind")
-    if kind not in ("target", "synthesized"):
-        raise ManifestError(f"{path}: 'kind' must be 'target' or 'synthesized', got {kind!r}")
-    entry_point = data.get("entry_point") or (SANDBOXED_ENTRY_POINT if kind == "synthesized" else None)
+    if data.get("kind") not in tuple(EnvKind):
+        raise ManifestError(f"{path}: 'kind' must be 'target' or 'synthesized', got {data.get('kind')!r}")
+    kind = EnvKind(data["kind"])
+    entry_point = data.get("entry_point") or (SANDBOXED_ENTRY_POINT if kind == EnvKind.SYNTHESIZED else None)
     if not isinstance(entry_point, str) or ":" not in entry_point:
         raise ManifestError(f"{path}: a target needs 'entry_point = \"module:Class\"', got {entry_point!r}")
     if not isinstance(data.get("kwargs", {}), dict):
         raise ManifestError(f"{path}: [kwargs] must be a table of the class's keyword arguments")
     kwargs = dict(data.get("kwargs", {}))
     _check_call_errors(path, data.get("call_errors", {}))
-    if kind == "synthesized":
+    if kind == EnvKind.SYNTHESIZED:
         if not data.get("target"):
             raise ManifestError(f"{path}: a synthesized env must name its 'target' env id")
         cap = data.get("capability", {})
@@ -303,7 +320,7 @@ def register_all() -> list[str]:
         entries = discover()
     for entry in entries.values():
         module = entry.entry_point.split(":", 1)[0]
-        if entry.kind == "target" and (entry.path / (module.replace(".", "/") + ".py")).is_file():
+        if entry.kind == EnvKind.TARGET and (entry.path / (module.replace(".", "/") + ".py")).is_file():
             if str(entry.path) not in sys.path:  # a user's target: its module beside its manifest
                 sys.path.append(str(entry.path))
         if entry.id not in gymnasium.registry:
@@ -394,7 +411,7 @@ def make_train(env_id: str, **kwargs: Any) -> tuple[Any, str | None]:
     (training, calibration, the analyst's look at live tool results), and the split
     it got: a target without a train split (ToolSandbox) plays its default one,
     said aloud on stderr; a synthesized env (no splits) is made as it is (None)."""
-    if get_entry(env_id).kind != "target":
+    if get_entry(env_id).kind != EnvKind.TARGET:
         return make(env_id, **kwargs), None
     try:
         return make(env_id, split=TRAIN_SPLIT, **kwargs), TRAIN_SPLIT

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable
 
 from .errors import ManifestError, TraceGymError
 from .hashing import uses_world_kit
-from .registry import EnvEntry, read_manifest
+from .registry import EnvEntry, EnvKind, read_manifest
 
 
 class GitError(TraceGymError):
@@ -128,17 +128,19 @@ def changed_envs(ref: str, *, repo: Path | str | None = None, registry: Path | s
             if not (registry_dir / name).exists():
                 selection.removed.append(name)
             continue
-        if entry.kind == "synthesized":
+        if entry.kind == EnvKind.SYNTHESIZED:
             selection.envs.setdefault(entry.id, entry)
             selection.reasons.setdefault(entry.id, f"{prefix}/{name}/ changed")
         else:
             for other in folders.values():
-                if other.kind == "synthesized" and other.target == entry.id:
+                if other.kind == EnvKind.SYNTHESIZED and other.target == entry.id:
                     selection.envs.setdefault(other.id, other)
                     selection.reasons.setdefault(other.id, f"its target {entry.id} ({prefix}/{name}/) changed")
     if WORLD_KIT in files:  # the kit's records and answers are part of what its envs were judged against
         for entry in folders.values():
-            if entry.kind == "synthesized" and uses_world_kit((entry.path / "env.py").read_text(encoding="utf-8")):
+            if entry.kind == EnvKind.SYNTHESIZED and uses_world_kit(
+                (entry.path / "env.py").read_text(encoding="utf-8")
+            ):
                 selection.envs.setdefault(entry.id, entry)
                 selection.reasons.setdefault(entry.id, f"the world kit it imports ({WORLD_KIT}) changed")
     return selection

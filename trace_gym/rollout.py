@@ -474,7 +474,7 @@ def rollout(
     """
     from tqdm.auto import tqdm
 
-    from .registry import get_entry, make
+    from .registry import EnvKind, get_entry, make
 
     if executor not in ("local", "ray"):
         raise TraceGymError(f"unknown executor '{executor}'; choose local or ray")
@@ -482,7 +482,7 @@ def rollout(
     kwargs = dict(env_kwargs or {})
     entry = get_entry(env_id)
     env_seeds = None
-    if entry.kind == "synthesized":
+    if entry.kind == EnvKind.SYNTHESIZED:
         if task_ids is not None:
             raise TraceGymError(
                 f"{env_id} has no tasks: it is played by seed (--seeds N or --split NAME), not by task id"

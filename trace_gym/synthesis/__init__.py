@@ -136,13 +136,13 @@ def load_capabilities(
 
 def serving_envs(capability: str, target: str) -> list[Any]:
     """Registry envs whose manifest names ``capability`` for ``target``."""
-    from trace_gym.registry import discover
+    from trace_gym.registry import EnvKind, discover
 
     out = []
     for entry in discover().values():
         served = entry.capability.get("serves") or []
         if (
-            entry.kind == "synthesized"
+            entry.kind == EnvKind.SYNTHESIZED
             and entry.target == target
             and (capability in served or entry.capability.get("name") == capability)
         ):
@@ -171,10 +171,10 @@ def synthesize(
     progress: Callable[[str], None] | None = None,
 ) -> SynthesisResult:
     """Synthesize (or, offline, find) one env per capability for ``target``."""
-    from trace_gym.registry import get_entry, register_all
+    from trace_gym.registry import EnvKind, get_entry, register_all
 
     entry = get_entry(target)
-    if entry.kind != "target":
+    if entry.kind != EnvKind.TARGET:
         raise TraceGymError(f"{target} is not a target; synthesis trains for a target such as trace/tau2-retail-v0")
     caps = (
         capabilities

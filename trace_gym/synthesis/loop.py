@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 from trace_gym.errors import TraceGymError
 from trace_gym.hashing import code_hash
-from trace_gym.registry import EnvEntry, discover
+from trace_gym.registry import EnvEntry, EnvKind, ValidationStatus, discover
 from trace_gym.validation import CheckResult, ValidationConfig, ValidationReport, validate
 
 from .prompt import TEMPLATE_VERSION, Capability, TargetContext, generation_prompt, render, template_hash
@@ -157,7 +157,7 @@ class Synthesizer:
         config: SynthesisConfig | None = None,
         progress: Callable[[str], None] | None = None,
     ):
-        if target.kind != "target" or not target.tools_path.exists():
+        if target.kind != EnvKind.TARGET or not target.tools_path.exists():
             raise SynthesisError(f"{target.id} is not a target with frozen tool schemas (tools.json)")
         self.analyst = analyst
         self.target = target
@@ -403,7 +403,7 @@ class Synthesizer:
                 env_id=entry.id,
                 path=str(folder),
             )
-        if recorded and recorded == code_hash(folder) and entry.validation_status() == "passed":
+        if recorded and recorded == code_hash(folder) and entry.validation_status() == ValidationStatus.PASSED:
             return Outcome(
                 capability.name,
                 Status.KEPT,

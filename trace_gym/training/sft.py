@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trace_gym.registry import HELD_OUT_SPLIT
+from trace_gym.registry import HELD_OUT_SPLIT, EnvKind
 
 from trace_gym.llm.lora import without_checkpointing_deprecations
 
@@ -143,7 +143,7 @@ def held_out_tasks(env_id: str) -> set[str]:
     from trace_gym.errors import TraceGymError
     from trace_gym.registry import get_entry, make
 
-    if get_entry(env_id).kind != "target":
+    if get_entry(env_id).kind != EnvKind.TARGET:
         return set()
     try:
         env = make(env_id, split=HELD_OUT_SPLIT)

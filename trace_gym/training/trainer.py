@@ -163,13 +163,13 @@ def env_code(env_ids: list[str]) -> dict[str, str]:
     for a synthesized env, its target's frozen interface and the world kit it imports."""
     from trace_gym.errors import UnknownEnvError
     from trace_gym.hashing import code_hash, interface_hash
-    from trace_gym.registry import get_entry
+    from trace_gym.registry import EnvKind, get_entry
 
     hashes = {}
     for env_id in env_ids:
         entry = get_entry(env_id)
         digest = code_hash(entry.path)
-        if entry.kind != "target":
+        if entry.kind != EnvKind.TARGET:
             with contextlib.suppress(UnknownEnvError):
                 digest += "+" + interface_hash(get_entry(entry.target).path, entry.path)
         hashes[env_id] = digest
@@ -226,14 +226,14 @@ def _env_plan(
 ) -> tuple[dict[str, list[str] | None], dict[str, dict[str, Any]], dict[str, int | None]]:
     """Per env id: its task list (targets) or None (seeded envs), its make() kwargs
     and its number of difficulty levels (None: it has none)."""
-    from trace_gym.registry import get_entry, make, make_train
+    from trace_gym.registry import EnvKind, ValidationStatus, get_entry, make, make_train
 
     tasks: dict[str, list[str] | None] = {}
     kwargs: dict[str, dict[str, Any]] = {}
     levels: dict[str, int | None] = {}
     for env_id in dict.fromkeys(config.env_ids):
         entry = get_entry(env_id)  # an unknown id is a one-line error here, before any model loads
-        if entry.kind == "target":
+        if entry.kind == EnvKind.TARGET:
             kwargs[env_id] = {"max_steps": config.max_steps} if config.max_steps else {}
             # training, its calibration and its redraws play the train split, never the held-out one
             env, split = make_train(env_id, **kwargs[env_id])
@@ -248,7 +248,7 @@ def _env_plan(
             from trace_gym.sandbox.backends import Limits
 
             status = entry.validation_status()
-            if status != "passed" and env_id not in config.train_unvalidated:
+            if status != ValidationStatus.PASSED and env_id not in config.train_unvalidated:
                 raise TrainingError(
                     f"{env_id} has no passing, current validation report ({status}): run trace-gym "
                     f"validate {entry.path} first, or name it with --train-unvalidated {env_id}"

@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 from ..errors import TraceGymError
 from ..hashing import code_hash
-from ..registry import VALIDATION_REPORT, get_entry
+from ..registry import VALIDATION_REPORT, EnvKind, get_entry
 from .checks import CHECKS, check_calibration, check_contract_shape, check_interface_fidelity, check_static_gate
 from .context import CheckStopped, Context, TimeBudgetExhausted, draw_seeds, revive_quietly
 from .hints import hint_leaks, stated_numbers
@@ -152,7 +152,7 @@ def env_folder(path_or_id: str | Path) -> Path:
         return candidate.parent
     if str(path_or_id).startswith(("trace/", "trace_gym:")):
         entry = get_entry(str(path_or_id))
-        if entry.kind != "synthesized":
+        if entry.kind != EnvKind.SYNTHESIZED:
             raise TraceGymError(f"{entry.id} is a target; only synthesized envs are validated")
         return entry.path
     raise TraceGymError(f"{path_or_id} is neither an env folder (with manifest.toml) nor a registered env id")
