@@ -208,19 +208,14 @@ def merge_adapter(
     wherever a model is."""
     import torch
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .lora import without_checkpointing_deprecations
-    from transformers.utils import logging as hf_logging
+    from .registry import load_local
 
-    hf_logging.set_verbosity_error()
-    merged = AutoModelForCausalLM.from_pretrained(str(base), local_files_only=True, dtype=torch.float32)
+    merged, tokenizer = load_local(str(base), dtype=torch.float32, chat_template=chat_template)
     for stage in adapter if isinstance(adapter, list) else [adapter]:
         with without_checkpointing_deprecations():
             merged = PeftModel.from_pretrained(merged, str(stage)).merge_and_unload()
-    tokenizer = AutoTokenizer.from_pretrained(str(base), local_files_only=True)
-    if chat_template is not None:
-        tokenizer.chat_template = chat_template
     return save_model_folder(merged, tokenizer, target, files)
 
 

@@ -99,15 +99,13 @@ def local_folder(spec: str) -> tuple[str, str | None]:
     return folder, None
 
 
-def load_local(
-    folder: str, *, dtype: Any, device: str = "cpu", chat_template: str | None = None, appending: str | None = None
-) -> tuple[Any, Any]:
-    """(model, tokenizer) of a local model folder, weights in ``dtype`` on ``device``, the
-    tokenizer under ``chat_template`` where given and with a pad token (its end-of-text
-    where it has none). With ``appending`` (a ``templates.choose`` choice), the tokenizer
-    plays under that choice, and one that cannot append turn by turn is refused before the
-    weights load. The one loader: backends and training both load through it."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def load_tokenizer(folder: str, *, chat_template: str | None = None, appending: str | None = None) -> Any:
+    """The tokenizer of a local model folder, under ``chat_template`` where given and
+    with a pad token (its end-of-text where it has none). With ``appending`` (a
+    ``templates.choose`` choice), it plays under that choice, and one that cannot append
+    turn by turn is refused in one line. The one reading of a tokenizer: backends, the
+    vLLM client, training and merges all take theirs from here."""
+    from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
@@ -122,6 +120,19 @@ def load_local(
             raise LLMError(f"its chat template {note}")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_local(
+    folder: str, *, dtype: Any, device: str = "cpu", chat_template: str | None = None, appending: str | None = None
+) -> tuple[Any, Any]:
+    """(model, tokenizer) of a local model folder, weights in ``dtype`` on ``device``, the
+    tokenizer as :func:`load_tokenizer` gives it (read first, so that a template that
+    cannot append is refused before the weights load). The one loader: backends, training
+    and merges all load through it."""
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = load_tokenizer(folder, chat_template=chat_template, appending=appending)
     model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=dtype)
     return (model.to(device) if device != "cpu" else model), tokenizer
 

@@ -37,8 +37,6 @@ class TokenTemplate:
         self._template_kwargs = template_kwargs(self.tokenizer.chat_template)
         if self.tokenizer.chat_template != stock or self.template_note.endswith(CANNOT_APPEND):
             print(f"trace-gym: {self.name} plays under {self.template_note}", file=sys.stderr)
-        if self.tokenizer.pad_token_id is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
         # every added token of this tokenizer (<|im_end|>, Qwen's <tool_call>, ...) is what the encoder parses as one
         # control id: text from an env, a user or a tool that spells one is rendered split, and stays text
         added = getattr(self.tokenizer, "added_tokens_decoder", {}) or {}

@@ -67,11 +67,11 @@ class VLLMTokens(TokenTemplate, RemoteRequests):
         backoff_s: float = 0.5,
     ):
         try:
-            from transformers import AutoConfig, AutoTokenizer
-            from transformers.utils import logging as hf_logging
+            from transformers import AutoConfig
         except ImportError as exc:
             raise LLMError(f"vllm: models need transformers for their tokenizer ({exc}); run make setup") from None
-        hf_logging.set_verbosity_error()
+        from .registry import load_tokenizer
+
         self.model = model
         self.name = f"vllm:{model}"
         self.base_url = (base_url or os.environ.get("OPENAI_BASE_URL") or "http://127.0.0.1:8000/v1").rstrip("/")
@@ -80,7 +80,7 @@ class VLLMTokens(TokenTemplate, RemoteRequests):
         self.max_retries, self.backoff_s = max_retries, backoff_s
         self.adapters: dict[str, str] = {}
         folder, chat_template = tokenizer_folder(tokenizer or model)
-        self.tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        self.tokenizer = load_tokenizer(folder)
         try:
             config = AutoConfig.from_pretrained(folder, local_files_only=True)
         except (OSError, ValueError):
