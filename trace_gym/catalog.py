@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import TraceGymError
-from .registry import VALIDATION_REPORT, EnvEntry
+from .registry import VALIDATION_REPORT, EnvEntry, EnvKind
 
 CATALOG_MD = "CATALOG.md"
 CATALOG_JSON = "catalog.json"
@@ -75,7 +75,7 @@ def catalog_rows(registry: Path | str | None = None) -> list[dict[str, Any]]:
     rows = []
     for name, entry in registry_folders(root).items():
         row: dict[str, Any] = {"id": entry.id, "folder": name, "kind": entry.kind, "description": entry.description}
-        if entry.kind == "target":
+        if entry.kind == EnvKind.TARGET:
             tools = entry.tools_path
             row["tools"] = len(json.loads(tools.read_text(encoding="utf-8"))) if tools.exists() else 0
         else:
@@ -95,8 +95,8 @@ def _cell(text: Any) -> str:
 
 
 def render_markdown(rows: list[dict[str, Any]]) -> str:
-    targets = [r for r in rows if r["kind"] == "target"]
-    envs = [r for r in rows if r["kind"] != "target"]
+    targets = [r for r in rows if r["kind"] == EnvKind.TARGET]
+    envs = [r for r in rows if r["kind"] != EnvKind.TARGET]
     out = [
         "# The registry catalogue",
         "",

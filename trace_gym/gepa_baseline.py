@@ -347,10 +347,10 @@ class SearchLog:
 def split_tasks(config: GEPAConfig) -> tuple[list[str], list[str]]:
     """GEPA's train and validation tasks: the first ``tasks`` of the target's ``split``,
     the last ``val_tasks`` of them for validation."""
-    from .registry import get_entry, make
+    from .registry import EnvKind, get_entry, make
 
     entry = get_entry(config.env)
-    if entry.kind != "target":
+    if entry.kind != EnvKind.TARGET:
         raise GEPAError(f"{config.env} is a training env; GEPA optimizes the policy's prompt on a target benchmark")
     env = make(config.env, split=config.split)
     try:

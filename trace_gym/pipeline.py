@@ -287,7 +287,7 @@ def config_from_data(data: dict[str, Any]) -> PipelineConfig:
 
 def check_config(config: PipelineConfig) -> None:
     """What can be checked before any work: stage and method names, the target, the models and analysts."""
-    from .registry import get_entry
+    from .registry import EnvKind, get_entry
 
     bad = [s for s in config.run.stages if s not in STAGES]
     if bad:
@@ -298,7 +298,7 @@ def check_config(config: PipelineConfig) -> None:
         entry = get_entry(config.run.target)
     except TraceGymError as exc:
         raise ConfigError(f"[run] target: {exc}") from None
-    if entry.kind != "target":
+    if entry.kind != EnvKind.TARGET:
         raise ConfigError(f"[run] target: {entry.id} is a training env, not a target benchmark")
     from .evaluation import METHODS as REGISTERED  # the built-in rows and any a user registered
 

@@ -254,7 +254,8 @@ def read_manifest(folder: Path) -> EnvEntry:
     if not isinstance(env_id, str) or not env_id.startswith(f"{NAMESPACE}/") or "-v" not in env_id:
         raise ManifestError(f"{path}: 'id' must look like '{NAMESPACE}/<name>-v<N>', got {env_id!r}")
     if data.get("kind") not in tuple(EnvKind):
-        raise ManifestError(f"{path}: 'kind' must be 'target' or 'synthesized', got {data.get('kind')!r}")
+        kinds = " or ".join(f"'{k}'" for k in EnvKind)
+        raise ManifestError(f"{path}: 'kind' must be {kinds}, got {data.get('kind')!r}")
     kind = EnvKind(data["kind"])
     entry_point = data.get("entry_point") or (SANDBOXED_ENTRY_POINT if kind == EnvKind.SYNTHESIZED else None)
     if not isinstance(entry_point, str) or ":" not in entry_point:

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from .errors import TraceGymError
-from .registry import get_entry
+from .registry import EnvKind, get_entry
 from .result_shapes import example_result, load_result_shapes
 from .tools import load_frozen_tools, tool_name, tool_parameters
 
@@ -129,7 +129,7 @@ def new_env(name: str, target: str, dest: str | Path, capability: str = "", desc
     if not NAME.match(name):
         raise TraceGymError(f"env name '{name}' must be lower-case letters, digits and dashes (e.g. order-lookup)")
     entry = get_entry(target)
-    if entry.kind != "target":
+    if entry.kind != EnvKind.TARGET:
         raise TraceGymError(
             f"{target} is not a target; synthesized envs train for a target such as trace/tau2-retail-v0"
         )
