@@ -155,6 +155,21 @@ def test_a_warm_start_plays_under_the_template_it_ships(tmp_path, monkeypatch):
     assert embedded.chat_template_of("hf:/elsewhere") == embedded.TOOL_CHAT_TEMPLATE
 
 
+def test_a_tokenizer_without_a_pad_token_plays_a_padded_batch():
+    """Llama's and Mistral's tokenizers have no pad token: every way in gives them one."""
+    from families import tiny_model
+
+    from trace_gym.llm.local_hf import LocalHF
+
+    tokenizer = family_tokenizer("llama3_1")
+    tokenizer.pad_token = None
+    assert tokenizer.pad_token_id is None
+    backend = LocalHF.from_model(tiny_model(tokenizer), tokenizer)
+    assert backend.tokenizer.pad_token_id == tokenizer.eos_token_id
+    short, long = [{"role": "user", "content": "Hi"}], [{"role": "user", "content": "Where is my order #W1? " * 4}]
+    assert len(backend.generate([short, long], max_new_tokens=2)) == 2  # rows of two lengths, padded
+
+
 def test_llamas_one_call_per_turn_template_still_appends_after_a_turn_with_two_calls():
     backend = backend_for("llama3_1")
     two = {

@@ -204,8 +204,9 @@ def merge_adapter(
 ) -> Path:
     """The model at ``base`` with the LoRA at ``adapter`` (or each of a list, in
     order) merged in, in float32, saved as a local model folder at ``target`` with
-    the base's tokenizer (and ``chat_template``, if given): a policy usable
-    wherever a model is."""
+    the base's tokenizer (and ``chat_template``, if given; with its end-of-text as pad
+    token where it has none, as every loader here gives it): a policy usable wherever
+    a model is."""
     import torch
     from peft import PeftModel
 

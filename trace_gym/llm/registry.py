@@ -103,8 +103,9 @@ def load_tokenizer(folder: str, *, chat_template: str | None = None, appending: 
     """The tokenizer of a local model folder, under ``chat_template`` where given and
     with a pad token (its end-of-text where it has none). With ``appending`` (a
     ``templates.choose`` choice), it plays under that choice, and one that cannot append
-    turn by turn is refused in one line. The one reading of a tokenizer: backends, the
-    vLLM client, training and merges all take theirs from here."""
+    turn by turn is refused in one line. The one reading of a tokenizer folder: backends,
+    the vLLM client, training and merges all take theirs from here (a tokenizer object
+    handed in is given its pad token by :func:`with_pad_token`)."""
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -118,6 +119,11 @@ def load_tokenizer(folder: str, *, chat_template: str | None = None, appending: 
         tokenizer.chat_template, note = choose(tokenizer, appending)
         if note.endswith(CANNOT_APPEND):
             raise LLMError(f"its chat template {note}")
+    return with_pad_token(tokenizer)
+
+
+def with_pad_token(tokenizer: Any) -> Any:
+    """``tokenizer``, given its end-of-text as pad token where it has none (batches pad)."""
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
