@@ -5,8 +5,9 @@ policies on the same tasks) and prints, per file:
 - tasks solved, with a 95% Wilson interval;
 - episodes where the user was found (a `find_user_id_*` call answered without an error);
 - tool calls, and those the target answered with an error;
-- writes (state-changing calls), episodes with one, and writes with a tool the task's gold
-  actions use;
+- writes (state-changing calls) and those answered with an error (which changed nothing);
+  of the writes that went through, the episodes with one and those with a tool the task's
+  gold actions use;
 - episodes the agent gave up (unparsable turns, or past its context), and how all ended;
 - the gold analyst's LACKING share per capability (of the episodes where it applies).
 
@@ -41,13 +42,13 @@ def behaviour(trajectories: list[Trajectory], gold: GoldActionAnalyst) -> dict[s
     n = len(trajectories)
     solved = sum(t.success for t in trajectories)
     low, high = wilson(solved, n)
-    found = calls = errors = writes = with_write = right_tool = 0
+    found = calls = errors = writes = failed_writes = with_write = right_tool = 0
     ends: collections.Counter[str] = collections.Counter()
     lacking: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
     for t in trajectories:
         failed_calls = {m.tool_call_id for m in t.messages if m.role == "tool" and m.error}
         gold_tools = {a.name for a in (gold.task(t).evaluation_criteria.actions or []) if a.requestor == "assistant"}
-        episode_writes = 0
+        episode_writes = 0  # that went through
         user_found = False
         for m in t.messages:
             if m.role != "assistant" or not m.tool_calls:
@@ -58,10 +59,11 @@ def behaviour(trajectories: list[Trajectory], gold: GoldActionAnalyst) -> dict[s
                 errors += failed
                 user_found |= call.name.startswith("find_user_id") and not failed
                 if changes_state(call.name):
-                    episode_writes += 1
-                    right_tool += call.name in gold_tools
+                    writes += 1
+                    failed_writes += failed
+                    episode_writes += not failed
+                    right_tool += not failed and call.name in gold_tools
         found += user_found
-        writes += episode_writes
         with_write += episode_writes > 0
         ends[t.termination_reason or "?"] += 1
         for label in gold.label(t):
@@ -73,8 +75,9 @@ def behaviour(trajectories: list[Trajectory], gold: GoldActionAnalyst) -> dict[s
         "tasks solved": f"{solved} ({solved / max(n, 1):.2f} [{low:.2f}, {high:.2f}])",
         "user found": str(found),
         "tool calls / answered with an error": f"{calls} / {errors}",
-        "writes / episodes with one": f"{writes} / {with_write}",
-        "writes with a gold action's tool": str(right_tool),
+        "writes / answered with an error": f"{writes} / {failed_writes}",
+        "episodes with a write that went through": str(with_write),
+        "writes through with a gold action's tool": str(right_tool),
         "given up (agent_error: unparsable turns, or past the context)": str(ends["agent_error"]),
         "ended by": ", ".join(f"{r} {c}" for r, c in sorted(ends.items())),
     }
