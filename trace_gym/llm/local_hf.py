@@ -101,9 +101,7 @@ class LocalHF(LoraAdapters, TokenTemplate, Generates):
         if model is not None:
             if tokenizer is None:
                 raise LLMError("an in-memory model needs its tokenizer")
-            from .registry import with_pad_token
-
-            self.model, self.tokenizer, self.path = model, with_pad_token(tokenizer), None
+            self.model, self.tokenizer, self.path = model, tokenizer, None
             self.name = name or getattr(getattr(model, "config", None), "_name_or_path", None) or type(model).__name__
             self.device = str(next(model.parameters()).device)
             peft_config = getattr(model, "peft_config", None) or {}

@@ -104,8 +104,8 @@ def load_tokenizer(folder: str, *, chat_template: str | None = None, appending: 
     with a pad token (its end-of-text where it has none). With ``appending`` (a
     ``templates.choose`` choice), it plays under that choice, and one that cannot append
     turn by turn is refused in one line. The one reading of a tokenizer folder: backends,
-    the vLLM client, training and merges all take theirs from here (a tokenizer object
-    handed in is given its pad token by :func:`with_pad_token`)."""
+    the vLLM client, training and merges all take theirs from here (a backend over a
+    tokenizer object handed in gives it its pad token through :func:`with_pad_token` too)."""
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 

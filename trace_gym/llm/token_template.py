@@ -30,6 +30,7 @@ class TokenTemplate:
         model's ``generation_config.eos_token_id`` (an id, a list of them, or None)."""
         if chat_template is not None:
             self.tokenizer.chat_template = chat_template
+        from .registry import with_pad_token
         from .templates import CANNOT_APPEND, choose, template_kwargs
 
         stock = self.tokenizer.chat_template
@@ -37,6 +38,7 @@ class TokenTemplate:
         self._template_kwargs = template_kwargs(self.tokenizer.chat_template)
         if self.tokenizer.chat_template != stock or self.template_note.endswith(CANNOT_APPEND):
             print(f"trace-gym: {self.name} plays under {self.template_note}", file=sys.stderr)
+        with_pad_token(self.tokenizer)  # whichever way the tokenizer came in (a folder, or an object handed in)
         # every added token of this tokenizer (<|im_end|>, Qwen's <tool_call>, ...) is what the encoder parses as one
         # control id: text from an env, a user or a tool that spells one is rendered split, and stays text
         added = getattr(self.tokenizer, "added_tokens_decoder", {}) or {}
