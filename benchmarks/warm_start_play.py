@@ -3,7 +3,8 @@
 Reads trajectory files that `trace-gym rollout` wrote (one column each, to compare two
 policies on the same tasks) and prints, per file:
 - tasks solved, with a 95% Wilson interval;
-- episodes where the user was found (a `find_user_id_*` call answered without an error);
+- episodes where the user was found (a `find_user_id_*` call answered without an error:
+  retail's tools; airline has none (its users give their id), so it reads 0 there);
 - tool calls, and those the target answered with an error;
 - writes (state-changing calls) and those answered with an error (which changed nothing);
   of the writes that went through, the episodes with one and those with a tool the task's
@@ -31,6 +32,7 @@ from pathlib import Path
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
+from trace_gym.errors import TraceGymError  # noqa: E402
 from trace_gym.identification.gold import GoldActionAnalyst  # noqa: E402
 from trace_gym.identification.stats import LACKING, NOT_APPLICABLE, wilson  # noqa: E402
 from trace_gym.store import read_trajectories  # noqa: E402
@@ -73,7 +75,7 @@ def behaviour(trajectories: list[Trajectory], gold: GoldActionAnalyst) -> dict[s
     rows = {
         "episodes": str(n),
         "tasks solved": f"{solved} ({solved / max(n, 1):.2f} [{low:.2f}, {high:.2f}])",
-        "user found": str(found),
+        "user found (a find_user_id_* call answered)": str(found),
         "tool calls / answered with an error": f"{calls} / {errors}",
         "writes / answered with an error": f"{writes} / {failed_writes}",
         "episodes with a write that went through": str(with_write),
@@ -91,7 +93,10 @@ def main() -> None:
     parser.add_argument("trajectories", nargs="+", help="trajectory files of a τ² target (trace-gym rollout --out)")
     args = parser.parse_args()
     gold = GoldActionAnalyst()
-    columns = {path: behaviour(read_trajectories(path), gold) for path in args.trajectories}
+    try:
+        columns = {path: behaviour(read_trajectories(path), gold) for path in args.trajectories}
+    except (OSError, TraceGymError) as exc:  # no such file, not a trajectory file, not a τ² target's episodes
+        raise SystemExit(f"warm_start_play.py: {str(exc).splitlines()[0]}") from None
     names = list(dict.fromkeys(row for rows in columns.values() for row in rows))
     width = max(map(len, names))
     print(f"{'':{width}}  " + "  |  ".join(Path(p).name for p in args.trajectories))
