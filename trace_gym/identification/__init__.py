@@ -20,6 +20,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 from trace_gym.errors import TraceGymError
 from trace_gym.llm.registry import is_chat_endpoint
 from trace_gym.trajectory import Trajectory
+from trace_gym.seeding import derive_seed
 
 from .gold import GOLD_CAPABILITIES, GoldActionAnalyst
 from .stats import (
@@ -156,7 +157,11 @@ def identify(
     clusters = task_clusters(trajectories)
     runs = []
     for r in range(config.runs):
-        sample = list(success) if config.runs == 1 else bootstrap_sample(clusters, random.Random(f"{seed}|{r}"))
+        sample = (
+            list(success)
+            if config.runs == 1
+            else bootstrap_sample(clusters, random.Random(derive_seed(seed, "bootstrap", r)))
+        )
         try:
             runs.append(contrast(by_episode, sample, success, list(candidates), config))
         except DegenerateInputError:

@@ -28,6 +28,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from trace_gym.errors import TraceGymError
 from trace_gym.trajectory import Trajectory
+from trace_gym.seeding import derive_seed
 
 from .stats import Label
 
@@ -173,7 +174,9 @@ class LLMAnalyst:
             raise AnalystError("discovery needs failed trajectories")
         pooled: list[Candidate] = []
         for r in range(runs):
-            batch = random.Random(f"{seed}|discovery|{r}").sample(failures, min(self.batch_size, len(failures)))
+            batch = random.Random(derive_seed(seed, "discovery", r)).sample(
+                failures, min(self.batch_size, len(failures))
+            )
             per = max(400, self.budget_chars // len(batch))
             text = "\n\n".join(compact(t, budget=per) for t in batch)
             pooled += self.ask(

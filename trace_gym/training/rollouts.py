@@ -107,7 +107,7 @@ def redraw_key(key: dict[str, Any], draw: int, run_seed: int, tasks: list[str] |
     if key.get("task") is not None:
         if not tasks:
             raise TrainingError(f"{env_id}: cannot redraw a task without the target's task list")
-        return episode_key(env_id, task=random.Random("|".join(map(str, parts))).choice(tasks))
+        return episode_key(env_id, task=random.Random(derive_seed(*parts)).choice(tasks))
     return episode_key(env_id, seed=derive_seed(*parts))
 
 
@@ -479,7 +479,7 @@ def plan_groups(config: GRPOTrainingConfig, task_lists: dict[str, list[str] | No
             if not tasks:
                 raise TrainingError(f"{env_id} has no tasks to train on")
             order = list(tasks)
-            random.Random(config.seed).shuffle(order)
+            random.Random(derive_seed(config.seed, "task-order", env_id)).shuffle(order)
             orders[env_id] = order
     keys, used = [], {env_id: 0 for env_id in task_lists}
     for n in range(config.iterations * config.groups):

@@ -43,6 +43,7 @@ from typing import Any
 from trace_gym.registry import HELD_OUT_SPLIT, EnvKind
 
 from trace_gym.llm.lora import without_checkpointing_deprecations
+from trace_gym.seeding import derive_seed
 
 from .config import TrainingError, check_placement, checkpointing, resolve_dtype
 
@@ -286,7 +287,7 @@ class SharedPromptSampler:
     def batches(self) -> list[list[int]]:
         import random
 
-        rng = random.Random(f"sft-order|{self.seed}|{self.epoch}")
+        rng = random.Random(derive_seed(self.seed, "sft-order", self.epoch))
         out = []
         for key in sorted(set(self.groups)):
             rows = [i for i, g in enumerate(self.groups) if g == key]
