@@ -37,6 +37,18 @@ FLAWED = {
         },
         "interface_fidelity",
     ),
+    "oracle calls a tool the target lacks": (
+        {
+            '{"type": "tool_call", "name": "get_order_details", "arguments"': '{"type": "tool_call", "name": "get_order_status", "arguments"'
+        },
+        "interface_fidelity",
+    ),
+    "oracle calls a tool with no name": (
+        {
+            '{"type": "tool_call", "name": "get_order_details", "arguments"': '{"type": "tool_call", "name": "", "arguments"'
+        },
+        "interface_fidelity",
+    ),
     "extra tool": (
         {'TOOLS = ["get_order_details"]': 'TOOLS = ["get_order_details", "refund_everything"]'},
         "interface_fidelity",

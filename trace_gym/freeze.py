@@ -71,19 +71,15 @@ def observed_result_shapes(env: Any, env_id: str) -> dict[str, Any]:
     """Result shapes inferred from what each tool answered in reference solutions: JSON
     answers as the schema of the values seen (every field seen each time required),
     others as text; the error prefix from an answer to a call of no tool."""
-    from .actions import parse_action
+    from .rollout import replay_oracle
 
     tasks = [str(t) for t in (getattr(env.unwrapped, "task_ids", None) or [])][:OBSERVED_TASKS]
     seen: dict[str, list[Any]] = {}
     for n, task in enumerate(tasks or [None] * OBSERVED_TASKS):
         env.reset(seed=n, options={"task_id": task} if task is not None else None)
-        for action in env.unwrapped.oracle_actions() or []:
-            parsed = parse_action(action)
-            observation, _, terminated, truncated, _ = env.step(action)
-            if parsed.kind == "tool_calls" and len(parsed.tool_calls) == 1:
+        for parsed, observation, _ in replay_oracle(env):
+            if parsed.is_tool_call and len(parsed.tool_calls) == 1:
                 seen.setdefault(parsed.tool_calls[0].name, []).append(observation)
-            if terminated or truncated:
-                break
     if not seen:
         raise TraceGymError(
             f"{env_id}: its reference solutions called no tool, so nothing shows what its tools return; "

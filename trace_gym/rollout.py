@@ -15,8 +15,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
+from .actions import ParsedAction, parse_action
 from .agents.base import LockStepAgent, Observes, Reports
 from .errors import AgentGaveUp, TraceGymError
 from .llm.registry import is_chat_endpoint
@@ -236,8 +237,6 @@ def transcript_messages(transcript: list[dict[str, Any]]) -> list[Message]:
     """The record of an env that keeps no transcript: its OpenAI messages, with an agent
     turn that is neither a call nor a message (it did not parse) marked as an error, as a
     trace-gym env marks it (what ``well_formed_calls`` reads)."""
-    from .actions import parse_action
-
     out = []
     for m in transcript:
         message = Message.from_openai(m)
@@ -262,6 +261,19 @@ def run_episode(env: Any, agent: Any, env_id: str, episode: Episode) -> Trajecto
     """
     [played] = play_batched([env], [agent], env_id, [episode])
     return played.trajectory
+
+
+def replay_oracle(env: Any, *, limit: int | None = None) -> Iterator[tuple[ParsedAction, str, dict[str, Any]]]:
+    """Step the episode ``env`` was just reset to through its oracle's actions (the
+    env's reference solution), yielding each action parsed, the observation and the
+    step's info; it stops where the episode ends, after ``limit`` actions, or where
+    the caller stops reading. Freezing a target's result shapes, the synthesis
+    prompt's sample results and validation's fidelity check all read it."""
+    for action in (env.unwrapped.oracle_actions() or [])[:limit]:
+        observation, _, terminated, truncated, info = env.step(action)
+        yield parse_action(action), observation, info
+        if terminated or truncated:
+            return
 
 
 @dataclass

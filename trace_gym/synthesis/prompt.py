@@ -139,9 +139,9 @@ def _call_of(messages: list[Any], tool_index: int) -> str:
 
 def _from_live_target(entry: EnvEntry, samples: int, per_result: int) -> tuple[str, list[str], str]:
     """Reset the target and replay its oracle's tool calls; ("", [], why) where it cannot run."""
-    from trace_gym.actions import parse_action
     from trace_gym.errors import TraceGymError
     from trace_gym.registry import make_train
+    from trace_gym.rollout import replay_oracle
 
     try:  # the analyst sees the train split's tool results, never the held-out tasks evaluation scores
         env, _ = make_train(entry.id)
@@ -154,18 +154,16 @@ def _from_live_target(entry: EnvEntry, samples: int, per_result: int) -> tuple[s
         for seed in range(6):
             _, info = env.reset(seed=seed)
             policy = policy or info.get("system_prompt", "")
-            for action in env.unwrapped.oracle_actions() or []:
-                parsed = parse_action(action)
+            for parsed, obs, _ in replay_oracle(env):
                 if not parsed.is_tool_call:
                     continue
-                obs, _, terminated, truncated, _ = env.step(action)
                 call = parsed.tool_calls[0]
                 if shown.get(call.name, 0) < 2:  # a variety of tools rather than one tool's results again
                     shown[call.name] = shown.get(call.name, 0) + 1
                     results.append(
                         f"{call.name}({json.dumps(call.arguments, ensure_ascii=False)}) ->\n{obs[:per_result]}"
                     )
-                if terminated or truncated or len(results) >= samples:
+                if len(results) >= samples:
                     break
             if len(results) >= samples:
                 break

@@ -63,7 +63,7 @@ def check_interface_fidelity(ctx: Context) -> CheckResult:
     (``results.json``; for τ²: the JSON of tau2's own return models, field names
     and types exact). The oracle's calls must fit the schemas."""
     from trace_gym.actions import format_tool_call
-    from trace_gym.sandbox.env import action_text
+    from trace_gym.rollout import replay_oracle
 
     try:
         ctx.env = ctx.make_env()
@@ -93,20 +93,16 @@ def check_interface_fidelity(ctx: Context) -> CheckResult:
     for seed in ctx.seeds("main", min(ctx.config.fidelity_seeds, ctx.config.seeds)) if not hung else ():
         try:
             env.reset(seed=seed)
-            actions = env.worker.call("oracle") or []
-            for action in actions if isinstance(actions, list) else []:
-                if isinstance(action, dict) and action.get("type") == "tool_call":
-                    name = action.get("name")
-                    if name not in names:
-                        bad_oracle_calls.append(f"seed {seed}: oracle calls '{name}', not in TOOLS")
+            for parsed, _, info in replay_oracle(env, limit=env.max_steps):
+                if parsed.kind == "malformed":
+                    bad_oracle_calls.append(f"seed {seed}: an oracle action does not parse: {parsed.error}")
+                for call in parsed.tool_calls:
+                    if call.name not in names:
+                        bad_oracle_calls.append(f"seed {seed}: oracle calls '{call.name}', not in TOOLS")
                         continue
-                    problems = check_arguments(select_tools(ctx.target_tools, [name])[0], action.get("arguments") or {})
-                    bad_oracle_calls += [f"seed {seed}: {name}: {p}" for p in problems]
-            for action in actions[: env.max_steps]:
-                _, _, terminated, truncated, info = env.step(action_text(action))
+                    problems = check_arguments(select_tools(ctx.target_tools, [call.name])[0], call.arguments)
+                    bad_oracle_calls += [f"seed {seed}: {call.name}: {p}" for p in problems]
                 answers += [(f"seed {seed} oracle", r["name"], r["content"]) for r in info.get("tool_results", [])]
-                if terminated or truncated:
-                    break
         except TraceGymError as exc:
             hung, env = note_crash(ctx, crashes, f"seed {seed}, oracle episode", exc), ctx.env
             if hung:
