@@ -6,6 +6,8 @@ policies on the same tasks) and prints, per file:
 - episodes where the user was found (a `find_user_id_*` call answered without an error:
   retail's tools; airline has none (its users give their id), so it reads 0 there);
 - tool calls, and those the target answered with an error;
+- calls that repeat one made earlier in the episode (same tool, same arguments): a
+  policy stuck in a loop of reads;
 - writes (state-changing calls) and those answered with an error (which changed nothing);
   of the writes that went through, the episodes with one and those with a tool the task's
   gold actions use;
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
 from pathlib import Path
 
@@ -44,7 +47,7 @@ def behaviour(trajectories: list[Trajectory], gold: GoldActionAnalyst) -> dict[s
     n = len(trajectories)
     solved = sum(t.success for t in trajectories)
     low, high = wilson(solved, n)
-    found = calls = errors = writes = failed_writes = with_write = right_tool = 0
+    found = calls = errors = repeats = writes = failed_writes = with_write = right_tool = 0
     ends: collections.Counter[str] = collections.Counter()
     lacking: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
     for t in trajectories:
@@ -52,6 +55,7 @@ def behaviour(trajectories: list[Trajectory], gold: GoldActionAnalyst) -> dict[s
         gold_tools = {a.name for a in (gold.task(t).evaluation_criteria.actions or []) if a.requestor == "assistant"}
         episode_writes = 0  # that went through
         user_found = False
+        made: set[tuple[str, str]] = set()
         for m in t.messages:
             if m.role != "assistant" or not m.tool_calls:
                 continue
@@ -59,6 +63,9 @@ def behaviour(trajectories: list[Trajectory], gold: GoldActionAnalyst) -> dict[s
                 calls += 1
                 failed = call.id in failed_calls
                 errors += failed
+                call_key = (call.name, json.dumps(call.arguments, sort_keys=True, default=str))
+                repeats += call_key in made
+                made.add(call_key)
                 user_found |= call.name.startswith("find_user_id") and not failed
                 if changes_state(call.name):
                     writes += 1
@@ -77,6 +84,7 @@ def behaviour(trajectories: list[Trajectory], gold: GoldActionAnalyst) -> dict[s
         "tasks solved": f"{solved} ({solved / max(n, 1):.2f} [{low:.2f}, {high:.2f}])",
         "user found (a find_user_id_* call answered)": str(found),
         "tool calls / answered with an error": f"{calls} / {errors}",
+        "calls repeating an earlier call of the episode": str(repeats),
         "writes / answered with an error": f"{writes} / {failed_writes}",
         "episodes with a write that went through": str(with_write),
         "writes through with a gold action's tool": str(right_tool),
