@@ -43,6 +43,7 @@ from .base import Completion, GenerationRequest, Generates, LLMError
 from .kv_cache import KVEntry, KVStore, cache_budget, in_place_groups, own_segments, write_right_aligned
 from .lora import LoraAdapters
 from .registry import load_local
+from .sampling import RowSampler
 from .token_template import TokenTemplate
 
 PREFILL_TOKENS = 2048  # new tokens (padding included) per batched prefill forward
@@ -407,9 +408,8 @@ class LocalHF(LoraAdapters, TokenTemplate, Generates):
         return start
 
     def _complete_batch(self, requests: list[GenerationRequest], stats: dict[str, Any]) -> list[Completion]:
-        from transformers import StaticCache
-
-        torch = self.torch
+        """Prefill every row from its cache, sample the first tokens, decode the rest
+        in one batch, and keep each session's cache for its next turn."""
         t0 = time.perf_counter()
         prompts: list[list[int]] = []
         for r in requests:
@@ -421,128 +421,112 @@ class LocalHF(LoraAdapters, TokenTemplate, Generates):
                 prompts.append(ids)
         starts = [self._find_start(r, ids, stats) for r, ids in zip(requests, prompts)]
         rows = self._prefill_rows([(ids, start, r.adapter) for r, ids, start in zip(requests, prompts, starts)], stats)
-        logits = torch.stack([row[1] for row in rows])
-        generators = []
-        for r in requests:
-            g = torch.Generator(device=self.device)
-            g.manual_seed(r.seed if r.seed is not None else int(torch.randint(0, 2**31 - 1, ()).item()))
-            generators.append(g)
-        temperatures = [r.temperature for r in requests]
-        budget = [r.max_new_tokens for r in requests]
-        sampled: list[list[int]] = [[] for _ in requests]
-        logprobs: list[list[float]] = [[] for _ in requests]
-        finished = [False] * len(requests)
-
-        def sample(step_logits) -> list[int]:
-            """One token per unfinished row: the rows' softmax in one batch; each row
-            draws one uniform number from its own generator and takes the token at
-            that point of its cumulative distribution (inverse-CDF sampling: one
-            random number per row and step, where ``torch.multinomial`` draws one per
-            vocabulary entry)."""
-            live = [i for i in range(len(requests)) if not finished[i]]
-            tokens = [self.tokenizer.pad_token_id] * len(requests)
-            if not live:
-                return tokens
-            rows_logits = step_logits[live].float()
-            t = torch.tensor([temperatures[i] if temperatures[i] > 0 else 1.0 for i in live], device=rows_logits.device)
-            logp = torch.log_softmax(rows_logits / t[:, None], dim=-1)
-            if not bool(torch.isfinite(logp.amax(dim=-1)).all()):  # a NaN or +inf logit spoils its whole row
-                raise LLMError(
-                    f"{self.name} produced non-finite logits (overflow in its weights or dtype); "
-                    "cannot sample from them"
-                )
-            chosen = logp.argmax(dim=-1)
-            sampling = [j for j, i in enumerate(live) if temperatures[i] > 0]
-            if sampling:
-                at = torch.tensor(sampling, device=logp.device)
-                wide = torch.float32 if logp.device.type == "mps" else torch.float64  # (MPS has no float64)
-                cdf = logp[at].to(wide).exp().cumsum(dim=-1)
-                u = torch.cat(
-                    [torch.rand(1, generator=generators[live[j]], device=self.device, dtype=wide) for j in sampling]
-                )
-                drawn = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
-                chosen[at] = drawn.clamp(max=logp.shape[-1] - 1)
-            picked = logp.gather(1, chosen[:, None]).squeeze(1).tolist()
-            for j, (i, token) in enumerate(zip(live, chosen.tolist())):
-                sampled[i].append(token)
-                logprobs[i].append(picked[j])
-                if token in self.stop_ids or len(sampled[i]) >= budget[i]:
-                    finished[i] = True
-                tokens[i] = token
-            return tokens
-
-        tokens = sample(logits)
+        sampler = RowSampler(
+            self.torch,
+            requests,
+            device=self.device,
+            stop_ids=self.stop_ids,
+            pad_id=self.tokenizer.pad_token_id,
+            model_name=self.name,
+        )
+        tokens = sampler(self.torch.stack([row[1] for row in rows]))
         stats["ttft_s"] += time.perf_counter() - t0
-        lengths = [len(ids) for ids in prompts]
-        steps = max(budget) - 1
-        # rows that extend a shared prefix attend to it in place; the decode cache holds their own tokens only
-        # (for a prefix that only one row extends, plain attention over a copy is as fast)
+        decoded = self._decode(rows, [r.adapter for r in requests], [len(ids) for ids in prompts], sampler, tokens)
+        stats["decode_tokens"] += sum(len(s) for s in sampler.sampled)
+        completions = []
+        for i, (request, ids) in enumerate(zip(requests, prompts)):
+            if request.session is not None and self.kv_cache:
+                self._keep_session(request.session, ids, rows[i][0], sampler.sampled[i], decoded, i)
+            completions.append(self._completion(ids, sampler.sampled[i], sampler.logprobs[i]))
+        stats["total_s"] += time.perf_counter() - t0
+        return completions
+
+    def _decode(
+        self,
+        rows: list[tuple[KVEntry, Any]],
+        adapters: list[str | None],
+        lengths: list[int],
+        sampler: RowSampler,
+        tokens: list[int],
+    ) -> tuple[list[tuple[Any, Any]], int]:
+        """Decode every row after its first token, over one static cache: each row's
+        own tokens right-aligned at ``longest`` (left padding masked out), then one
+        slot per step. Returns the decode cache's layers and ``longest`` (empty
+        layers when every row finished at its first token).
+
+        Rows that extend a shared prefix attend to it in place; the decode cache
+        holds their own tokens only (for a prefix that only one row extends, plain
+        attention over a copy is as fast)."""
+        from transformers import StaticCache
+
+        torch = self.torch
+        steps = max(sampler.budget) - 1
         bases = [entry.base if self.shared_prefix else None for entry, _ in rows]
         sharing = Counter(id(b) for b in bases if b is not None)
         bases = [b if b is not None and sharing[id(b)] > 1 else None for b in bases]
         extra = in_place_groups(bases)
-        cascade = bool(extra)
         held = [n - (len(b.ids) if b is not None else 0) for n, b in zip(lengths, bases)]  # tokens in the decode cache
         longest = max(held)
-        if not all(finished):
-            cache = StaticCache(config=self.model.config, max_cache_len=longest + steps)
-            n_layers = len(rows[0][0].layers)
-            for layer_index, layer in enumerate(cache.layers):
-                if layer_index >= n_layers:
-                    break
-                k0, v0 = rows[0][0].layers[layer_index]
-                layer.lazy_initialization(
-                    k0.new_zeros((len(rows), k0.shape[1], 1, k0.shape[3])),
-                    v0.new_zeros((len(rows), v0.shape[1], 1, v0.shape[3])),
+        if sampler.done:
+            return [], longest
+        cache = StaticCache(config=self.model.config, max_cache_len=longest + steps)
+        n_layers = len(rows[0][0].layers)
+        for layer_index, layer in enumerate(cache.layers[:n_layers]):
+            k0, v0 = rows[0][0].layers[layer_index]
+            layer.lazy_initialization(
+                k0.new_zeros((len(rows), k0.shape[1], 1, k0.shape[3])),
+                v0.new_zeros((len(rows), v0.shape[1], 1, v0.shape[3])),
+            )
+            for i, (entry, _) in enumerate(rows):
+                write_right_aligned(
+                    layer.keys, layer.values, i, own_segments(entry, bases[i] is not None, layer_index), longest
                 )
-                for i, (entry, _) in enumerate(rows):  # left padding before each row's tokens, masked out
-                    write_right_aligned(
-                        layer.keys, layer.values, i, own_segments(entry, bases[i] is not None, layer_index), longest
-                    )
-                layer.cumulative_length.fill_(longest)
-            adapters = [r.adapter for r in requests]
-            first = [longest - n for n in held]  # left padding before, masked out
-            with shared_prefix.use_shared_prefix(self.model.config) if cascade else contextlib.nullcontext():
-                for step in range(steps):
-                    if all(finished):
-                        break
-                    # this step's token is written at slot longest + step; nothing after it is visible
-                    mask = shared_prefix.own_mask(
-                        len(rows), 1, longest + steps, first, [longest + step] * len(rows), self.device
-                    )
-                    positions = torch.tensor([[n + step] for n in lengths], device=self.device)
-                    output = self._forward(
-                        adapters,
-                        input_ids=torch.tensor([[t] for t in tokens], device=self.device),
-                        attention_mask=mask,
-                        position_ids=positions,
-                        past_key_values=cache,
-                        logits_to_keep=1,
-                        **extra,
-                    )
-                    tokens = sample(output.logits[:, -1])
-            decoded_layers = [(layer.keys, layer.values) for layer in cache.layers[:n_layers]]
-        else:
-            decoded_layers = []
-        stats["decode_tokens"] += sum(len(s) for s in sampled)
-        completions = []
-        for i, (request, ids) in enumerate(zip(requests, prompts)):
-            entry = rows[i][0]
-            if request.session is not None and self.kv_cache:
-                fed = len(sampled[i]) - 1  # the last sampled token has not been through the model
-                if fed > 0 and decoded_layers:
-                    layers = [
-                        (
-                            torch.cat([k, dk[i : i + 1, :, longest : longest + fed]], dim=2),
-                            torch.cat([v, dv[i : i + 1, :, longest : longest + fed]], dim=2),
-                        )
-                        for (k, v), (dk, dv) in zip(entry.layers, decoded_layers)
-                    ]
-                    entry = KVEntry([*ids, *sampled[i][:fed]], entry.adapter, layers, base=entry.base)
-                self.store.put(("session", request.session), entry)
-            completions.append(self._completion(ids, sampled[i], logprobs[i]))
-        stats["total_s"] += time.perf_counter() - t0
-        return completions
+            layer.cumulative_length.fill_(longest)
+        first = [longest - n for n in held]
+        with shared_prefix.use_shared_prefix(self.model.config) if extra else contextlib.nullcontext():
+            for step in range(steps):
+                if sampler.done:
+                    break
+                # this step's token is written at slot longest + step; nothing after it is visible
+                mask = shared_prefix.own_mask(
+                    len(rows), 1, longest + steps, first, [longest + step] * len(rows), self.device
+                )
+                output = self._forward(
+                    adapters,
+                    input_ids=torch.tensor([[t] for t in tokens], device=self.device),
+                    attention_mask=mask,
+                    position_ids=torch.tensor([[n + step] for n in lengths], device=self.device),
+                    past_key_values=cache,
+                    logits_to_keep=1,
+                    **extra,
+                )
+                tokens = sampler(output.logits[:, -1])
+        return [(layer.keys, layer.values) for layer in cache.layers[:n_layers]], longest
+
+    def _keep_session(
+        self,
+        session: str,
+        ids: list[int],
+        entry: KVEntry,
+        sampled: list[int],
+        decoded: tuple[list[tuple[Any, Any]], int],
+        row: int,
+    ) -> None:
+        """Store a session's cache for its next turn: its prompt's entry extended by
+        the tokens it decoded (the last sampled token has not been through the model)."""
+        layers, longest = decoded
+        fed = len(sampled) - 1
+        if fed > 0 and layers:
+            torch = self.torch
+            extended = [
+                (
+                    torch.cat([k, dk[row : row + 1, :, longest : longest + fed]], dim=2),
+                    torch.cat([v, dv[row : row + 1, :, longest : longest + fed]], dim=2),
+                )
+                for (k, v), (dk, dv) in zip(entry.layers, layers)
+            ]
+            entry = KVEntry([*ids, *sampled[:fed]], entry.adapter, extended, base=entry.base)
+        self.store.put(("session", session), entry)
 
     # --- label scoring --------------------------------------------------------------
     def score(
