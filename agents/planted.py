@@ -14,6 +14,14 @@ trajectory (``agent_info["deficits"]``). Deficits, each with a probability:
 - ``skip_reads``: read calls before the first write are skipped. In τ² the
   write still succeeds, so this deficit does not cause failures: a negative
   control that a contrastive analysis must *not* select.
+
+And one that is not a deficit of the outcome: ``fixes_error``, one call is
+first made wrong (an id off by a digit, or an argument the tool does not take,
+borrowed from another call of the script), answered with the tool's error, then
+made right. The episode still succeeds. These are error-recovery demonstrations
+for the warm start (``trace-gym sft`` learns nothing from a call the tool
+refused, only what follows it); it rolls on a stream of its own, so adding it
+changes no other deficit's draws.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from trace_gym.tools import changes_state, is_read
 from .oracle import OracleAgent
 
 DEFICITS = ("corrupt_ids", "end_early", "omit_info", "skip_reads")
+RECOVERY = "fixes_error"
 
 
 class PlantedDeficitAgent(OracleAgent):
@@ -38,9 +47,9 @@ class PlantedDeficitAgent(OracleAgent):
         super().__init__()
         default = {"corrupt_ids": 0.3, "end_early": 0.3, "omit_info": 0.3}
         self.probabilities = dict(default if deficits is None else deficits)
-        unknown = set(self.probabilities) - set(DEFICITS)
+        unknown = set(self.probabilities) - {*DEFICITS, RECOVERY}
         if unknown:
-            raise TraceGymError(f"unknown deficits {sorted(unknown)}; known: {', '.join(DEFICITS)}")
+            raise TraceGymError(f"unknown deficits {sorted(unknown)}; known: {', '.join((*DEFICITS, RECOVERY))}")
         self._seed = seed
         self.fired: list[str] = []
 
@@ -54,6 +63,10 @@ class PlantedDeficitAgent(OracleAgent):
         )
         info_strings = list(getattr(criteria, "communicate_info", None) or [])
         self._script, self.fired = apply_deficits(self._script, drawn, info_strings, rng)
+        recovery = random.Random(f"planted|{RECOVERY}|{self._seed}|{info.get('task_id')}|{info.get('episode_seed')}")
+        if recovery.random() < self.probabilities.get(RECOVERY, 0.0):
+            self._script, fixed = insert_refused_call(self._script, recovery)
+            self.fired += [RECOVERY] if fixed else []
 
     def info(self) -> dict[str, Any]:
         return {"deficits": list(self.fired), "probabilities": dict(self.probabilities)}
@@ -102,6 +115,28 @@ def apply_deficits(
                 applied.append("omit_info")
                 break
     return [a for a in out if a is not None], applied
+
+
+def insert_refused_call(script: list[str], rng: random.Random) -> tuple[list[str], bool]:
+    """The script with one of its tool calls first made wrong, just before it is
+    made right, and whether there was a call to do it to. Wrong means one id off by
+    a digit or one argument the tool does not take (a name another call of the
+    script uses, with its value): the mistakes a small policy makes."""
+    parsed = [parse_action(a) for a in script]
+    calls = [(i, p.tool_calls[0]) for i, p in enumerate(parsed) if p.is_tool_call and p.tool_calls]
+    options = []
+    for i, call in calls:
+        corrupted = corrupt_one_id(call.arguments, rng)
+        if corrupted != call.arguments:
+            options.append((i, call.name, corrupted))
+        borrowed = [(k, v) for _, other in calls for k, v in other.arguments.items() if k not in call.arguments]
+        if borrowed:
+            key, value = rng.choice(borrowed)
+            options.append((i, call.name, {**call.arguments, key: value}))
+    if not options:
+        return list(script), False
+    i, name, wrong = rng.choice(options)
+    return [*script[:i], format_tool_call(name, wrong), *script[i:]], True
 
 
 def corrupt_one_id(arguments: dict[str, Any], rng: random.Random) -> dict[str, Any]:

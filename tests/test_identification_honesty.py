@@ -1,6 +1,7 @@
 """Identification says what it did: unknown rates stay unknown, missing labels are errors,
 skipped bootstrap runs are counted, tasks (not episodes) are resampled, analyst retries
-carry the error back, the gold analyst labels airline, planted deficits record what acted."""
+carry the error back, the gold analyst labels airline, planted deficits record what acted,
+fixes_error only inserts a refused call."""
 
 import json
 import random
@@ -8,8 +9,8 @@ import random
 import pytest
 
 from openai_double import OpenAIDouble
-from trace_gym.actions import format_tool_call
-from trace_gym.agents.planted import apply_deficits
+from trace_gym.actions import format_tool_call, parse_action
+from trace_gym.agents.planted import apply_deficits, insert_refused_call
 from trace_gym.identification import (
     GoldActionAnalyst,
     IncompleteLabelsError,
@@ -280,3 +281,42 @@ def test_planted_airline_mix_through_the_cli_selects_the_harmful_deficits_only(t
     ]
     control = next(c for c in written["candidates"] if c["name"] == "read_before_write")
     assert not control["selected"] and control["runs_passed"] < 8
+
+
+def test_fixes_error_makes_one_call_wrong_just_before_it_is_made_right():
+    find = format_tool_call("find_user_id_by_name_zip", {"first_name": "Ann", "last_name": "Lee", "zip": "19122"})
+    details = format_tool_call("get_user_details", {"user_id": "ann_lee_1234"})
+    script = [find, details, "Is there anything else I can help you with?"]
+    seen = set()
+    for seed in range(40):
+        out, fixed = insert_refused_call(script, random.Random(seed))
+        assert fixed and len(out) == 4
+        wrong = out.index(next(a for a in out if a not in script))
+        right = parse_action(out[wrong + 1]).tool_calls[0]
+        made = parse_action(out[wrong]).tool_calls[0]
+        assert made.name == right.name and made.arguments != right.arguments
+        assert [a for k, a in enumerate(out) if k != wrong] == script
+        seen.add("borrowed" if set(made.arguments) != set(right.arguments) else "corrupted")
+    assert seen == {"borrowed", "corrupted"}  # both mistakes a small policy makes
+    assert insert_refused_call(["Hello."], random.Random(0)) == (["Hello."], False)
+
+
+def test_fixes_error_changes_no_other_deficits_draws():
+    """On τ² train tasks: the same deficits fire with and without fixes_error, and
+    taking the inserted call out gives the same script back."""
+    from trace_gym.agents.planted import PlantedDeficitAgent
+    from trace_gym.registry import make
+
+    env = make("trace/tau2-retail-v0", split="train")
+    try:
+        for task in env.unwrapped.task_ids[:8]:
+            observation, info = env.reset(seed=0, options={"task_id": task})
+            alone = PlantedDeficitAgent(deficits={"corrupt_ids": 0.5, "end_early": 0.3})
+            alone.reset(observation, info, env)
+            both = PlantedDeficitAgent(deficits={"corrupt_ids": 0.5, "end_early": 0.3, "fixes_error": 1.0})
+            both.reset(observation, info, env)
+            assert both.fired == [*alone.fired, "fixes_error"]
+            extra = [k for k in range(len(both._script)) if both._script[:k] + both._script[k + 1 :] == alone._script]
+            assert extra, f"task {task}: fixes_error did more than insert one call"
+    finally:
+        env.close()

@@ -32,17 +32,20 @@ RETAIL = "trace/tau2-retail-v0"
 @pytest.fixture(scope="module")
 def demos(tmp_path_factory) -> Path:
     """The oracle on three train-split tasks of τ²-retail: real demonstrations."""
-    out = tmp_path_factory.mktemp("demos") / "oracle.jsonl"
+    return roll_train(tmp_path_factory.mktemp("demos") / "oracle.jsonl", 3, "--agent", "oracle")
+
+
+def roll_train(out: Path, tasks: int, *agent: str) -> Path:
+    """``agent`` on the first ``tasks`` tasks of τ²-retail's train split, into ``out``."""
     result = run_cli(
         "rollout",
         "--env",
         RETAIL,
-        "--agent",
-        "oracle",
+        *agent,
         "--split",
         "train",
         "--tasks",
-        "3",
+        str(tasks),
         "--out",
         str(out),
         "--no-progress",
@@ -63,15 +66,7 @@ def test_the_loss_mask_covers_exactly_the_agents_tokens(demos, backend):
     [row] = demonstration_rows(backend, [trajectory], 100_000)
     ids = [*row["prompt_ids"], *row["completion_ids"]]
     mask = [0] * len(row["prompt_ids"]) + row["completion_mask"]
-    spans, current = [], []
-    for token, weight in zip(ids, mask):
-        if weight:
-            current.append(token)
-        elif current:
-            spans.append(current)
-            current = []
-    if current:
-        spans.append(current)
+    spans = _scored_spans(row)
     agent_turns = [m for m in trajectory.messages if m.role == "assistant" and m.raw is not None]
     assert len(spans) == len(agent_turns)  # one masked span per agent turn, nothing else
     close = backend.tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -344,3 +339,42 @@ def test_a_stopped_warm_start_resumes_from_its_last_checkpoint(tmp_path, demos):
     assert "resumed from checkpoint-" in resumed.stdout and (out / "model").exists()
     steps = [json.loads(line)["iteration"] for line in (out / "sft_log.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3]
+
+
+def _scored_spans(row: dict) -> list[list[int]]:
+    """The runs of consecutive tokens of a row that carry loss."""
+    ids = [*row["prompt_ids"], *row["completion_ids"]]
+    mask = [0] * len(row["prompt_ids"]) + row["completion_mask"]
+    spans, current = [], []
+    for token, weight in zip(ids, mask):
+        if weight:
+            current.append(token)
+        elif current:
+            spans.append(current)
+            current = []
+    return spans + ([current] if current else [])
+
+
+def test_a_call_the_tool_refused_carries_no_loss(tmp_path, backend):
+    """Error-recovery demonstrations (the planted agent's fixes_error): the refused call
+    is context, the call that follows it is learnt."""
+    from trace_gym.training.sft import refused_turns
+
+    out = roll_train(tmp_path / "fixes.jsonl", 2, "--agent", "planted", "--deficits", "fixes_error=1.0")
+    trajectories = load_demonstrations([str(out)], 1.0)[0]
+    assert len(trajectories) == 2
+    for trajectory in trajectories:
+        [row] = demonstration_rows(backend, [trajectory], 100_000)
+        agent_turns = [m for m in trajectory.messages if m.role == "assistant" and m.raw is not None]
+        refused = refused_turns(trajectory)
+        assert sum(refused) == 1 and len(refused) == len(agent_turns)
+        learnt = [m for m, r in zip(agent_turns, refused) if not r]
+        spans = _scored_spans(row)
+        assert len(spans) == len(learnt)  # the refused turn's span is gone, every other one is there
+        wrong = agent_turns[refused.index(True)].tool_calls[0]
+        right = agent_turns[refused.index(True) + 1].tool_calls[0]
+        assert wrong.name == right.name and wrong.arguments != right.arguments
+        for span, message in zip(spans, learnt):
+            text = backend.tokenizer.decode(span)
+            for call in message.tool_calls or []:
+                assert all(f'"{v}"' in text for v in call.arguments.values() if isinstance(v, str))

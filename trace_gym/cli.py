@@ -174,7 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--temperature", type=float, default=None, help="for --agent llm: sampling temperature (default 0: greedy)"
     )
     roll.add_argument(
-        "--deficits", default=None, help="for --agent planted: name=probability,... e.g. corrupt_ids=0.3,end_early=0.3"
+        "--deficits",
+        default=None,
+        help="for --agent planted: name=probability,... e.g. corrupt_ids=0.3,end_early=0.3 "
+        "(corrupt_ids, end_early, omit_info, skip_reads; fixes_error: error-recovery demonstrations)",
     )
     roll.add_argument(
         "--executor", choices=["local", "ray"], default="local", help="run episodes here or on a Ray cluster"

@@ -19,7 +19,9 @@ rollout would have recorded (``LocalHF.encode_conversation``,
 ``encode_continuation``, ``encode_reply``: the same segments, never a re-render
 of the whole transcript), and only its agent turns (each closed by the
 end-of-turn token the model stops on) carry loss. System prompt, tool schemas,
-tool results, user turns and template tokens carry none.
+tool results, user turns and template tokens carry none, nor does an agent turn
+whose call a tool refused with an error: the demonstration teaches what follows
+the mistake, not the mistake.
 
 The forward pass is GRPO's update pass (``shared_update.shared_prefix_logps``):
 the system prompt a micro-batch shares runs once, and only the agent's tokens
@@ -233,7 +235,8 @@ def demonstration_episode(backend: Any, trajectory: Any, tools: list[dict[str, A
 def demonstration_rows(backend: Any, trajectories: list[Any], max_tokens: int) -> list[dict[str, list[int]]]:
     """One training row per demonstration: ``prompt_ids`` (up to the first agent
     turn), ``completion_ids`` (the rest) and ``completion_mask`` (1 exactly on the
-    agent's tokens), cut after the last agent turn that fits in ``max_tokens``."""
+    agent's tokens, except turns a tool refused: ``refused_turns``), cut after the
+    last agent turn that fits in ``max_tokens``."""
     tools: dict[str, list[dict[str, Any]]] = {}
     rows = []
     for trajectory in trajectories:
@@ -246,16 +249,39 @@ def demonstration_rows(backend: Any, trajectories: list[Any], max_tokens: int) -
             continue  # not even the first agent turn fits
         episode.check()
         grpo = episode.for_grpo()
+        mask = list(grpo["env_mask"])
+        start = len(episode.turns[0].prompt_ids)
+        for turn, refused in zip(episode.turns, refused_turns(trajectory)):
+            if refused:  # a call the tool refused is context for what follows, never a target
+                at = len(turn.prompt_ids) - start
+                mask[at : at + len(turn.completion_ids)] = [0] * len(turn.completion_ids)
+        if not any(mask):
+            continue
         rows.append(
             {
                 "prompt_ids": grpo["prompt_ids"],
                 "completion_ids": grpo["completion_ids"],
-                "completion_mask": grpo["env_mask"],
+                "completion_mask": mask,
                 "episode_id": trajectory.episode_id,
                 "prompt_group": _prompt_group(trajectory),
             }
         )
     return rows
+
+
+def refused_turns(trajectory: Any) -> list[bool]:
+    """For each agent turn (an assistant message with ``raw`` text), in order: whether
+    a tool answered one of its calls with an error. Such a turn carries no loss: a
+    successful episode that recovers from a mistake teaches the recovery, not the
+    mistake (``fixes_error`` demonstrations, or a user's own logs)."""
+    out: list[bool] = []
+    for message in trajectory.messages:
+        if message.role == "assistant" and message.requestor != "user":
+            if message.raw is not None:
+                out.append(False)
+        elif message.role == "tool" and message.requestor != "user" and message.error and out:
+            out[-1] = True
+    return out
 
 
 def _prompt_group(trajectory: Any) -> str:
