@@ -175,20 +175,20 @@ def test_a_batch_decodes_the_same_tokens_with_and_without_shared_prefix_attentio
     system prompt (two of them open on the same prompt), two turns each; the
     same ids and logprobs either way. With it, each turn's prompts are prefilled
     in one forward, the repeated prompt once."""
-    from trace_gym.llm import GenerationRequest, local_hf
+    from trace_gym.llm import GenerationRequest, prefill
     from trace_gym.llm.local_hf import LocalHF
 
     model, tokenizer = tiny_model(family)
     chats = chats_of(["Hi.", "Where is order 7?", "Cancel #W1 now.", "Hi."])
-    runs, prefills, tokens, slots = {}, {}, local_hf.PREFILL_TOKENS, local_hf.PREFILL_SLOTS
+    runs, prefills, tokens, slots = {}, {}, prefill.PREFILL_TOKENS, prefill.PREFILL_SLOTS
     for mode in ("off", "on", "on, 40 key slots per forward", "on, 1 new token per forward"):
         on = mode != "off"
         backend = LocalHF.from_model(model, tokenizer, shared_prefix_attention=on)
         assert backend.shared_prefix is on
         forward = backend._forward
         prefills[mode] = []
-        monkeypatch.setattr(local_hf, "PREFILL_SLOTS", 40 if "40 key" in mode else slots)
-        monkeypatch.setattr(local_hf, "PREFILL_TOKENS", 1 if "1 new" in mode else tokens)
+        monkeypatch.setattr(prefill, "PREFILL_SLOTS", 40 if "40 key" in mode else slots)
+        monkeypatch.setattr(prefill, "PREFILL_TOKENS", 1 if "1 new" in mode else tokens)
 
         def spy(adapters, forward=forward, seen=prefills[mode], **inputs):
             if inputs["input_ids"].shape[1] > 1:

@@ -25,13 +25,13 @@ token in, token out.
   the next reply.
 
 Loads only from local files; never downloads weights. The key/value store is
-``kv_cache.py``; adapters by name are ``lora.py``'s mixin.
+``kv_cache.py``; prefilling from it ``prefill.py``'s mixin; adapters by name
+``lora.py``'s; a batch's token sampling ``sampling.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import threading
 import time
 from collections import Counter
@@ -42,15 +42,13 @@ from . import shared_prefix
 from .base import Completion, GenerationRequest, Generates, LLMError
 from .kv_cache import KVEntry, KVStore, cache_budget, in_place_groups, own_segments, write_right_aligned
 from .lora import LoraAdapters
+from .prefill import CachedPrefill
 from .registry import load_local
 from .sampling import RowSampler
 from .token_template import TokenTemplate
 
-PREFILL_TOKENS = 2048  # new tokens (padding included) per batched prefill forward
-PREFILL_SLOTS = 32768  # key slots (rows x (own cached + new tokens), padding included) per batched prefill forward
 
-
-class LocalHF(LoraAdapters, TokenTemplate, Generates):
+class LocalHF(CachedPrefill, LoraAdapters, TokenTemplate, Generates):
     """Args:
     path: a local model folder (``from_model`` takes a model object instead).
     adapters: LoRA adapters to load, name -> folder.
@@ -220,192 +218,6 @@ class LocalHF(LoraAdapters, TokenTemplate, Generates):
                 )
             inputs["adapter_names"] = [a if a is not None else "__base__" for a in adapters]
         return self.model(**inputs, use_cache=True)
-
-    def _prefix_entry(self, ids: list[int], adapter: str | None, stats: dict[str, Any] | None = None) -> KVEntry:
-        key = ("prefix", adapter, hashlib.sha256(str(ids).encode()).hexdigest())
-        entry = self.store.get(key)
-        if entry is None:
-            if stats is not None:
-                stats["prefix_tokens"] = stats.get("prefix_tokens", 0) + len(ids)  # computed now, once
-            entry = self._prefill(ids, None, adapter)[0]
-            entry.shared = True
-            self.store.put(key, entry)
-        return entry
-
-    def _prefill(self, ids: list[int], start: KVEntry | None, adapter: str | None) -> tuple[KVEntry, Any]:
-        """Run ``ids`` after ``start``'s cached tokens; the entry (beside ``start``'s
-        shared prefix, if it has one) and the last logits."""
-        return self._prefill_rows([(ids, start, adapter)])[0]
-
-    def _prefill_rows(
-        self, items: list[tuple[list[int], KVEntry | None, str | None]], stats: dict[str, Any] | None = None
-    ) -> list[tuple[KVEntry, Any]]:
-        """``_prefill`` for each (ids, start, adapter). Rows that continue a cached
-        entry run together, up to ``PREFILL_TOKENS`` new tokens and
-        ``PREFILL_SLOTS`` key slots (padded) per forward (a row larger than that
-        runs alone), attending to their shared prefixes in place; identical rows
-        (the K rollouts of a group opening on one prompt) run once and share the
-        entry, and ``stats`` (counted per request by ``_find_start``) then count
-        the repeats' tokens as cached. A row with nothing cached, or a model
-        without shared-prefix attention, runs alone under the model's own masks."""
-        keys = [(adapter, id(start), tuple(ids)) for ids, start, adapter in items]
-        firsts: dict[tuple, tuple[list[int], KVEntry | None, str | None]] = {}
-        for key, (ids, start, adapter) in zip(keys, items):
-            if key in firsts and stats is not None:
-                repeated = len(ids) - (len(start.ids) if start is not None else 0)
-                stats["prefill_tokens"] -= repeated
-                stats["cached_tokens"] += repeated
-            firsts.setdefault(key, (ids, start, adapter))
-        results: dict[tuple, tuple[KVEntry, Any]] = {}
-        batched = []
-        for key, (ids, start, adapter) in firsts.items():
-            if self.shared_prefix and start is not None:
-                batched.append(key)
-            else:
-                results[key] = self._prefill_whole(ids, start, adapter)
-
-        def new_tokens(key: tuple) -> int:
-            return len(firsts[key][0]) - len(firsts[key][1].ids)
-
-        def held_tokens(key: tuple) -> int:  # the row's own cached tokens (a shared prefix is attended to in place)
-            start = firsts[key][1]
-            base = start if start.shared else start.base
-            return len(start.ids) - (len(base.ids) if base is not None else 0)
-
-        def fits(keys: list[tuple]) -> bool:  # padded to the widest row, as _prefill_batch lays them out
-            new, held = max(map(new_tokens, keys)), max(map(held_tokens, keys))
-            return new * len(keys) <= PREFILL_TOKENS and (held + new) * len(keys) <= PREFILL_SLOTS
-
-        batched.sort(key=new_tokens)  # similar lengths together: less padding
-        chunk: list[tuple] = []
-        for key in [*batched, None]:
-            if chunk and (key is None or not fits([*chunk, key])):
-                results.update(zip(chunk, self._prefill_batch([firsts[k] for k in chunk])))
-                chunk = []
-            if key is not None:
-                chunk.append(key)
-        return [results[key] for key in keys]
-
-    def _prefill_whole(self, ids: list[int], start: KVEntry | None, adapter: str | None) -> tuple[KVEntry, Any]:
-        """One row, its whole cache (prefix included) copied in front of it."""
-        from transformers import DynamicCache
-
-        torch = self.torch
-        done = len(start.ids) if start is not None else 0
-        base = (start if start.shared else start.base) if start is not None else None
-        new = torch.tensor([ids[done:]], device=self.device)
-        positions = torch.arange(done, len(ids), device=self.device).unsqueeze(0)
-        cache = (
-            DynamicCache(ddp_cache_data=[start.full(i) for i in range(len(start.layers))]) if start else DynamicCache()
-        )
-        mask = torch.ones(1, len(ids), dtype=torch.long, device=self.device)
-        output = self._forward(
-            [adapter],
-            input_ids=new,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=cache,
-            logits_to_keep=1,
-        )
-        layers = [(layer.keys, layer.values) for layer in output.past_key_values.layers]
-        entry = KVEntry(list(ids), adapter, layers)
-        if base is not None:  # keep only this episode's own tokens beside the shared prefix
-            cut = len(base.ids)
-            entry = KVEntry(
-                entry.ids,
-                adapter,
-                [(k[:, :, cut:].contiguous(), v[:, :, cut:].contiguous()) for k, v in layers],
-                base=base,
-            )
-        return entry, output.logits[0, -1].float()
-
-    def _prefill_batch(self, items: list[tuple[list[int], KVEntry, str | None]]) -> list[tuple[KVEntry, Any]]:
-        """Rows that each continue a cached entry, in one forward. Layout of row i's
-        key slots: its own cached tokens right-aligned in the first ``H`` slots (the
-        shared prefix, if any, is attended to in place), then its new tokens
-        right-aligned in the last ``Q``, so every row's last token is the last
-        column. A padding query sees its own slot, so no softmax is empty."""
-        from transformers import DynamicCache
-
-        torch = self.torch
-        starts = [start for _, start, _ in items]
-        bases = [start if start.shared else start.base for start in starts]
-        news = [ids[len(start.ids) :] for ids, start, _ in items]
-        n_layers = len(starts[0].layers)
-        owns = [
-            [own_segments(start, base is not None, layer) for layer in range(n_layers)]
-            for start, base in zip(starts, bases)
-        ]
-        held = [sum(k.shape[2] for k, _ in own[0]) for own in owns]
-        h, q, rows = max(held), max(map(len, news)), len(items)
-        lead = [q - len(n) for n in news]  # padding before each row's new tokens
-        pad = self.tokenizer.pad_token_id
-        input_ids = torch.tensor([[pad] * n + new for n, new in zip(lead, news)], device=self.device)
-        positions = (
-            torch.tensor([len(s.ids) - n for s, n in zip(starts, lead)], device=self.device)[:, None]
-            + torch.arange(q, device=self.device)[None, :]
-        ).clamp(min=0)
-        own_slots = shared_prefix.own_mask(rows, q, h, [h - n for n in held], [h - 1] * rows, self.device)
-        new_slots = shared_prefix.own_mask(rows, q, q, lead, [0] * rows, self.device)
-        new_slots |= torch.eye(q, dtype=torch.bool, device=self.device)  # (a padding query: its own slot)
-        mask = torch.cat([own_slots, new_slots], dim=-1)  # [rows, 1, q, h + q]
-        cache = DynamicCache()
-        if h:
-            layers = []
-            for layer in range(n_layers):
-                k0, v0 = next(own[layer][0] for own in owns if own[layer])
-                keys = k0.new_zeros((rows, k0.shape[1], h, k0.shape[3]))
-                values = v0.new_zeros((rows, v0.shape[1], h, v0.shape[3]))
-                for i, own in enumerate(owns):
-                    write_right_aligned(keys, values, i, own[layer], h)
-                layers.append((keys, values))
-            cache = DynamicCache(ddp_cache_data=layers)
-        extra = in_place_groups(bases)
-        with shared_prefix.use_shared_prefix(self.model.config) if extra else contextlib.nullcontext():
-            output = self._forward(
-                [adapter for _, _, adapter in items],
-                input_ids=input_ids,
-                attention_mask=mask,
-                position_ids=positions,
-                past_key_values=cache,
-                logits_to_keep=1,
-                **extra,
-            )
-        out_layers = [(layer.keys, layer.values) for layer in output.past_key_values.layers]
-        results = []
-        for i, (ids, _, adapter) in enumerate(items):
-            mine = [*range(h - held[i], h), *range(h + lead[i], h + q)]  # the row's own and new slots
-            index = torch.tensor(mine, device=self.device)
-            layers = [(k[i : i + 1].index_select(2, index), v[i : i + 1].index_select(2, index)) for k, v in out_layers]
-            results.append((KVEntry(list(ids), adapter, layers, base=bases[i]), output.logits[i, -1].float()))
-        return results
-
-    def _find_start(self, request: GenerationRequest, ids: list[int], stats: dict[str, Any]) -> KVEntry | None:
-        """The longest cached prefix of a prompt this backend holds: the episode's
-        own cache, else the shared prefix (computed now if new), else nothing."""
-        start: KVEntry | None = None
-        before = stats["prefix_tokens"]
-        if self.kv_cache:
-            if request.session is not None:
-                session = self.store.get(("session", request.session))
-                if (
-                    session is not None
-                    and session.adapter == request.adapter
-                    and len(session.ids) < len(ids)
-                    and ids[: len(session.ids)] == session.ids
-                ):
-                    start = session
-            if start is None and 0 < request.prefix_len < len(ids):
-                start = self._prefix_entry(ids[: request.prefix_len], request.adapter, stats)
-            if start is None:
-                self.store.misses += 1
-            else:
-                self.store.hits += 1
-        done = len(start.ids) if start else 0
-        fresh_prefix = stats["prefix_tokens"] - before
-        stats["cached_tokens"] += done - fresh_prefix
-        stats["prefill_tokens"] += len(ids) - done + fresh_prefix
-        return start
 
     def _complete_batch(self, requests: list[GenerationRequest], stats: dict[str, Any]) -> list[Completion]:
         """Prefill every row from its cache, sample the first tokens, decode the rest
