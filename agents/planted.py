@@ -65,7 +65,12 @@ class PlantedDeficitAgent(OracleAgent):
         self._script, self.fired = apply_deficits(self._script, drawn, info_strings, rng)
         recovery = random.Random(f"planted|{RECOVERY}|{self._seed}|{info.get('task_id')}|{info.get('episode_seed')}")
         if recovery.random() < self.probabilities.get(RECOVERY, 0.0):
-            self._script, fixed = insert_refused_call(self._script, recovery)
+            accepts = {
+                t["function"]["name"]: set((t["function"].get("parameters") or {}).get("properties") or {})
+                for t in info.get("tools") or []
+                if "function" in t
+            }
+            self._script, fixed = insert_refused_call(self._script, recovery, accepts)
             self.fired += [RECOVERY] if fixed else []
 
     def info(self) -> dict[str, Any]:
@@ -117,11 +122,15 @@ def apply_deficits(
     return [a for a in out if a is not None], applied
 
 
-def insert_refused_call(script: list[str], rng: random.Random) -> tuple[list[str], bool]:
+def insert_refused_call(
+    script: list[str], rng: random.Random, accepts: dict[str, set[str]] | None = None
+) -> tuple[list[str], bool]:
     """The script with one of its tool calls first made wrong, just before it is
     made right, and whether there was a call to do it to. Wrong means one id off by
     a digit or one argument the tool does not take (a name another call of the
-    script uses, with its value): the mistakes a small policy makes."""
+    script uses, with its value; never one ``accepts``, tool name -> its parameters,
+    says the tool takes): the mistakes a small policy makes."""
+    accepts = accepts or {}
     parsed = [parse_action(a) for a in script]
     calls = [(i, p.tool_calls[0]) for i, p in enumerate(parsed) if p.is_tool_call and p.tool_calls]
     options = []
@@ -129,7 +138,8 @@ def insert_refused_call(script: list[str], rng: random.Random) -> tuple[list[str
         corrupted = corrupt_one_id(call.arguments, rng)
         if corrupted != call.arguments:
             options.append((i, call.name, corrupted))
-        borrowed = [(k, v) for _, other in calls for k, v in other.arguments.items() if k not in call.arguments]
+        taken = set(call.arguments) | accepts.get(call.name, set())
+        borrowed = [(k, v) for _, other in calls for k, v in other.arguments.items() if k not in taken]
         if borrowed:
             key, value = rng.choice(borrowed)
             options.append((i, call.name, {**call.arguments, key: value}))

@@ -299,6 +299,12 @@ def test_fixes_error_makes_one_call_wrong_just_before_it_is_made_right():
         seen.add("borrowed" if set(made.arguments) != set(right.arguments) else "corrupted")
     assert seen == {"borrowed", "corrupted"}  # both mistakes a small policy makes
     assert insert_refused_call(["Hello."], random.Random(0)) == (["Hello."], False)
+    # an argument the tool's schema takes is no mistake: with user_id accepted, only ids are corrupted
+    takes = {"find_user_id_by_name_zip": {"first_name", "last_name", "zip", "user_id"}, "get_user_details": {"user_id"}}
+    for seed in range(40):
+        out, _ = insert_refused_call(script, random.Random(seed), takes)
+        wrong = parse_action(next(a for a in out if a not in script)).tool_calls[0]
+        assert "user_id" not in wrong.arguments or wrong.name == "get_user_details"
 
 
 def test_fixes_error_changes_no_other_deficits_draws():

@@ -363,6 +363,7 @@ def test_a_call_the_tool_refused_carries_no_loss(tmp_path, backend):
     out = roll_train(tmp_path / "fixes.jsonl", 2, "--agent", "planted", "--deficits", "fixes_error=1.0")
     trajectories = load_demonstrations([str(out)], 1.0)[0]
     assert len(trajectories) == 2
+    positions = []
     for trajectory in trajectories:
         [row] = demonstration_rows(backend, [trajectory], 100_000)
         agent_turns = [m for m in trajectory.messages if m.role == "assistant" and m.raw is not None]
@@ -371,6 +372,12 @@ def test_a_call_the_tool_refused_carries_no_loss(tmp_path, backend):
         learnt = [m for m, r in zip(agent_turns, refused) if not r]
         spans = _scored_spans(row)
         assert len(spans) == len(learnt)  # the refused turn's span is gone, every other one is there
+        scripted = trajectory.model_copy(deep=True)  # the refused call made by a script (no raw text): the env's
+        [turn for turn in scripted.messages if turn.role == "assistant" and turn.raw is not None][
+            refused.index(True)
+        ].raw = None
+        assert not any(refused_turns(scripted))  # its error is not put on the agent turn before it
+        positions.append(refused.index(True))
         wrong = agent_turns[refused.index(True)].tool_calls[0]
         right = agent_turns[refused.index(True) + 1].tool_calls[0]
         assert wrong.name == right.name and wrong.arguments != right.arguments
@@ -378,3 +385,4 @@ def test_a_call_the_tool_refused_carries_no_loss(tmp_path, backend):
             text = backend.tokenizer.decode(span)
             for call in message.tool_calls or []:
                 assert all(f'"{v}"' in text for v in call.arguments.values() if isinstance(v, str))
+    assert max(positions) > 0  # a refused call after an agent turn: the scripted case above can tell

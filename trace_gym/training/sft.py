@@ -275,12 +275,14 @@ def refused_turns(trajectory: Any) -> list[bool]:
     successful episode that recovers from a mistake teaches the recovery, not the
     mistake (``fixes_error`` demonstrations, or a user's own logs)."""
     out: list[bool] = []
+    answering: int | None = None  # the agent turn the tool messages that follow answer
     for message in trajectory.messages:
-        if message.role == "assistant" and message.requestor != "user":
+        if message.role == "assistant":
+            answering = len(out) if message.raw is not None else None  # (a scripted turn is the env's)
             if message.raw is not None:
                 out.append(False)
-        elif message.role == "tool" and message.requestor != "user" and message.error and out:
-            out[-1] = True
+        elif message.role == "tool" and message.requestor == "assistant" and message.error and answering is not None:
+            out[answering] = True
     return out
 
 
