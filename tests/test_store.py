@@ -4,7 +4,7 @@ import pytest
 
 from trace_gym.errors import OtherRunError, TrajectoryStoreError
 from trace_gym.store import TrajectoryStore, read_trajectories
-from trace_gym.trajectory import Message, Trajectory, episode_id
+from trace_gym.trajectory import Message, ToolCallRecord, Trajectory, episode_id
 
 
 def make(i: int, reward: float = 1.0) -> Trajectory:
@@ -140,3 +140,29 @@ def test_a_run_that_stores_nothing_leaves_nothing_to_resume(tmp_path):
     with TrajectoryStore(path, settings={"seed": 2}) as store:  # no --resume needed, no mismatch
         store.append(make(0))
     assert json.loads(path.read_text().splitlines()[0])["settings"] == {"seed": 2}
+
+
+def test_transcript_numbers_cuts_and_keeps_the_chosen_end():
+    t = make(0).model_copy(
+        update={
+            "messages": [
+                Message(role="system", content="policy " * 50),
+                Message(role="user", content="cancel order\n#W1"),
+                Message(
+                    role="assistant",
+                    tool_calls=[ToolCallRecord(id="c1", name="cancel_pending_order", arguments={"order_id": "#W1"})],
+                ),
+                Message(role="tool", name="cancel_pending_order", tool_call_id="c1", content="x" * 900),
+                Message(role="assistant", content="Done. Anything else?"),
+            ]
+        }
+    )
+    whole = t.transcript(10_000, per_message=100)
+    lines = whole.splitlines()
+    assert lines[0] == "[1] user: cancel order #W1"  # the system prompt is left out; newlines flattened
+    assert lines[1] == '[2] assistant: -> cancel_pending_order({"order_id": "#W1"})'
+    assert lines[2] == f"[3] tool cancel_pending_order: {'x' * 100}..."
+    assert lines[3] == "[4] assistant: Done. Anything else?"
+    start, end = t.transcript(120, per_message=100), t.transcript(120, per_message=100, keep="end")
+    assert len(start) <= 120 and start.startswith("[1] user") and start.endswith("[... truncated]")
+    assert len(end) <= 120 and end.startswith("[... truncated]") and end.endswith("Anything else?")

@@ -217,7 +217,7 @@ class RolloutAdapter:
         records = [
             {
                 "Task": t.first_user_message()[:600],
-                "Transcript": condensed_transcript(t, self.transcript_chars),
+                "Transcript": t.transcript(self.transcript_chars, per_message=300, keep="end"),
                 "Feedback": feedback(t),
             }
             for t in episodes
@@ -234,26 +234,6 @@ def played_episodes(folder: Path) -> int:
 
 def prompt_id(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-def condensed_transcript(t: Any, limit: int) -> str:
-    """The episode as the reflection model reads it: every turn after the system
-    prompt, tool results shortened; the end is kept when it must be cut (that is
-    where an episode goes wrong)."""
-    lines = []
-    for m in t.messages:
-        if m.role == "system":
-            continue
-        if m.tool_calls:
-            calls = "; ".join(f"{c.name}({json.dumps(c.arguments, ensure_ascii=False)})" for c in m.tool_calls)
-            lines.append(f"[{m.role}] {m.content + ' ' if m.content else ''}-> {calls}")
-        elif m.role == "tool":
-            content = m.content or ""
-            lines.append(f"[tool {m.name or ''}] {content[:240]}{'...' if len(content) > 240 else ''}")
-        else:
-            lines.append(f"[{m.role}] {m.content or ''}")
-    text = "\n".join(lines)
-    return text if len(text) <= limit else "...\n" + text[-limit:]
 
 
 def feedback(t: Any) -> str:

@@ -126,6 +126,30 @@ class Trajectory(BaseModel):
         """What the user opened with (the task as the agent first hears it); "" if nothing."""
         return next((m.content for m in self.messages if m.role == "user" and m.content), "")
 
+    def transcript(self, limit: int, *, per_message: int = 400, keep: Literal["start", "end"] = "start") -> str:
+        """The episode as a model reads it (an analyst, GEPA's reflection): one line per
+        message after the system prompt, ``[index] role: text -> calls`` (a tool's result
+        names its tool), each cut to ``per_message`` characters. Past ``limit`` characters
+        the start is kept, or the end (where an episode goes wrong)."""
+        lines = []
+        for i, m in enumerate(self.messages):
+            if m.role == "system":
+                continue
+            body = (m.content or "").replace("\n", " ")
+            if m.tool_calls:
+                calls = "; ".join(f"{c.name}({json.dumps(c.arguments, ensure_ascii=False)})" for c in m.tool_calls)
+                body = f"{body} -> {calls}" if body else f"-> {calls}"
+            if len(body) > per_message:
+                body = body[:per_message] + "..."
+            who = f"tool {m.name}" if m.role == "tool" and m.name else m.role
+            lines.append(f"[{i}] {who}: {body}")
+        text = "\n".join(lines)
+        if len(text) <= limit:
+            return text
+        cut = "[... truncated]"
+        room = max(0, limit - len(cut) - 1)
+        return f"{text[:room]}\n{cut}" if keep == "start" else f"{cut}\n{text[len(text) - room :]}"
+
     def agent_tool_calls(self) -> list[ToolCallRecord]:
         return [
             call

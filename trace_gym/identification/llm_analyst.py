@@ -89,18 +89,9 @@ def _agent(trajectories: list[Trajectory]) -> str:
 
 
 def compact(trajectory: Trajectory, budget: int = 4000, per_message: int = 400) -> str:
-    """A trajectory as numbered lines, each message cut to ``per_message`` characters."""
-    lines = [f"episode {trajectory.episode_id}, reward {trajectory.reward:.2f}"]
-    for i, m in enumerate(trajectory.messages):
-        if m.role == "system":
-            continue
-        if m.tool_calls:
-            body = "; ".join(f"{c.name}({json.dumps(c.arguments, ensure_ascii=False)})" for c in m.tool_calls)
-        else:
-            body = (m.content or "").replace("\n", " ")
-        lines.append(f"[{i}] {m.role}: {body[:per_message]}")
-    text = "\n".join(lines)
-    return text if len(text) <= budget else text[: budget - 20] + "\n[... truncated]"
+    """A trajectory as the analyst reads it: its id and reward, then its transcript."""
+    head = f"episode {trajectory.episode_id}, reward {trajectory.reward:.2f}\n"
+    return head + trajectory.transcript(budget - len(head), per_message=per_message)
 
 
 def snake(name: str) -> str:
