@@ -408,3 +408,13 @@ def test_the_prompt_teaches_the_world_kit_from_the_kits_own_functions():
     assert taught and taught <= MODULES["world"]  # nothing the prompt teaches is refused by the static gate
     assert "return_delivered_order_items" in text and "_retail_call" not in text
     assert world_kit_text("trace/tau2-airline-v0").startswith("It has nothing for trace/tau2-airline-v0")
+
+
+def test_an_env_folder_is_named_after_the_capability_id():
+    from trace_gym.identification.llm_analyst import snake
+    from trace_gym.synthesis.loop import env_name
+
+    for name in ["precise_arguments", "Tool-call precision!", "verify  preconditions"]:
+        assert env_name(name) == snake(name).replace("_", "-")  # one normaliser, two spellings
+    assert env_name("9 lives") == "env-9-lives"  # a folder name starts with a letter
+    assert len(env_name("x" * 80)) == 48

@@ -95,6 +95,7 @@ def compact(trajectory: Trajectory, budget: int = 4000, per_message: int = 400) 
 
 
 def snake(name: str) -> str:
+    """A capability's id, from identification to the report: lower case, runs of other characters as ``_``."""
     return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")[:60] or "capability"
 
 
