@@ -4,9 +4,11 @@ measure the env, never an agent."""
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 from trace_gym.errors import TraceGymError
+from trace_gym.seeding import derive_seed
 
 
 class OracleAgent:
@@ -52,10 +54,8 @@ class PartialOracleAgent(OracleAgent):
         self._seed = seed
 
     def reset(self, observation: str, info: dict[str, Any], env: Any = None) -> None:
-        import random
-
         super().reset(observation, info, env)
-        rng = random.Random(f"partial|{self._seed}|{info.get('episode_seed')}")
+        rng = random.Random(derive_seed("partial", self._seed, info.get("episode_seed")))
         tool_calls = [a for a in self._script if a.lstrip().startswith(("<tool_call>", "{"))]
         keep = rng.randint(0, max(len(tool_calls) - 1, 0))
         self._script = tool_calls[:keep] + ["I'm sorry, I could not finish this."]

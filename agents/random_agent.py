@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 from trace_gym.actions import format_tool_call
+from trace_gym.seeding import derive_seed
 from trace_gym.tools import tool_name, tool_parameters
 
 _TOKEN = re.compile(r"[#A-Za-z0-9_@.\-]{3,40}")
@@ -40,7 +41,7 @@ class RandomAgent:
 
     def reset(self, observation: str, info: dict[str, Any], env: Any = None) -> None:
         # Reseed per episode from the task so results do not depend on run order.
-        self._rng = random.Random(f"{self._base_seed}|{info.get('task_id')}|{info.get('episode_seed')}")
+        self._rng = random.Random(derive_seed(self._base_seed, info.get("task_id"), info.get("episode_seed")))
         self._tools = list(info.get("tools") or [])
         self._stop = info.get("stop_token")
         self._seen = []

@@ -38,6 +38,7 @@ from typing import Any, Callable
 
 from .errors import TraceGymError
 from .llm.registry import is_chat_endpoint
+from .seeding import derive_seed
 
 COMPONENT = "instructions"
 DEFAULT_SEED_PROMPT = (
@@ -173,7 +174,7 @@ class RolloutAdapter:
             path,
             overwrite=True,
             task_ids=unique,
-            seed=self.config.seed + self.calls,
+            seed=derive_seed(self.config.seed, "gepa-call", self.calls),
             agent_kwargs={
                 "model": self.policy,
                 "instructions": text,
@@ -510,7 +511,7 @@ def evaluate_prompt(
         split=split,
         limit=tasks,
         samples=samples,
-        seed=config.seed + 1,
+        seed=derive_seed(config.seed, "evaluate"),
         agent_kwargs={
             "model": policy or config.model,
             "instructions": instructions,

@@ -38,6 +38,7 @@ from .errors import TraceGymError
 from .identification.stats import SelectionConfig
 from .llm.base import SumsAdapters
 from .llm.registry import is_chat_endpoint, is_server
+from .seeding import derive_seed
 from .synthesis.loop import SynthesisConfig
 
 STAGES = ("rollout", "identify", "synthesize", "train", "gepa", "evaluate")
@@ -1254,7 +1255,7 @@ def stage_evaluate(config: PipelineConfig, state: RunState, say: Callable[[str],
                 split=config.evaluate.split,
                 limit=config.evaluate.tasks,
                 samples=config.evaluate.samples,
-                seed=config.run.seed + 1,
+                seed=derive_seed(config.run.seed, "evaluate"),
                 resume=True,
                 env_kwargs=env_kwargs,
                 batch=config.policy.batch,
