@@ -1,8 +1,9 @@
 """The agent protocols every policy implements.
 
 ``Agent`` is what ``rollout.run_episode`` plays, one action at a time. An agent may
-also ``observe`` each step's result and report ``info`` into its trajectory record
-(``Observes``, ``Reports``: the runner calls them where present). ``LockStepAgent``
+also ``observe`` each step's result, report ``info`` into its trajectory record and
+meter its ``usage`` (``Observes``, ``Reports``, ``Meters``: the runner calls them where
+present). ``LockStepAgent``
 is what ``rollout.play_batched`` plays: many episodes in step, one batched generation
 per turn from a shared backend, the agent splitting ``act`` into ``request`` and
 ``receive``. An agent that cannot go on raises ``trace_gym.errors.AgentGaveUp``.
@@ -25,6 +26,9 @@ class Agent(Protocol):
     def act(self, observation: str) -> str:
         """The raw text of the next action."""
 
+
+@runtime_checkable
+class Meters(Protocol):
     def usage(self) -> dict[str, int | None]:
         """Tokens spent in this episode: ``prompt_tokens``, ``completion_tokens``."""
 

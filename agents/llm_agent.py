@@ -36,7 +36,7 @@ from typing import Any
 
 from trace_gym.actions import parse_action
 from trace_gym.errors import AgentGaveUp, TraceGymError
-from trace_gym.llm.base import LLMError
+from trace_gym.llm.base import KeepsSessions, LLMError
 from trace_gym.seeding import derive_seed
 
 __all__ = ["AgentGaveUp", "LLMAgent"]
@@ -114,7 +114,7 @@ class LLMAgent:
 
     def end_episode(self) -> None:
         """Let the backend forget this episode's cache."""
-        if self.session is not None and hasattr(self.backend, "release"):
+        if self.session is not None and isinstance(self.backend, KeepsSessions):
             self.backend.release(self.session)
         self.session = None
 

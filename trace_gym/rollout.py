@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from .actions import ParsedAction, parse_action
-from .agents.base import LockStepAgent, Observes, Reports
+from .agents.base import LockStepAgent, Meters, Observes, Reports
 from .errors import AgentGaveUp, TraceGymError
 from .llm.registry import is_chat_endpoint
 from .seeding import derive_seed
@@ -201,7 +201,7 @@ def _finish(
     if error is not None and own:  # the env, not the runner, scores an abandoned episode (partial credit, or τ²'s 0)
         reward = core.end("agent_error")
         step_info = {**step_info, "reward_info": core.reward_info}
-    usage = agent.usage() if hasattr(agent, "usage") else {}
+    usage = agent.usage() if isinstance(agent, Meters) else {}
     return Trajectory(
         episode_id=episode_id(env_id, run.episode.task_id, run.episode.sample, run.episode.reset_seed),
         env_id=env_id,

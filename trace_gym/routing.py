@@ -205,8 +205,7 @@ def _routed_agent_class():
             super().reset(observation, info, env)
 
         def info(self) -> dict[str, Any]:
-            base = super().info() if hasattr(super(), "info") else {}
-            return {**base, "route": self.decision.as_dict() if self.decision else None}
+            return {"route": self.decision.as_dict() if self.decision else None}
 
     return RoutedAgent
 

@@ -337,6 +337,12 @@ class LLMBackend(Protocol):
 
 # What some backends can do beyond LLMBackend; callers test for them with isinstance.
 @runtime_checkable
+class KeepsSessions(Protocol):
+    def release(self, session: str) -> None:
+        """Forget what is cached for episode ``session`` (it has ended)."""
+
+
+@runtime_checkable
 class LoadsAdapters(Protocol):
     def load_adapter(self, name: str, path: str) -> None:
         """Serve LoRA adapter ``path`` under ``name`` (local models; a vLLM server that allows it)."""
