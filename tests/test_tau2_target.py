@@ -192,6 +192,8 @@ def test_unknown_task_and_split_are_one_clear_error(retail_env):
         retail_env.reset(options={"task_id": "nope"})
     with pytest.raises(UnknownTaskError, match="no split 'dev'"):
         gym.make("trace/tau2-retail-v0", split="dev")
+    with pytest.raises(ValueError, match="user must be one of 'scripted', 'llm', got 'human'"):
+        gym.make("trace/tau2-retail-v0", user="human")
 
 
 @pytest.mark.parametrize("domain", ["retail", "airline", "telecom", "mock"])

@@ -319,6 +319,8 @@ def test_variants_are_selectable_by_split(env):
     assert gym.make("trace/toolsandbox-v0", split="all").unwrapped.task_ids.__len__() > len(core.task_ids)
     with pytest.raises(UnknownTaskError, match="no split"):
         gym.make("trace/toolsandbox-v0", split="nope")
+    with pytest.raises(ValueError, match="user must be one of 'scripted', 'llm'"):
+        gym.make("trace/toolsandbox-v0", user="human")
 
 
 def test_live_web_and_multi_turn_scenarios_say_why_they_are_not_played(env):

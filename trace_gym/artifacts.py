@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
 
 from .errors import TraceGymError
-from .identification.stats import Label, SelectedCapability
+from .identification.stats import LACKING, Label, SelectedCapability
 
 SCHEMA_VERSION = 1
 
@@ -115,7 +115,7 @@ class Identification:
         """The LACKING labels of each capability, in file order."""
         out: dict[str, list[Label]] = {}
         for label in self.labels:
-            if label.label == "LACKING":
+            if label.label == LACKING:
                 out.setdefault(label.capability, []).append(label)
         return out
 

@@ -12,6 +12,7 @@ import sys
 from typing import Any, Sequence
 
 from .errors import TraceGymError
+from .targets import UserKind
 from .training.sft import SFTTrainingConfig
 
 
@@ -212,7 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --resume: also play again the episodes the agent gave up (the old records stay in the file)",
     )
     roll.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
-    roll.add_argument("--user", choices=["scripted", "llm"], default=None, help="τ² user simulator (default scripted)")
+    roll.add_argument(
+        "--user", choices=[str(u) for u in UserKind], default=None, help="τ² user simulator (default scripted)"
+    )
     roll.add_argument("--user-model", default=None, help="model of the LLM user (or TRACE_GYM_USER_MODEL)")
     roll.add_argument(
         "--user-base-url", default=None, help="OpenAI-compatible base URL of the LLM user (or OPENAI_BASE_URL)"

@@ -35,7 +35,7 @@ from typing import Any, Callable, Literal
 
 from .config import ConfigError, from_table, read_toml, to_table
 from .errors import TraceGymError
-from .identification.stats import SelectionConfig
+from .identification.stats import LACKING, SelectionConfig
 from .llm.base import SumsAdapters
 from .llm.registry import is_chat_endpoint, is_server
 from .seeding import derive_seed
@@ -1277,7 +1277,7 @@ def stage_evaluate(config: PipelineConfig, state: RunState, say: Callable[[str],
     if "base" in labels and config.identify.analyst in TRUTH_ANALYSTS:
         task_of = {t.episode_id: t.task_id for t in base}
         groups = {
-            c: {task_of[x.episode_id] for x in labels["base"] if x.capability == c and x.label == "LACKING"}
+            c: {task_of[x.episode_id] for x in labels["base"] if x.capability == c and x.label == LACKING}
             for c in sorted({x.capability for x in labels["base"]})
         }
     results = []

@@ -19,12 +19,22 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Iterable
 
 from trace_gym.errors import TraceGymError
 
-PRESENT, LACKING, NOT_APPLICABLE = "PRESENT", "LACKING", "NOT_APPLICABLE"
-LABELS = (PRESENT, LACKING, NOT_APPLICABLE)
+
+class Verdict(StrEnum):
+    """An analyst's label of one (trajectory, capability) pair; equal to its string."""
+
+    PRESENT = "PRESENT"
+    LACKING = "LACKING"
+    NOT_APPLICABLE = "NOT_APPLICABLE"
+
+
+PRESENT, LACKING, NOT_APPLICABLE = Verdict.PRESENT, Verdict.LACKING, Verdict.NOT_APPLICABLE
+LABELS = tuple(Verdict)
 
 
 class DegenerateInputError(TraceGymError):

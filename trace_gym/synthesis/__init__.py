@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trace_gym.errors import TraceGymError
+from trace_gym.identification.stats import LACKING
 
 from .loop import AttemptKind, Outcome, Status, SynthesisConfig, SynthesisError, Synthesizer, extract_code
 from .prompt import TEMPLATE_VERSION, Capability, target_context, template_hash
@@ -108,7 +109,7 @@ def load_capabilities(
         labels = read_labels(path.parent / Identification.LABELS)
     lacking: dict[str, list[tuple[str, str]]] = {}
     for label in labels:
-        if label.label == "LACKING":
+        if label.label == LACKING:
             lacking.setdefault(label.capability, []).append((label.episode_id, label.evidence))
     if only:
         unknown = sorted(set(only) - {r["name"] for r in rows})

@@ -36,6 +36,7 @@ from ...actions import ToolCall, format_tool_call
 from ...env import Reply, Score, Start, TextEnv, ToolResult
 from ...errors import TargetUnavailableError, UnknownTaskError
 from ...trajectory import Message, ToolCallRecord
+from .. import UserKind, user_kind
 from .lookups import with_lookups
 
 DOMAINS = ("retail", "airline", "telecom", "mock")
@@ -113,8 +114,7 @@ class Tau2Env(TextEnv):
     ):
         if domain not in DOMAINS:
             raise UnknownTaskError(f"unknown tau2 domain '{domain}'; choose one of {', '.join(DOMAINS)}")
-        if user not in ("scripted", "llm"):
-            raise ValueError(f"user must be 'scripted' or 'llm', got {user!r}")
+        user = user_kind(user)
         import_tau2()
         from tau2.config import DEFAULT_MAX_ERRORS, DEFAULT_MAX_STEPS
         from tau2.registry import registry
@@ -319,7 +319,7 @@ class Tau2Env(TextEnv):
     def _make_user(self, task):
         from .user import LLMUser, ScriptedUser
 
-        if self.user_kind == "scripted":
+        if self.user_kind == UserKind.SCRIPTED:
             return ScriptedUser(task, self._tau2_env, max_turns=self.max_user_turns)
         return LLMUser(task, self._tau2_env, **self._user_config)
 

@@ -30,6 +30,7 @@ from ...actions import ToolCall
 from ...env import Reply, Score, Start, TextEnv, ToolResult
 from ...errors import UnknownTaskError, UserSimulatorError
 from ...trajectory import Message, ToolCallRecord
+from .. import UserKind, user_kind
 
 from .roles import agent_side, episode_context, llm_user, quiet, role_classes
 from .scenarios import SPLITS, ScenarioEntry, ScenarioExclusionWarning, catalogue, catalogue_tools, schemas_of
@@ -68,12 +69,11 @@ class ToolSandboxEnv(TextEnv):
         split = split or "base"
         if split not in SPLITS:
             raise UnknownTaskError(f"ToolSandbox has no split '{split}'; splits: {', '.join(SPLITS)}")
-        if user not in ("scripted", "llm"):
-            raise ValueError(f"user must be 'scripted' or 'llm', got {user!r}")
+        user = user_kind(user)
         self.split = split
         self.user_kind = user
         self._user_config = {"model": user_model, "base_url": user_base_url, "api_key": user_api_key}
-        if user == "llm":
+        if user == UserKind.LLM:
             llm_user(user_model, user_base_url, user_api_key)  # a missing endpoint fails here, not mid-run
         self._catalogue = catalogue()
         in_split = [e for e in self._catalogue.entries.values() if split == "all" or e.variant == split]
@@ -93,7 +93,7 @@ class ToolSandboxEnv(TextEnv):
     def exclusion_reason(self, entry: ScenarioEntry) -> str | None:
         if entry.live_tools:
             return f"live web API (RapidAPI): {', '.join(entry.live_tools)}"
-        if entry.multi_turn and self.user_kind == "scripted":
+        if entry.multi_turn and self.user_kind == UserKind.SCRIPTED:
             return "multi-turn: needs ToolSandbox's LLM user (user='llm' with user_base_url and user_model)"
         return None
 
@@ -155,7 +155,7 @@ class ToolSandboxEnv(TextEnv):
         self._scenario, self._entry = scenario, self._catalogue.entries[name]
         self._end_reason = None
         _, scripted_user = role_classes()
-        user = llm_user(**self._user_config) if self.user_kind == "llm" else scripted_user()
+        user = llm_user(**self._user_config) if self.user_kind == UserKind.LLM else scripted_user()
         self._roles = {RoleType.USER: user, RoleType.EXECUTION_ENVIRONMENT: ExecutionEnvironment()}
         with episode_context(copy.deepcopy(scenario.starting_context)) as holder:
             context = holder.context
@@ -258,7 +258,7 @@ class ToolSandboxEnv(TextEnv):
             try:
                 self._end_reason = self._advance()
             except Exception as exc:
-                if self.user_kind == "llm" and not isinstance(exc, UserSimulatorError):
+                if self.user_kind == UserKind.LLM and not isinstance(exc, UserSimulatorError):
                     raise UserSimulatorError(
                         f"ToolSandbox's LLM user could not answer ({type(exc).__name__}: {exc})"
                     ) from None
