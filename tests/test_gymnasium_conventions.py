@@ -60,6 +60,10 @@ def test_render_follows_the_render_mode():
     observation, _ = env.reset(seed=0)
     text = env.render()
     assert isinstance(text, str) and observation[:40] in text and text.startswith("[system]")
+    env.step('<tool_call>{"name": "find_user_id_by_email", "arguments": {"email": "nobody@example.com"}}</tool_call>')
+    last = env.render().splitlines()[-2:]  # the call, then its result naming its tool
+    assert last[0] == '[assistant] -> find_user_id_by_email({"email": "nobody@example.com"})'
+    assert last[1].startswith("[tool find_user_id_by_email] ")
     env.close()
     with pytest.raises(ValueError, match="render_mode 'human'"):
         gym.make("trace/tau2-retail-v0", render_mode="human")

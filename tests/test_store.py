@@ -166,3 +166,4 @@ def test_transcript_numbers_cuts_and_keeps_the_chosen_end():
     start, end = t.transcript(120, per_message=100), t.transcript(120, per_message=100, keep="end")
     assert len(start) <= 120 and start.startswith("[1] user") and start.endswith("[... truncated]")
     assert len(end) <= 120 and end.startswith("[... truncated]") and end.endswith("Anything else?")
+    assert t.transcript(10) == "[... trunc" and t.transcript(0) == ""  # a limit below the marker's length holds

@@ -15,7 +15,6 @@ after-the-end guard) lives here once.
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import zlib
 from collections.abc import Sequence
@@ -285,13 +284,7 @@ class TextEnv(gym.Env[str, str]):
                 f"(e.g. gym.make({self.spec.id if self.spec else '...'!r}, render_mode='ansi'))"
             )
             return None
-        lines = []
-        for m in self.messages:
-            if m.tool_calls:
-                lines.append(f"[{m.role}] " + "; ".join(f"{c.name}({json.dumps(c.arguments)})" for c in m.tool_calls))
-            else:
-                lines.append(f"[{m.role}{':' + m.name if m.name else ''}] {m.content}")
-        return "\n".join(lines)
+        return "\n".join(f"[{m.speaker}] {m.text()}" for m in self.messages)
 
     # --- shared mechanics -------------------------------------------------------
     @property

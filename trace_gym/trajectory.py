@@ -43,6 +43,22 @@ class Message(BaseModel):
         default="assistant", description="Who made a tool call: user-side tools exist in τ²-telecom."
     )
 
+    @property
+    def speaker(self) -> str:
+        """Who speaks: the role, and a tool result's tool (``tool get_order``)."""
+        return f"tool {self.name}" if self.role == "tool" and self.name else self.role
+
+    def text(self, *, one_line: bool = False) -> str:
+        """What the message says as a reader sees it: its content, then ``-> name(args)``
+        for its tool calls; ``one_line`` folds newlines into spaces."""
+        body = self.content or ""
+        if one_line:
+            body = body.replace("\n", " ")
+        if self.tool_calls:
+            calls = "; ".join(f"{c.name}({json.dumps(c.arguments, ensure_ascii=False)})" for c in self.tool_calls)
+            body = f"{body} -> {calls}" if body else f"-> {calls}"
+        return body
+
     def to_openai(self) -> dict[str, Any]:
         """This message as an OpenAI chat API message (our own fields dropped)."""
         out: dict[str, Any] = {"role": self.role, "content": self.content}
@@ -135,19 +151,17 @@ class Trajectory(BaseModel):
         for i, m in enumerate(self.messages):
             if m.role == "system":
                 continue
-            body = (m.content or "").replace("\n", " ")
-            if m.tool_calls:
-                calls = "; ".join(f"{c.name}({json.dumps(c.arguments, ensure_ascii=False)})" for c in m.tool_calls)
-                body = f"{body} -> {calls}" if body else f"-> {calls}"
+            body = m.text(one_line=True)
             if len(body) > per_message:
                 body = body[:per_message] + "..."
-            who = f"tool {m.name}" if m.role == "tool" and m.name else m.role
-            lines.append(f"[{i}] {who}: {body}")
+            lines.append(f"[{i}] {m.speaker}: {body}")
         text = "\n".join(lines)
         if len(text) <= limit:
             return text
         cut = "[... truncated]"
-        room = max(0, limit - len(cut) - 1)
+        room = limit - len(cut) - 1
+        if room <= 0:  # no room for any of the text beside the marker
+            return cut[: max(limit, 0)]
         return f"{text[:room]}\n{cut}" if keep == "start" else f"{cut}\n{text[len(text) - room :]}"
 
     def agent_tool_calls(self) -> list[ToolCallRecord]:
