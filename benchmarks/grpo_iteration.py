@@ -93,7 +93,7 @@ def random_model(family: str, folder: str, layers: int | None, device: str) -> t
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from trace_gym.llm.registry import local_folder
+    from trace_gym.llm.registry import local_folder, local_spec
 
     dims = dict(FAMILIES[family])
     kind = dims.pop("model_type")
@@ -111,7 +111,7 @@ def random_model(family: str, folder: str, layers: int | None, device: str) -> t
         shutil.copy(os.path.join(embedded, name), folder)
     with open(os.path.join(folder, "chat_template.jinja"), "w", encoding="utf-8") as out:
         out.write(template or "")
-    return f"hf:{folder}", count
+    return local_spec(folder), count
 
 
 def main() -> int:

@@ -70,7 +70,7 @@ BAD = [
     (
         "[rollout]",
         '[policy]\nmodel = "hf:/no/such/model"\n[rollout]',
-        "[policy] model: no model folder at /no/such/model",
+        "[policy] model: no local model folder at /no/such/model",
     ),
     (
         "[rollout]",

@@ -13,6 +13,7 @@ EMBEDDED_DEFAULT = EMBEDDED_NAME
 
 CHAT_ENDPOINT = "openai:"
 TOKEN_ENDPOINT = "vllm:"
+LOCAL_FOLDER = "hf:"
 REMOTE_PREFIXES = (CHAT_ENDPOINT, TOKEN_ENDPOINT)
 TEMPLATE_OPTION = "?template="
 """A local or ``vllm:`` spec may name the chat template its model plays under:
@@ -33,6 +34,11 @@ def is_token_endpoint(spec: str) -> bool:
     return spec.startswith(TOKEN_ENDPOINT)
 
 
+def local_spec(folder: str | Path) -> str:
+    """The model spec of a local model folder: ``hf:<folder>``."""
+    return f"{LOCAL_FOLDER}{folder}"
+
+
 def is_server(spec: str) -> bool:
     """A model behind a server (``openai:`` or ``vllm:``), which may take a base URL and key."""
     return spec.startswith(REMOTE_PREFIXES)
@@ -42,7 +48,7 @@ def is_local(spec: str) -> bool:
     """A model played in this process (the embedded one, an ``hf:`` folder), not through
     a server (``openai:``, ``vllm:``)."""
     model = split_spec(spec)[0]
-    return model in EMBEDDED_MODELS or model.startswith("hf:")
+    return model in EMBEDDED_MODELS or model.startswith(LOCAL_FOLDER)
 
 
 def split_spec(spec: str) -> tuple[str, str]:
@@ -91,7 +97,7 @@ def local_folder(spec: str) -> tuple[str, str | None]:
         raise LLMError(
             f"{spec} is a model behind a server, not a local folder; use {EMBEDDED_NAME} or hf:<local folder>"
         )
-    folder = spec.removeprefix("hf:")
+    folder = spec.removeprefix(LOCAL_FOLDER)
     if not Path(folder).is_dir():
         raise LLMError(
             f"no local model folder at {folder}: trace-gym loads local models only and never downloads weights"
@@ -189,9 +195,8 @@ def check_spec(spec: str, *, endpoint: bool = True) -> None:
 
         tokenizer_folder(model.removeprefix(TOKEN_ENDPOINT))
         return
-    if model.startswith("hf:"):
-        if not Path(model[3:]).is_dir():
-            raise LLMError(f"no model folder at {model[3:]}")
+    if is_local(model):
+        local_folder(model)  # refuses a folder that is not there
         return
     if is_chat_endpoint(model):
         if endpoint and not os.environ.get("OPENAI_BASE_URL") and not os.environ.get("OPENAI_API_KEY"):

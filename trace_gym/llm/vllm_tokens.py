@@ -250,12 +250,12 @@ def _error_message(exc: Any) -> str:
 def tokenizer_folder(spec: str) -> tuple[str, str | None]:
     """(local folder, chat template to set or None) of a tokenizer spec: an embedded
     model's name, ``hf:<folder>`` or a folder."""
-    from .registry import local_folder
+    from .registry import LOCAL_FOLDER, local_folder
 
     try:
         folder, template = local_folder(spec)
     except LLMError:
-        folder, template = spec.removeprefix("hf:"), None
+        folder, template = spec.removeprefix(LOCAL_FOLDER), None
     if not (Path(folder) / "tokenizer_config.json").exists():
         raise LLMError(
             f"vllm:{spec}: no tokenizer at {folder}; the client renders conversations itself, so it needs "

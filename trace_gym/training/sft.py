@@ -45,6 +45,7 @@ from typing import Any
 from trace_gym.registry import HELD_OUT_SPLIT, EnvKind
 
 from trace_gym.llm.lora import without_checkpointing_deprecations
+from trace_gym.llm.registry import local_spec
 from trace_gym.seeding import derive_seed
 
 from .config import TrainingError, check_placement, checkpointing, resolve_dtype
@@ -137,7 +138,7 @@ class SFTResult:
     @property
     def policy(self) -> str:
         """The model spec of the warm-started policy."""
-        return f"hf:{self.model}"
+        return local_spec(self.model)
 
 
 def held_out_tasks(env_id: str) -> set[str]:
