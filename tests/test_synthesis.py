@@ -418,3 +418,12 @@ def test_an_env_folder_is_named_after_the_capability_id():
         assert env_name(name) == snake(name).replace("_", "-")  # one normaliser, two spellings
     assert env_name("9 lives") == "env-9-lives"  # a folder name starts with a letter
     assert len(env_name("x" * 80)) == 48
+
+
+def test_a_prompt_fills_any_placeholder_name_and_refuses_a_missing_one(tmp_path):
+    from trace_gym.prompts import render_prompt
+
+    (tmp_path / "ask_v9.md").write_text("$name asks about $folder", encoding="utf-8")
+    assert render_prompt(tmp_path, "ask", "v9", name="Ann", folder="orders") == "Ann asks about orders"
+    with pytest.raises(KeyError, match="folder"):
+        render_prompt(tmp_path, "ask", "v9", name="Ann")

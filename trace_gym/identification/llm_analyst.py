@@ -18,7 +18,6 @@ import hashlib
 import json
 import random
 import re
-import string
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -27,8 +26,9 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, Field, ValidationError
 
 from trace_gym.errors import TraceGymError
-from trace_gym.trajectory import Trajectory
+from trace_gym.prompts import render_prompt
 from trace_gym.seeding import derive_seed
+from trace_gym.trajectory import Trajectory
 
 from .stats import Label
 
@@ -76,9 +76,9 @@ class AnalystError(TraceGymError):
     """The analyst never gave a valid answer."""
 
 
-def render(template: str, **values: Any) -> str:
-    text = (PROMPTS / f"{template}_{PROMPT_VERSION}.md").read_text(encoding="utf-8")
-    return string.Template(text).substitute(**values)
+def render(template: str, /, **values: Any) -> str:
+    """The analyst's prompt ``template`` of this version, filled."""
+    return render_prompt(PROMPTS, template, PROMPT_VERSION, **values)
 
 
 def _agent(trajectories: list[Trajectory]) -> str:

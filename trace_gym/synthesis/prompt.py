@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import string
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trace_gym.prompts import prompt_text, render_prompt
 from trace_gym.registry import EnvEntry
 from trace_gym.tools import load_frozen_tools
 
@@ -27,7 +27,7 @@ TEMPLATES = ("generate", "repair", "calibrate", "contract")
 
 
 def template_text(name: str, version: str = TEMPLATE_VERSION) -> str:
-    return (PROMPTS / f"{name}_{version}.md").read_text(encoding="utf-8")
+    return prompt_text(PROMPTS, name, version)
 
 
 def template_hash(version: str = TEMPLATE_VERSION) -> str:
@@ -38,8 +38,8 @@ def template_hash(version: str = TEMPLATE_VERSION) -> str:
     return digest.hexdigest()
 
 
-def render(name: str, **values: Any) -> str:
-    return string.Template(template_text(name)).substitute(**values)
+def render(name: str, /, **values: Any) -> str:
+    return render_prompt(PROMPTS, name, TEMPLATE_VERSION, **values)
 
 
 @dataclass
