@@ -197,3 +197,10 @@ def revive(ctx: Context) -> None:
         if ctx.env is not None:
             ctx.env.close()
         ctx.env = ctx.make_env()
+
+
+def valid_arguments(params: dict[str, Any], salt: int) -> dict[str, Any]:
+    """Arguments that fit a tool's JSON-schema ``params``, drawn as the random agent draws them from ``salt``."""
+    from trace_gym.agents.random_agent import RandomAgent
+
+    return RandomAgent(seed=salt).arguments_for(params)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-
 _VALUE_TOKEN = re.compile(r"[#A-Za-z0-9_.\-]*\d[#A-Za-z0-9_.\-]*")
 _WORD = re.compile(r"[A-Za-z][A-Za-z\-]+")
 
