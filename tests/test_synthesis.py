@@ -427,3 +427,13 @@ def test_a_prompt_fills_any_placeholder_name_and_refuses_a_missing_one(tmp_path)
     assert render_prompt(tmp_path, "ask", "v9", name="Ann", folder="orders") == "Ann asks about orders"
     with pytest.raises(KeyError, match="folder"):
         render_prompt(tmp_path, "ask", "v9", name="Ann")
+
+
+def test_an_llm_analyst_that_names_no_server_is_refused_in_one_line(tmp_path):
+    from trace_gym.errors import TraceGymError
+    from trace_gym.identification.llm_analyst import LLMAnalyst
+    from trace_gym.synthesis.analyst import SynthesisAnalyst
+
+    for make in (LLMAnalyst, SynthesisAnalyst):
+        with pytest.raises(TraceGymError, match=r"^unknown analyst 'claude'; .*openai:<model>$"):
+            make("claude", cache_dir=tmp_path)

@@ -113,7 +113,7 @@ def render_markdown(rows: list[dict[str, Any]]) -> str:
     for r in envs:
         prov = r["provenance"]
         origin = prov["origin"]
-        if origin == "synthesized":
+        if origin == EnvKind.SYNTHESIZED:
             origin += f" by {prov['analyst']}" + (
                 f", {prov['attempts']} attempts" if prov.get("attempts") is not None else ""
             )

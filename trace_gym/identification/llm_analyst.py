@@ -127,10 +127,11 @@ class AnswerCache:
 def analyst_backend(spec: str, *, base_url: str | None = None, api_key: str | None = None) -> Any:
     """The OpenAI-compatible client an analyst talks through (time-outs, back-off on
     transient errors), one request at a time: identification's and synthesis's."""
-    from trace_gym.llm.openai_compat import OpenAICompatible
-    from trace_gym.llm.registry import CHAT_ENDPOINT
+    from trace_gym.llm.registry import CHAT_ENDPOINT, is_chat_endpoint, make_backend
 
-    return OpenAICompatible(spec.removeprefix(CHAT_ENDPOINT), base_url=base_url, api_key=api_key, concurrency=1)
+    if not is_chat_endpoint(spec) or spec == CHAT_ENDPOINT:
+        raise TraceGymError(f"unknown analyst '{spec}'; an LLM analyst is an OpenAI-compatible server's openai:<model>")
+    return make_backend(spec, base_url=base_url, api_key=api_key, concurrency=1)
 
 
 class LLMAnalyst:

@@ -374,11 +374,13 @@ class EnvRolloutFunc:
             )
             for _ in episodes
         ]
+        from trace_gym.sandbox.env import SandboxedEnv
+
         can_hint = {}
 
         def configure(env: Any, i: int) -> None:
             core = env.unwrapped
-            can_hint[i] = hasattr(core, "hint")
+            can_hint[i] = isinstance(core, SandboxedEnv)  # a synthesized env takes hints; a target has none
             if can_hint[i]:
                 core.hint = hinted[i]
 
