@@ -408,3 +408,11 @@ def test_logged_in_and_read_ids_read_only_the_calls_that_went_through():
     call("get_user_details", user_id=user["user_id"])
     call("get_order_details", order_id=order["order_id"])  # read twice, listed once
     assert world.read_ids(log) == sorted([order["order_id"], user["user_id"]])
+
+
+def test_every_reference_env_on_the_kit_keeps_to_sixty_lines():
+    """CONTRIBUTING's budget for an env on the world kit: its scenario, reward and oracle."""
+    envs = sorted((REPO / "env_registry").glob("*/env.py"))
+    lengths = {p.parent.name: len(p.read_text(encoding="utf-8").splitlines()) for p in envs}
+    assert len(envs) >= 7 and all("import world" in p.read_text(encoding="utf-8") for p in envs)
+    assert {name: n for name, n in lengths.items() if n > 60} == {}
