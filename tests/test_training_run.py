@@ -297,6 +297,7 @@ def test_kill_9_during_iteration_2_then_resume(tmp_path):
         "0",
         "--train-unvalidated",
         TWO_REPLIES,
+        "--train-anyway",  # what is tested is the resume: 8-token replies may tie, and calibration would refuse
     ]
     env = {**os.environ, "TRACE_GYM_REGISTRY_PATH": str(FIXTURE_ENVS)}
     proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
