@@ -337,11 +337,19 @@ def _earlier_run(tmp_path):
     return run
 
 
-@pytest.mark.slow
-def test_evaluate_plays_every_method_row_from_an_earlier_runs_artifacts(tmp_path):
-    run = _earlier_run(tmp_path)
+@pytest.fixture(scope="module")
+def evaluated_run(tmp_path_factory):
+    """An earlier run evaluated by `trace-gym evaluate` on every method row; tests that
+    evaluate it again work on a copy."""
+    run = _earlier_run(tmp_path_factory.mktemp("evaluated"))
     result = run_cli("evaluate", str(run), "--methods", "base,trace,grpo-target,merged,summed,control", timeout=1200)
     assert result.returncode == 0, result.stderr
+    return run
+
+
+@pytest.mark.slow
+def test_evaluate_plays_every_method_row_from_an_earlier_runs_artifacts(evaluated_run, tmp_path):
+    run = evaluated_run
     rows = {r.method: r for r in load_results(run / "eval")}
     assert list(rows) == ["base", "trace", "grpo-target", "merged", "summed", "control"]
     from trace_gym.llm import make_backend
@@ -381,12 +389,19 @@ def test_evaluate_plays_every_method_row_from_an_earlier_runs_artifacts(tmp_path
     assert per_task.returncode == 0 and len(per_task.stdout.splitlines()) == 2, per_task.stderr
     assert all("(adapter " in line and "scores A " in line for line in per_task.stdout.splitlines())
 
-    # Moved elsewhere, the run is still evaluated from its own files; a narrower evaluation
-    # counts only the episodes it asked for, not every episode the files hold. Asked before
-    # base, the null grpo-target has no episodes to borrow: it is played, and no note claims otherwise.
+    # Moved elsewhere, the run is still evaluated from its own files (the folder its files
+    # name is gone meanwhile; the fixture's run is put back for the next test); a narrower
+    # evaluation counts only the episodes it asked for, not every episode the files hold.
+    # Asked before base, the null grpo-target has no episodes to borrow: it is played, and
+    # no note claims otherwise.
     moved = tmp_path / "elsewhere" / "run"
-    shutil.move(str(run), str(moved))
-    again = run_cli("evaluate", str(moved), "--methods", "grpo-target,base", "--tasks", "1", timeout=600)
+    shutil.copytree(run, moved)
+    aside = tmp_path / "aside"
+    run.rename(aside)
+    try:
+        again = run_cli("evaluate", str(moved), "--methods", "grpo-target,base", "--tasks", "1", timeout=600)
+    finally:
+        aside.rename(run)
     assert again.returncode == 0, again.stderr
     rows = {r.method: r for r in load_results(moved / "eval")}
     assert list(rows) == ["grpo-target", "base"] and rows["base"].episodes == 1
@@ -441,16 +456,15 @@ def test_settings_added_later_leave_an_earlier_runs_stage_hashes_alone(tmp_path)
 
 
 @pytest.mark.slow
-def test_evaluate_plays_the_same_episodes_through_a_vllm_server_of_the_policy(tmp_path):
+def test_evaluate_plays_the_same_episodes_through_a_vllm_server_of_the_policy(evaluated_run, tmp_path):
     """`trace-gym evaluate RUN --model vllm:M`: the run's adapters are loaded into the server
     and the same greedy episodes come back; the earlier, in-process evaluation is kept aside."""
     from test_serve import serving
 
     from trace_gym.store import read_run_settings, read_trajectories
 
-    run = _earlier_run(tmp_path)
-    local = run_cli("evaluate", str(run), "--methods", "base,trace", timeout=900)
-    assert local.returncode == 0, local.stderr
+    run = tmp_path / "run"
+    shutil.copytree(evaluated_run, run)  # evaluated in process, every row
     [in_process] = read_trajectories(run / "eval" / "base.jsonl")
     with serving("--model", "smollm2-135m-instruct", "--allow-adapter-loading") as url:
         served = run_cli(

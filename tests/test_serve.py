@@ -59,7 +59,7 @@ def _play(backend, episodes: int = 1):
     from trace_gym.agents import LLMAgent
     from trace_gym.rollout import Episode, play_batched
 
-    env = gym.make("trace/tau2-retail-v0", split="base", max_steps=6)
+    env = gym.make("trace/tau2-retail-v0", split="base", max_steps=4)  # two agent turns
     try:
         agent = LLMAgent(backend, max_new_tokens=40)
         return list(

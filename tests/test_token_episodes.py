@@ -81,7 +81,7 @@ def test_a_sandboxed_registry_env_episode_is_token_faithful(smol):
 
 @pytest.mark.slow
 def test_cached_and_uncached_generation_agree_on_a_multi_turn_tau2_episode(smol):
-    env = gym.make("trace/tau2-retail-v0", split="test", max_steps=8)  # tau2 counts every message
+    env = gym.make("trace/tau2-retail-v0", split="test", max_steps=4)  # tau2 counts every message: two turns
     task = env.unwrapped.task_ids[1]
     runs = {}
     for cached in (False, True):
