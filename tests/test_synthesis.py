@@ -435,5 +435,7 @@ def test_an_llm_analyst_that_names_no_server_is_refused_in_one_line(tmp_path):
     from trace_gym.synthesis.analyst import SynthesisAnalyst
 
     for make in (LLMAnalyst, SynthesisAnalyst):
-        with pytest.raises(TraceGymError, match=r"^unknown analyst 'claude'; .*openai:<model>$"):
-            make("claude", cache_dir=tmp_path)
+        for spec in ("claude", "openai:"):  # no scheme; a scheme without a model
+            with pytest.raises(TraceGymError, match=rf"^unknown analyst '{spec}'; .*openai:<model>$") as refused:
+                make(spec, cache_dir=tmp_path)
+            assert ("use registry or" in str(refused.value)) == (make is SynthesisAnalyst)  # its offline choice

@@ -124,13 +124,17 @@ class AnswerCache:
             tmp.replace(self.folder / f"{key}.json")
 
 
-def analyst_backend(spec: str, *, base_url: str | None = None, api_key: str | None = None) -> Any:
+def analyst_backend(
+    spec: str, *, base_url: str | None = None, api_key: str | None = None, offline: tuple[str, ...] = ()
+) -> Any:
     """The OpenAI-compatible client an analyst talks through (time-outs, back-off on
-    transient errors), one request at a time: identification's and synthesis's."""
+    transient errors), one request at a time: identification's and synthesis's.
+    ``offline``: the caller's analysts that need no server, named in the refusal."""
     from trace_gym.llm.registry import CHAT_ENDPOINT, is_chat_endpoint, make_backend
 
     if not is_chat_endpoint(spec) or spec == CHAT_ENDPOINT:
-        raise TraceGymError(f"unknown analyst '{spec}'; an LLM analyst is an OpenAI-compatible server's openai:<model>")
+        choices = ", ".join(offline) + " or " if offline else "an OpenAI-compatible server's "
+        raise TraceGymError(f"unknown analyst '{spec}'; use {choices}openai:<model>")
     return make_backend(spec, base_url=base_url, api_key=api_key, concurrency=1)
 
 

@@ -13,9 +13,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from trace_gym.errors import TraceGymError
-from trace_gym.llm.registry import CHAT_ENDPOINT, is_chat_endpoint
-
 
 class SynthesisAnalyst:
     def __init__(
@@ -30,10 +27,8 @@ class SynthesisAnalyst:
     ):
         from trace_gym.identification.llm_analyst import AnswerCache, analyst_backend
 
-        if not is_chat_endpoint(spec) or spec == CHAT_ENDPOINT:
-            raise TraceGymError(f"unknown analyst '{spec}'; use registry or openai:<model>")
         self.name = spec
-        self.backend = analyst_backend(spec, base_url=base_url, api_key=api_key)
+        self.backend = analyst_backend(spec, base_url=base_url, api_key=api_key, offline=("registry",))
         self.cache = AnswerCache(Path(cache_dir) if cache_dir else None)
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
