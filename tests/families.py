@@ -74,7 +74,7 @@ def tiny_model(tokenizer, arch: str = "llama", seed: int = 0, layers: int = 1, i
 
 def backend_for(family: str, template: str = "auto"):
     """``LocalHF`` over a tiny random model with ``family``'s tokenizer and template."""
-    from trace_gym.llm.local_hf import LocalHF
+    from trace_gym.llm.local import LocalHF
 
     tokenizer = family_tokenizer(family)
     return LocalHF.from_model(tiny_model(tokenizer), tokenizer, template=template)

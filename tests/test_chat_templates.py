@@ -159,7 +159,7 @@ def test_a_tokenizer_without_a_pad_token_plays_a_padded_batch():
     """Llama's and Mistral's tokenizers have no pad token: every way in gives them one."""
     from families import tiny_model
 
-    from trace_gym.llm.local_hf import LocalHF
+    from trace_gym.llm.local import LocalHF
 
     tokenizer = family_tokenizer("llama3_1")
     tokenizer.pad_token = None

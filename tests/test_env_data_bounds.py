@@ -91,7 +91,7 @@ def test_a_prompt_past_the_models_context_ends_the_episode_truncated(sandbox_bac
 
     from trace_gym.agents import LLMAgent
     from trace_gym.llm.embedded import ensure_embedded_model
-    from trace_gym.llm.local_hf import LocalHF
+    from trace_gym.llm.local import LocalHF
     from trace_gym.rollout import Episode, play_batched, run_episode
     from trace_gym.sandbox.env import SandboxedEnv
 

@@ -4,7 +4,7 @@ from where the model runs; a store that honours it."""
 import pytest
 
 from trace_gym.llm import GenerationRequest, LLMError, make_backend
-from trace_gym.llm.kv_cache import CACHE_ENV, DEFAULT_CACHE_BYTES, cache_budget
+from trace_gym.llm.local.kv_cache import CACHE_ENV, DEFAULT_CACHE_BYTES, cache_budget
 
 GIB = 2**30
 

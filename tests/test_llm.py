@@ -268,7 +268,7 @@ def test_an_adapter_adds_nothing_only_when_every_update_is_zero(tmp_path):
     import torch
     from safetensors.torch import save_file
 
-    from trace_gym.llm.lora import adds_nothing
+    from trace_gym.llm.local.lora import adds_nothing
 
     layer = "base_model.model.model.layers.0.self_attn.q_proj"
     zero_b = {f"{layer}.lora_A.weight": torch.randn(2, 8), f"{layer}.lora_B.weight": torch.zeros(8, 2)}
@@ -330,7 +330,7 @@ def test_what_a_backend_can_do_besides_generating_is_a_declared_protocol(tmp_pat
     an adapter for a model that cannot load one is refused in one line."""
     from trace_gym.errors import TraceGymError
     from trace_gym.llm.base import LoadsAdapters, NextTokenLogprobs, SumsAdapters
-    from trace_gym.llm.local_hf import LocalHF
+    from trace_gym.llm.local import LocalHF
     from trace_gym.llm.openai_compat import OpenAICompatible
     from trace_gym.llm.vllm_tokens import VLLMTokens
     from trace_gym.rollout import _with_local_adapter

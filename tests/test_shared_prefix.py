@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from trace_gym.llm import shared_prefix  # noqa: E402
+from trace_gym.llm.local import shared_prefix  # noqa: E402
 
 HEADS, KV_HEADS, DIM = 6, 2, 8
 
@@ -175,8 +175,9 @@ def test_a_batch_decodes_the_same_tokens_with_and_without_shared_prefix_attentio
     system prompt (two of them open on the same prompt), two turns each; the
     same ids and logprobs either way. With it, each turn's prompts are prefilled
     in one forward, the repeated prompt once."""
-    from trace_gym.llm import GenerationRequest, prefill
-    from trace_gym.llm.local_hf import LocalHF
+    from trace_gym.llm import GenerationRequest
+    from trace_gym.llm.local import prefill
+    from trace_gym.llm.local import LocalHF
 
     model, tokenizer = tiny_model(family)
     chats = chats_of(["Hi.", "Where is order 7?", "Cancel #W1 now.", "Hi."])
@@ -248,7 +249,7 @@ def test_one_prompt_under_different_adapters_is_prefilled_once_per_adapter(kv_ca
     from peft import LoraConfig, get_peft_model
 
     from trace_gym.llm import GenerationRequest
-    from trace_gym.llm.local_hf import LocalHF
+    from trace_gym.llm.local import LocalHF
 
     model, tokenizer = tiny_model("llama")
     lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj", "o_proj"], init_lora_weights=False)
@@ -345,7 +346,7 @@ def test_non_finite_logits_are_an_error_not_a_sample():
 
     from trace_gym.llm import GenerationRequest, LLMError
     from trace_gym.llm.embedded import ensure_embedded_model
-    from trace_gym.llm.local_hf import LocalHF
+    from trace_gym.llm.local import LocalHF
 
     tokenizer = AutoTokenizer.from_pretrained(str(ensure_embedded_model()))
     config = AutoConfig.for_model(
@@ -379,7 +380,7 @@ def test_transformers_own_adapters_run_the_active_one_and_refuse_others():
 
     from trace_gym.llm import GenerationRequest, LLMError
     from trace_gym.llm.embedded import ensure_embedded_model
-    from trace_gym.llm.local_hf import LocalHF
+    from trace_gym.llm.local import LocalHF
 
     tokenizer = AutoTokenizer.from_pretrained(str(ensure_embedded_model()))
     config = AutoConfig.for_model(

@@ -183,7 +183,7 @@ def test_batched_episodes_keep_their_own_agents_settings(smol_with_adapter):
 def test_shared_prefix_attention_samples_what_full_attention_samples_over_two_turns_and_two_adapters(smol_with_adapter):
     from transformers import AttentionInterface
 
-    from trace_gym.llm import shared_prefix
+    from trace_gym.llm.local import shared_prefix
 
     backend = smol_with_adapter
     system = "You are a retail support agent. " + " ".join(

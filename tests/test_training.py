@@ -78,7 +78,7 @@ def test_training_hides_trls_own_deprecation_and_no_other_warning():
     run; the user cannot act on it, so training does not show it, and shows the rest."""
     import warnings
 
-    from trace_gym.llm.lora import without_checkpointing_deprecations
+    from trace_gym.llm.local.lora import without_checkpointing_deprecations
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

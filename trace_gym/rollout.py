@@ -403,7 +403,7 @@ def play_episodes(
     """
     from trace_gym.agents import make_agent
     from trace_gym.llm import make_backend
-    from trace_gym.llm.local_hf import LocalHF
+    from trace_gym.llm.local import LocalHF
 
     from .registry import make
 

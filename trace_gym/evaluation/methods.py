@@ -195,7 +195,7 @@ class TrainedBaseline(Method):
     """A baseline adapter the train stage made under this method's name."""
 
     def build(self, ctx: EvalContext) -> BuiltAgent:
-        from ..llm.lora import adds_nothing
+        from ..llm.local.lora import adds_nothing
 
         record = ctx.adapters.named(self.name)
         if record is None:

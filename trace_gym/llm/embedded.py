@@ -210,7 +210,7 @@ def merge_adapter(
     import torch
     from peft import PeftModel
 
-    from .lora import without_checkpointing_deprecations
+    from .local.lora import without_checkpointing_deprecations
     from .registry import load_local
 
     merged, tokenizer = load_local(str(base), dtype=torch.float32, chat_template=chat_template)

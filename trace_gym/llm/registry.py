@@ -155,7 +155,7 @@ def make_backend(spec: str, **kwargs: Any) -> LLMBackend:
         with_template(model, choice)  # refuses what names no template, or one for a server that renders its own
         kwargs.setdefault("template", choice)
     if is_local(model):
-        from .local_hf import LocalHF
+        from .local import LocalHF
 
         folder, template = local_folder(model)
         kwargs.setdefault("name", spec)  # what run records compare: the folder and the template, not a folder's name

@@ -217,7 +217,7 @@ class EnvRolloutFunc:
     def backend_for(self, trainer: Any) -> Any:
         """The trainer's current policy as a token-level backend; its caches are
         cleared on every call, since the weights changed since the last one."""
-        from trace_gym.llm.local_hf import LocalHF
+        from trace_gym.llm.local import LocalHF
 
         model = trainer.accelerator.unwrap_model(trainer.model)
         if self._backend is None or self._model is not model:

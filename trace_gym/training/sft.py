@@ -44,7 +44,7 @@ from typing import Any
 
 from trace_gym.registry import HELD_OUT_SPLIT, EnvKind
 
-from trace_gym.llm.lora import without_checkpointing_deprecations
+from trace_gym.llm.local.lora import without_checkpointing_deprecations
 from trace_gym.llm.registry import local_spec
 from trace_gym.seeding import derive_seed
 
@@ -460,7 +460,7 @@ def sft(config: SFTTrainingConfig, *, progress: bool | None = None) -> SFTResult
     from peft import LoraConfig
     from trl import SFTConfig
 
-    from trace_gym.llm.local_hf import LocalHF
+    from trace_gym.llm.local import LocalHF
 
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)

@@ -57,7 +57,7 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
-from trace_gym.llm.shared_prefix import PLAIN_DECODERS, full_attention_only
+from trace_gym.llm.local.shared_prefix import PLAIN_DECODERS, full_attention_only
 
 MIN_SHARED_TOKENS = 16  # below this, running the rows whole costs about the same
 

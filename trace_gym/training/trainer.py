@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from trace_gym.llm.lora import without_checkpointing_deprecations
+from trace_gym.llm.local.lora import without_checkpointing_deprecations
 
 from .config import GRPOTrainingConfig, TrainingError, native_bf16
 from .log import TrainLog, plot_reward_curve
@@ -286,7 +286,7 @@ def _calibrate(
     """Each env calibrated for the policy (``calibration.py``), or the calibration a
     resumed run made; sets each env's level in ``env_kwargs``; refuses, in one line,
     an env that is untrainable (or uncalibrated) for this policy unless ``train_anyway``."""
-    from trace_gym.llm.local_hf import LocalHF
+    from trace_gym.llm.local import LocalHF
     from trace_gym.registry import make
 
     from .calibration import calibrate_env, check_trainable, load_calibrations, save_calibrations

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import LLMError
+from ..base import LLMError
 
 
 class RowSampler:

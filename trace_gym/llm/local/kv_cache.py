@@ -26,7 +26,7 @@ def cache_budget(device: str, free_bytes: int | None = None) -> int:
     import math
     import os
 
-    from .base import LLMError
+    from ..base import LLMError
 
     given = os.environ.get(CACHE_ENV, "").strip()
     if given:

@@ -10,7 +10,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
-from .base import LLMError
+from ..base import LLMError
 from .kv_cache import KVStore
 
 

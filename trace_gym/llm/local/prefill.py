@@ -17,7 +17,7 @@ import hashlib
 from typing import Any
 
 from . import shared_prefix
-from .base import GenerationRequest
+from ..base import GenerationRequest
 from .kv_cache import KVEntry, in_place_groups, own_segments, write_right_aligned
 
 PREFILL_TOKENS = 2048  # new tokens (padding included) per batched prefill forward

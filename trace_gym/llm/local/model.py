@@ -24,9 +24,8 @@ token in, token out.
 - ``score(conversation, labels)``: each label's full token sequence logprob as
   the next reply.
 
-Loads only from local files; never downloads weights. The key/value store is
-``kv_cache.py``; prefilling from it ``prefill.py``'s mixin; adapters by name
-``lora.py``'s; a batch's token sampling ``sampling.py``.
+Loads only from local files; never downloads weights. The package's
+``__init__`` says which file holds which concern.
 """
 
 from __future__ import annotations
@@ -39,13 +38,13 @@ from pathlib import Path
 from typing import Any
 
 from . import shared_prefix
-from .base import Completion, GenerationRequest, Generates, LLMError
+from ..base import Completion, GenerationRequest, Generates, LLMError
 from .kv_cache import KVEntry, KVStore, cache_budget, in_place_groups, own_segments, write_right_aligned
 from .lora import LoraAdapters
 from .prefill import CachedPrefill
-from .registry import load_local
+from ..registry import load_local
 from .sampling import RowSampler
-from .token_template import TokenTemplate
+from ..token_template import TokenTemplate
 
 
 class LocalHF(CachedPrefill, LoraAdapters, TokenTemplate, Generates):
