@@ -7,6 +7,7 @@ action, exactly what a model would write. ``make_agent`` builds one by name.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from .base import Agent
@@ -56,8 +57,6 @@ def make_agent(name: str, **kwargs: Any) -> Agent:
     from trace_gym.errors import TraceGymError
 
     if name in LAZY_AGENTS:
-        import importlib
-
         module, cls = LAZY_AGENTS[name]
         return getattr(importlib.import_module(module), cls)(**kwargs)
     if name not in AGENTS:

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import warnings
+from pathlib import Path
 from typing import Any, Sequence
 
 from .errors import TraceGymError
@@ -33,8 +36,6 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import warnings
-
     previous, warnings.showwarning = warnings.showwarning, _one_line_warning
     _WARNED.clear()
     try:
@@ -685,8 +686,6 @@ def cmd_envs_new(args: argparse.Namespace) -> int:
 
 
 def cmd_targets_new(args: argparse.Namespace) -> int:
-    import os
-
     from .scaffold import new_target
 
     folder = new_target(args.name, args.dir, args.description)
@@ -725,8 +724,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def validate_registry_envs(args: argparse.Namespace, config: Any) -> int:
     """Several envs at once (CI): one summary table, non-zero if any fails."""
-    from pathlib import Path
-
     from .registry import EnvKind
     from .registry_ci import changed_envs, registry_folders, repo_root, summary_json, summary_rows, validate_many
     from .validation import env_folder
@@ -887,8 +884,6 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 
 
 def cmd_identify(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from .identification import SelectionConfig, identify, make_analyst
     from .store import read_trajectories
 
@@ -931,8 +926,6 @@ def cmd_identify(args: argparse.Namespace) -> int:
 
 
 def cmd_synthesize(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from .synthesis import SynthesisConfig, synthesize
     from .validation import ValidationConfig
 
@@ -1092,9 +1085,6 @@ def cmd_route(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import os
-    from pathlib import Path
-
     from .serve import ROUTED, make_server, served_from_run, served_model
 
     if args.run_dir and (args.model or args.chat_template):
@@ -1221,8 +1211,6 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_baseline_gepa(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from .evaluation import results_table, write_results
     from .gepa_baseline import DEFAULT_SEED_PROMPT, GEPAConfig, GEPAError, evaluate_prompt, run_gepa
     from .llm import EMBEDDED_DEFAULT

@@ -10,6 +10,9 @@ equal to what the live package serves.
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -162,16 +165,12 @@ def freeze_tools(env_id: str) -> list[Path]:
     """Write ``tools.json`` and ``results.json`` of a target from its live package:
     both or neither. Both are read and written aside first; if the second cannot take
     its place, the first is put back as it was."""
-    import os
-    import shutil
-
     entry = get_entry(env_id)
     if entry.kind != EnvKind.TARGET:
         raise TraceGymError(
             f"{env_id} is not a target; only targets' schemas are frozen (a synthesized env shows its target's)"
         )
     tools, shapes = live_tools(env_id), live_result_shapes(env_id)
-    import tempfile
 
     for leftover in entry.path.glob(".freeze-*"):  # what a killed freeze left
         shutil.rmtree(leftover, ignore_errors=True)

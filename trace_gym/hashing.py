@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import hashlib
 from pathlib import Path
 
@@ -48,8 +49,6 @@ def code_hash(folder: Path) -> str:
 
 def uses_world_kit(env_source: str) -> bool:
     """Whether env code imports the world kit (``import world``, ``from world import ...``)."""
-    import ast
-
     try:
         tree = ast.parse(env_source)
     except SyntaxError:

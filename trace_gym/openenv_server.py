@@ -25,6 +25,9 @@ Nothing else crosses: no reference solution, no grader state.
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
 import uuid
 from typing import Any
 
@@ -199,8 +202,6 @@ class BackgroundServer:
         max_sessions: int = 8,
         env_kwargs: dict[str, Any] | None = None,
     ):
-        import socket
-
         import uvicorn
 
         app = openenv_app(env_id, max_sessions=max_sessions, env_kwargs=env_kwargs)
@@ -216,9 +217,6 @@ class BackgroundServer:
         return f"http://{self.host}:{self.port}"
 
     def __enter__(self) -> "BackgroundServer":
-        import threading
-        import time
-
         self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self._socket]}, daemon=True)
         self._thread.start()
         deadline = time.monotonic() + 30

@@ -26,8 +26,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib
 import json
+import os
+import shutil
 import time
+import typing
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -75,8 +79,6 @@ class Endpoint:
 
     def endpoint(self) -> dict[str, str]:
         """The ``base_url``/``api_key`` options of its backend (none: the environment's)."""
-        import os
-
         options = {"base_url": self.base_url} if self.base_url else {}
         if self.api_key_env:
             options["api_key"] = os.environ.get(self.api_key_env, "")
@@ -276,7 +278,6 @@ def config_from_data(data: dict[str, Any]) -> PipelineConfig:
         raise ConfigError(f"[{unknown[0]}]: unknown section; known: {', '.join(sections)}")
     if "run" not in data:
         raise ConfigError("[run] target: required (the target env id, e.g. trace/tau2-retail-v0)")
-    import typing
 
     hints = typing.get_type_hints(PipelineConfig)
     config = PipelineConfig(
@@ -429,8 +430,6 @@ def _check_template(policy: PolicySettings) -> None:
 def _check_endpoint(section: Endpoint, name: str) -> None:
     """A section's server settings: an http(s) address, a key variable that is set, and
     only where its model is reached over the network."""
-    import os
-
     if section.base_url is None and section.api_key_env is None:
         return
     setting = "base_url" if section.base_url is not None else "api_key_env"
@@ -446,8 +445,6 @@ def _check_endpoint(section: Endpoint, name: str) -> None:
 
 
 def _check_analyst(section: IdentifyStage | SynthesizeStage, where: str, offline: tuple[str, ...]) -> None:
-    import os
-
     spec = section.analyst
     if spec in offline:
         return
@@ -475,8 +472,6 @@ def _check_analyst_fits(spec: str, entry: Any) -> None:
             "or openai:<model>"
         )
     if spec == "reference":
-        import importlib
-
         from .env import TextEnv
         from .registry import register_all
 
@@ -1166,8 +1161,6 @@ def stage_gepa(config: PipelineConfig, state: RunState, say: Callable[[str], Non
     if (out / "settings.json").exists() and json.loads((out / "settings.json").read_text()) != json.loads(
         json.dumps(run.settings())
     ):
-        import shutil
-
         say(f"the settings changed since {out} was searched; starting the search over")
         shutil.rmtree(out)
     outcome = run_gepa(run, resume=True, say=say)

@@ -30,8 +30,10 @@ import os
 import sys
 import tomllib
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
+from importlib.machinery import PathFinder
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -168,8 +170,6 @@ def entry_point_dirs() -> list[Path]:
     group names a package (``my_envs = "my_pkg.envs"``) whose folder holds env folders.
     The folder is found on ``sys.path`` without importing anything (no package's code runs
     at ``import trace_gym``); one that cannot be found is a warning, never a failure."""
-    from importlib.metadata import entry_points
-
     dirs = []
     for point in entry_points(group=ENTRY_POINT_GROUP):
         try:
@@ -190,8 +190,6 @@ def entry_point_dirs() -> list[Path]:
 def _package_folders(dotted: str) -> list[Path]:
     """The folders of package ``dotted``, found part by part on ``sys.path`` (importlib's
     path finder, which reads directories and imports nothing)."""
-    from importlib.machinery import PathFinder
-
     path = None
     for part in dotted.split("."):
         spec = PathFinder.find_spec(part, path)
@@ -225,8 +223,6 @@ def _check_call_errors(path: Path, table: Any) -> None:
     """A target's ``[call_errors]`` holds only the wordings ``tools.CallErrorStyle`` knows,
     each of its type: a misspelt one is the target's mistake, named here and not when a
     training env written for the target first answers a misnamed call."""
-    from dataclasses import fields
-
     from .tools import CallErrorStyle
 
     if not isinstance(table, dict):

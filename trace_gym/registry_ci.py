@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import subprocess
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -197,7 +197,6 @@ def validate_many(
         max_workers=min(jobs, len(paths)), mp_context=multiprocessing.get_context("spawn")
     ) as pool:
         futures = {pool.submit(_validate_one, p, backend, config, write): p for p in paths}
-        from concurrent.futures import as_completed
 
         for future in as_completed(futures):
             path = futures[future]

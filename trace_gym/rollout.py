@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import threading
 import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -299,8 +302,6 @@ def play_batched(
     scripted policy) acts on its own. Yields ``PlayedEpisode``s as episodes end.
     An episode whose wall time passes ``max_episode_s`` ends after its current
     step, truncated, with the reason in its ``error``."""
-    from collections import deque
-
     if not agents:
         return
     lock_step = [isinstance(a, LockStepAgent) for a in agents]
@@ -650,9 +651,6 @@ def _with_local_adapter(agent: str, agent_kwargs: dict[str, Any], executor: str)
 
 
 def _run_threads(env_id, env_kwargs, agent, agent_kwargs, todo, workers, record) -> None:
-    import threading
-    from concurrent.futures import ThreadPoolExecutor, as_completed
-
     from trace_gym.agents import make_agent
 
     from .registry import make

@@ -8,6 +8,7 @@ time: replace the scenario with the capability, rerun ``trace-gym validate``.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 
@@ -207,8 +208,6 @@ agent = "an order desk's support agent"   # what your agent is, in words the ana
 def new_target(name: str, dest: str | Path, description: str = "") -> Path:
     """``dest/name/``: a manifest and a plain ``gymnasium.Env`` module (the template's
     order desk, its class renamed) that rollout, the oracle and training play as they are."""
-    import importlib.util
-
     if not NAME.match(name):
         raise TraceGymError(
             f"target name {name!r}: use 3-50 lowercase letters, digits and dashes, starting with a letter"

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -297,8 +298,6 @@ class RemoteRequests(Generates):
         raise NotImplementedError
 
     def complete(self, requests: list[GenerationRequest]) -> list[Completion]:
-        from concurrent.futures import ThreadPoolExecutor
-
         if len(requests) == 1:
             return [self._one(requests[0])]
         with ThreadPoolExecutor(max_workers=min(self.concurrency, len(requests))) as pool:

@@ -8,6 +8,8 @@ it: the GGUF is found through the distribution's file list.
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import importlib.metadata
 import os
 import shutil
@@ -134,8 +136,6 @@ def _converted(target: Path) -> bool:
 def ensure_embedded_model() -> Path:
     """The safetensors copy of the embedded model, converted on first use (one
     process converts; others starting at the same time wait for it)."""
-    import fcntl
-
     target = cache_dir()
     if _converted(target):
         return target
@@ -256,9 +256,6 @@ def ensure_warm_start(name: str) -> Path:
     """The embedded model with the shipped adapter ``name`` merged in, in the user
     cache; merged once (again when the shipped adapter changes: its hash is kept
     beside the weights), one process at a time."""
-    import fcntl
-    import hashlib
-
     stages = sorted(p.parent for p in (WARM_STARTS_DIR / name).glob("*/adapter_model.safetensors"))
     if not stages:
         raise LLMError(f"the warm start {name} is not installed (no adapter under {WARM_STARTS_DIR / name})")

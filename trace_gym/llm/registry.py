@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -184,8 +185,6 @@ def check_spec(spec: str, *, endpoint: bool = True) -> None:
     """Refuses, in one line and before anything loads, a spec no backend can play: an
     unknown kind, a local folder that is not there, an ``openai:`` model with no endpoint
     set, a chat template that names none (or one for a server that renders its own)."""
-    import os
-
     model, choice = split_spec(spec)
     with_template(model, choice)
     if model in EMBEDDED_MODELS:

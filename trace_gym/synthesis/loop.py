@@ -19,6 +19,7 @@ it as text and every execution happens in a sandbox worker.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
@@ -577,8 +578,6 @@ def manifest_text(env_id: str, target: str, capability: Capability, provenance: 
 def readme_text(
     env_id: str, target: str, capability: Capability, code: str, provenance: dict[str, Any], report: ValidationReport
 ) -> str:
-    import ast
-
     rationale = ast.get_docstring(ast.parse(code)) or ""
     attempts = provenance["attempts"]
     history = "\n".join(

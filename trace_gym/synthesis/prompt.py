@@ -11,6 +11,7 @@ This module builds text only: it never calls a model and never runs env code.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -183,8 +184,6 @@ def world_kit_text(target: str) -> str:
     """What the generation prompt says about the world kit for ``target``: each of its
     functions (the target's and those for any env: ``script``, ``graded``) with its
     signature and docstring, read from the kit itself, and the kit's data about the target."""
-    import inspect
-
     from trace_gym.sandbox import world
 
     if target not in WORLD_KITS:

@@ -6,6 +6,7 @@ as a job trained here would leave them, so a killed stage resumes either way."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import queue as queues
 from dataclasses import dataclass
@@ -51,7 +52,6 @@ def train_jobs(
     that failed, after every process has stopped."""
     if len(devices) < 2 or len(jobs) < 2:
         return {job.name: _train(job, None) for job in jobs}
-    import multiprocessing
 
     context = multiprocessing.get_context("spawn")  # (a forked CUDA runtime cannot be used)
     results: Any = context.Queue()

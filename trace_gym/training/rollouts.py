@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import random
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -100,8 +101,6 @@ def redraw_key(key: dict[str, Any], draw: int, run_seed: int, tasks: list[str] |
     (2, 3, ...): a fresh seed of the same env, or another task of a target's
     training tasks; derived from the run seed and the key, so a resumed run
     draws the same."""
-    import random
-
     env_id = key["env"]
     parts = (run_seed, "redraw", json.dumps(key, sort_keys=True), draw)
     if key.get("task") is not None:
@@ -473,8 +472,6 @@ def plan_groups(config: GRPOTrainingConfig, task_lists: dict[str, list[str] | No
     turns group by group (the merged baseline's mixture); a synthesized env's
     seeds are derived from the run seed, a target's tasks are cycled in a seeded
     order."""
-    import random
-
     orders = {}
     for env_id, tasks in task_lists.items():
         if tasks is not None:

@@ -35,7 +35,10 @@ its target's ``test`` split is refused before anything loads.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import importlib.util
 import json
+import random
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -289,8 +292,6 @@ def refused_turns(trajectory: Any) -> list[bool]:
 
 def _prompt_group(trajectory: Any) -> str:
     """What a demonstration's prompt opens with: its env (the tools) and system prompt."""
-    import hashlib
-
     system = next((m.content or "" for m in trajectory.messages if m.role == "system"), "")
     return hashlib.sha256(f"{trajectory.env_id}\n{system}".encode()).hexdigest()[:16]
 
@@ -314,8 +315,6 @@ class SharedPromptSampler:
         self.epoch = int(epoch)
 
     def batches(self) -> list[list[int]]:
-        import random
-
         rng = random.Random(derive_seed(self.seed, "sft-order", self.epoch))
         out = []
         for key in sorted(set(self.groups)):
@@ -440,8 +439,6 @@ def _check_out(out: Path, config: SFTTrainingConfig) -> Path | None:
 
 def sft(config: SFTTrainingConfig, *, progress: bool | None = None) -> SFTResult:
     """Warm-start ``config.model`` on the demonstrations; see the module docstring."""
-    import importlib.util
-
     config.check()
     out = Path(config.out)
     checkpoint = _check_out(out, config)

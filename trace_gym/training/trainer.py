@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import importlib.util
 import json
 import os
@@ -578,8 +579,6 @@ def train(
 
 def release_memory() -> None:
     """Collect what no one refers to any more and return the GPU's cached blocks."""
-    import gc
-
     gc.collect()
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available():

@@ -5,6 +5,8 @@ batch's decode cache."""
 
 from __future__ import annotations
 
+import math
+import os
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,9 +25,6 @@ def cache_budget(device: str, free_bytes: int | None = None) -> int:
     and the update, which have not yet taken their memory when rollouts begin). At
     Llama-8B's shapes (128 KiB a token) 4 GiB holds 32k tokens, so evaluation on a GPU
     would re-prefill whole histories."""
-    import math
-    import os
-
     from ..base import LLMError
 
     given = os.environ.get(CACHE_ENV, "").strip()

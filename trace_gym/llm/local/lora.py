@@ -6,6 +6,8 @@ entries of a changed adapter must go."""
 from __future__ import annotations
 
 import contextlib
+import shutil
+import tempfile
 import warnings
 from pathlib import Path
 from typing import Any, Iterator
@@ -103,9 +105,6 @@ class LoraAdapters:
     def save_adapter(self, name: str, folder: str | Path) -> Path:
         """Write adapter ``name`` (a summed one too) as a PEFT folder that peft, vLLM
         (``--lora-modules name=folder``) and ``load_adapter`` read; returns the folder."""
-        import shutil
-        import tempfile
-
         self._check_adapter(name)
         if name not in getattr(self.model, "peft_config", {}):
             raise LLMError(f"{self.name} holds no peft adapter named '{name}'")

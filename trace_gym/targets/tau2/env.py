@@ -27,6 +27,7 @@ It must not change what tau2 computes: no reward shaping, no schema edits.
 
 from __future__ import annotations
 
+import inspect
 import os
 import uuid
 from datetime import datetime, timezone
@@ -264,8 +265,6 @@ class Tau2Env(TextEnv):
         ``Environment.to_json_str`` sends it (a ``str`` as is; anything else as a
         JSON document), plus the prefix of its error answers (``get_response``
         writes ``Error: <exception>``). Frozen as ``results.json``."""
-        import inspect
-
         from pydantic import TypeAdapter
         from tau2.data_model.message import ToolCall as Tau2ToolCall
 

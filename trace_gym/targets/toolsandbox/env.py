@@ -22,6 +22,8 @@ use of it here happens under one lock with the episode's own context set.
 
 from __future__ import annotations
 
+import copy
+import inspect
 import json
 import warnings
 from typing import Any
@@ -138,8 +140,6 @@ class ToolSandboxEnv(TextEnv):
 
     # --- TextEnv hooks ------------------------------------------------------------
     def _start(self, seed: int | None, options: dict[str, Any]) -> Start:
-        import copy
-
         from tool_sandbox.common.execution_context import DatabaseNamespace, RoleType
         from tool_sandbox.roles.execution_environment import ExecutionEnvironment
 
@@ -332,8 +332,6 @@ class ToolSandboxEnv(TextEnv):
         (``None``, ``True``, ``[{'person_id': ...}]``), not JSON; so results are
         checked only for being text. Errors are the exception line its console
         prints (``TypeError: ...``, ``ValueError: ...``): no common prefix."""
-        import inspect
-
         from pydantic import TypeAdapter
 
         tools = {t["function"]["name"] for t in self._catalogue.all_agent_tools}

@@ -3,6 +3,7 @@ reaching the live web) and the agent-visible tool schemas."""
 
 from __future__ import annotations
 
+import importlib
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -112,8 +113,6 @@ def catalogue() -> Catalogue:
 
 def live_api_tools() -> set[str]:
     """Names of the tools that call RapidAPI (defined in its module, not imported there)."""
-    import importlib
-
     from tool_sandbox.common.tool_discovery import ToolBackend, find_tools_by_module
 
     module = importlib.import_module(LIVE_API_MODULE)
