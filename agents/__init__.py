@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from trace_gym.errors import TraceGymError
+
 from .base import Agent
 from .floor import MessageOnlyAgent, NoOpAgent
 from .oracle import OracleAgent, PartialOracleAgent
@@ -33,7 +35,7 @@ LAZY_AGENTS = {
 
 def __getattr__(name: str) -> Any:
     if name in ("LLMAgent", "AgentGaveUp"):
-        from . import llm_agent
+        from . import llm_agent  # on first use: it loads model code
 
         return getattr(llm_agent, name)
     raise AttributeError(name)
@@ -54,8 +56,6 @@ __all__ = [
 
 
 def make_agent(name: str, **kwargs: Any) -> Agent:
-    from trace_gym.errors import TraceGymError
-
     if name in LAZY_AGENTS:
         module, cls = LAZY_AGENTS[name]
         return getattr(importlib.import_module(module), cls)(**kwargs)

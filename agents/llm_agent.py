@@ -35,7 +35,9 @@ import uuid
 from typing import Any
 
 from trace_gym.actions import parse_action
+from trace_gym.env import opening_messages, turn_messages
 from trace_gym.errors import AgentGaveUp, TraceGymError
+from trace_gym.llm import EMBEDDED_DEFAULT, GenerationRequest, TokenEpisode, make_backend
 from trace_gym.llm.base import KeepsSessions, LLMError
 from trace_gym.seeding import derive_seed
 
@@ -56,8 +58,6 @@ class LLMAgent:
         instructions: str | None = None,
         **backend_kwargs: Any,
     ):
-        from trace_gym.llm import EMBEDDED_DEFAULT, make_backend
-
         if model is None or isinstance(model, str):
             self.backend = make_backend(model or EMBEDDED_DEFAULT, **backend_kwargs)
         else:
@@ -89,9 +89,6 @@ class LLMAgent:
         return bool(getattr(self.backend, "token_level", False))
 
     def reset(self, observation: str, info: dict[str, Any], env: Any = None) -> None:
-        from trace_gym.env import opening_messages
-        from trace_gym.llm import TokenEpisode
-
         self.end_episode()
         self._conversation = opening_messages(observation, info)
         self._last_action = ""
@@ -108,8 +105,6 @@ class LLMAgent:
 
     def observe(self, observation: str, info: dict[str, Any]) -> None:
         """What the env answered to the last action (``step``'s observation and info)."""
-        from trace_gym.env import turn_messages
-
         self._conversation.extend(turn_messages(self._last_action, observation, info))
 
     def end_episode(self) -> None:
@@ -124,8 +119,6 @@ class LLMAgent:
 
     # --- the two halves of a turn, for batched rollouts ------------------------------
     def request(self) -> Any:
-        from trace_gym.llm import GenerationRequest
-
         messages = self._conditioned(self._conversation)
         request = GenerationRequest(
             messages=messages,

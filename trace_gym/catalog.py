@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import env_registry
 from .errors import TraceGymError
 from .registry import VALIDATION_REPORT, EnvEntry, EnvKind
+from .registry_ci import registry_folders
 
 CATALOG_MD = "CATALOG.md"
 CATALOG_JSON = "catalog.json"
@@ -28,8 +30,6 @@ class StaleCatalogError(TraceGymError):
 
 
 def default_registry() -> Path:
-    from . import env_registry
-
     return Path(next(iter(env_registry.__path__)))
 
 
@@ -67,8 +67,6 @@ def _validation(entry: EnvEntry) -> dict[str, Any]:
 
 def catalog_rows(registry: Path | str | None = None) -> list[dict[str, Any]]:
     """One row per env folder of ``registry`` (default: the installed registry), by id."""
-    from .registry_ci import registry_folders
-
     root = Path(registry) if registry else default_registry()
     if not root.is_dir():
         raise TraceGymError(f"no registry folder at {root}")

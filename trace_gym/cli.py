@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from .errors import TraceGymError
 from .targets import UserKind
-from .training.sft import SFTTrainingConfig
+from .training.config import SFTTrainingConfig
 
 
 _WARNED: set[str] = set()

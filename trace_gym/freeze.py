@@ -16,9 +16,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .env import check_target_reset
 from .errors import TraceGymError
-from .registry import EnvKind, get_entry
+from .registry import EnvKind, get_entry, make, make_train
 from .result_shapes import DescribesResults, dump_result_shapes
+from .rollout import replay_oracle
 from .tools import ToolSchema, dump_frozen_tools
 
 
@@ -29,7 +31,6 @@ def live_tools(env_id: str) -> list[ToolSchema]:
     def tools(env):
         if isinstance(getattr(env.unwrapped, "tools", None), list):
             return list(env.unwrapped.tools)
-        from .env import check_target_reset
 
         observation, info = env.reset(seed=0)
         check_target_reset(env.unwrapped, observation, info)
@@ -45,7 +46,6 @@ def live_result_shapes(env_id: str) -> dict[str, Any]:
     target that declares none, those its tools showed while its reference solutions
     were played (``oracle_actions()`` on up to ``OBSERVED_TASKS`` tasks of its train
     split: held-out tasks are evaluation's alone)."""
-    from .registry import make_train
 
     def shapes(env):
         if isinstance(env.unwrapped, DescribesResults):
@@ -74,8 +74,6 @@ def observed_result_shapes(env: Any, env_id: str) -> dict[str, Any]:
     """Result shapes inferred from what each tool answered in reference solutions: JSON
     answers as the schema of the values seen (every field seen each time required),
     others as text; the error prefix from an answer to a call of no tool."""
-    from .rollout import replay_oracle
-
     tasks = [str(t) for t in (getattr(env.unwrapped, "task_ids", None) or [])][:OBSERVED_TASKS]
     seen: dict[str, list[Any]] = {}
     for n, task in enumerate(tasks or [None] * OBSERVED_TASKS):
@@ -204,8 +202,6 @@ def freeze_tools(env_id: str) -> list[Path]:
 
 
 def _from_live_target(env_id: str, read):
-    from .registry import make
-
     env = make(env_id)
     try:
         return read(env.unwrapped)

@@ -37,8 +37,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .errors import TraceGymError
+from .evaluation import method_result
+from .llm import EMBEDDED_DEFAULT, GenerationRequest, make_backend
 from .llm.registry import is_chat_endpoint
+from .registry import EnvKind, get_entry, make
+from .rollout import rollout
 from .seeding import derive_seed
+from .store import read_trajectories
 
 COMPONENT = "instructions"
 DEFAULT_SEED_PROMPT = (
@@ -160,9 +165,6 @@ class RolloutAdapter:
     def evaluate(self, batch: list[str], candidate: dict[str, str], capture_traces: bool = False) -> Any:
         from gepa.core.adapter import EvaluationBatch
 
-        from .rollout import rollout
-        from .store import read_trajectories
-
         self.calls += 1
         path = self.folder / f"call-{self.calls:04d}.jsonl"
         unique = list(dict.fromkeys(str(t) for t in batch))  # a task asked twice in one batch is played once
@@ -228,8 +230,6 @@ class RolloutAdapter:
 
 def played_episodes(folder: Path) -> int:
     """Episodes stored under ``folder`` (every call's file), counted from the files."""
-    from .store import read_trajectories
-
     return sum(len(read_trajectories(p)) for p in sorted(Path(folder).glob("call-*.jsonl")))
 
 
@@ -277,8 +277,6 @@ class Reflector:
         would go on spending rollouts without proposals; the search stops on it instead)."""
 
     def __call__(self, prompt: str | list[dict[str, Any]]) -> str:
-        from .llm import GenerationRequest
-
         messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
         try:
             [completion] = self.backend.complete(
@@ -328,8 +326,6 @@ class SearchLog:
 def split_tasks(config: GEPAConfig) -> tuple[list[str], list[str]]:
     """GEPA's train and validation tasks: the first ``tasks`` of the target's ``split``,
     the last ``val_tasks`` of them for validation."""
-    from .registry import EnvKind, get_entry, make
-
     entry = get_entry(config.env)
     if entry.kind != EnvKind.TARGET:
         raise GEPAError(f"{config.env} is a training env; GEPA optimizes the policy's prompt on a target benchmark")
@@ -351,8 +347,6 @@ def split_tasks(config: GEPAConfig) -> tuple[list[str], list[str]]:
 def make_models(config: GEPAConfig) -> tuple[Any, Any, str | None]:
     """The policy backend, the reflection backend (the policy's own when they are the
     same model) and the warning a too-small reflection model earns."""
-    from .llm import EMBEDDED_DEFAULT, make_backend
-
     policy = make_backend(config.model, **config.servers.get("policy", {}))
     spec = config.reflection or EMBEDDED_DEFAULT
     reflection = policy if spec == config.model else make_backend(spec, **config.servers.get("reflection", {}))
@@ -497,10 +491,6 @@ def evaluate_prompt(
 ) -> Any:
     """The held-out row: the policy with ``instructions`` on ``split``, through the same
     rollout loop as every method; returns its ``MethodResult``."""
-    from .evaluation import method_result
-    from .rollout import rollout
-    from .store import read_trajectories
-
     env_kwargs = {"max_steps": config.max_steps} if config.max_steps else {}
     local = not is_chat_endpoint(config.model)
     rollout(

@@ -32,6 +32,7 @@ import uuid
 from typing import Any
 
 from .errors import TraceGymError
+from .registry import get_entry, make
 
 
 def _openenv() -> Any:
@@ -78,8 +79,6 @@ _TYPES: tuple[type, type] | None = None
 def registry_environment(env_id: str, env_kwargs: dict[str, Any] | None = None) -> type:
     """An OpenEnv ``Environment`` class playing ``env_id`` (made with ``env_kwargs``);
     one instance per session, each with its own env, so sessions run side by side."""
-    from .registry import get_entry, make
-
     get_entry(env_id)  # an unknown id is one line here, not an error frame per session
     server = _openenv()
     TextAction, TextObservation = _types()

@@ -37,13 +37,42 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Literal
 
+from trace_gym.agents import AGENTS
+from .artifacts import AdapterRecord, AdapterSet, EnvRecord, EnvSet, Identification, UntrainableRecord
 from .config import ConfigError, from_table, read_toml, to_table
+from .env import TextEnv
 from .errors import TraceGymError
-from .identification.stats import LACKING, SelectionConfig
+from .evaluation import (
+    EvalContext,
+    Unavailable,
+    baseline_scale,
+    build_methods,
+    get_method,
+    lacking_rates,
+    method_result,
+    policy_backend,
+    specificity,
+    task_flips,
+    trace_budget,
+    write_results,
+)
+from .gepa_baseline import DEFAULT_SEED_PROMPT, GEPAConfig, run_gepa
+from .identification import identify, label_all, make_analyst
+from .identification.stats import DegenerateInputError, LACKING, SelectionConfig
+from .llm import LLMError, make_backend
 from .llm.base import SumsAdapters
-from .llm.registry import is_chat_endpoint, is_server
+from .llm.registry import check_spec, is_chat_endpoint, is_server, is_token_endpoint, split_spec, with_template
+from .pipeline_report import write_report
+from .registry import EnvKind, add_registry_dir, get_entry, make, read_manifest, register_all
+from .rollout import rollout
 from .seeding import derive_seed
+from .store import OtherRunError, read_run_settings, read_trajectories, write_trajectories
+from .synthesis import serving_envs, synthesize
 from .synthesis.loop import SynthesisConfig
+from .training.config import GRPOTrainingConfig, TrainingError
+from .training.jobs import Job, train_jobs, visible_gpus
+from .training.log import TrainLog
+from .training.ranks import world_size
 
 STAGES = ("rollout", "identify", "synthesize", "train", "gepa", "evaluate")
 METHODS = ("base", "trace", "grpo-target", "merged", "summed", "control", "gepa")
@@ -108,8 +137,6 @@ class PolicySettings(Endpoint):
     @property
     def spec(self) -> str:
         """The model spec every stage loads: ``model`` with its ``chat_template``."""
-        from .llm.registry import with_template
-
         return with_template(self.model, self.chat_template)
 
 
@@ -250,8 +277,6 @@ class PipelineConfig:
     def eval_model(self) -> str:
         """The model spec evaluation and routing load: ``[evaluate] model`` (a ``vllm:`` one
         rendering under the policy's chat template unless it names its own), else the policy's."""
-        from .llm.registry import is_token_endpoint, split_spec, with_template
-
         if self.evaluate.model is None:
             return self.policy.spec
         model, choice = split_spec(self.evaluate.model)
@@ -289,8 +314,6 @@ def config_from_data(data: dict[str, Any]) -> PipelineConfig:
 
 def check_config(config: PipelineConfig) -> None:
     """What can be checked before any work: stage and method names, the target, the models and analysts."""
-    from .registry import EnvKind, get_entry
-
     bad = [s for s in config.run.stages if s not in STAGES]
     if bad:
         raise ConfigError(f"[run] stages: unknown stage '{bad[0]}'; stages are {', '.join(STAGES)}")
@@ -315,8 +338,6 @@ def check_config(config: PipelineConfig) -> None:
         _check_model(config.evaluate.model, "[evaluate] model", endpoint=False)
     grpo_config(config, ["<env>"], "<out>")  # every [train.grpo] mistake, now
     for capability in config.train.control:
-        from .synthesis import serving_envs
-
         if not serving_envs(capability, entry.id):
             raise ConfigError(f"[train] control: no registry env serves '{capability}' for {entry.id}")
     _check_analyst(config.identify, "[identify] analyst", ("gold", "milestone", "reference"))
@@ -331,16 +352,12 @@ def check_config(config: PipelineConfig) -> None:
         if config.gepa.budget is None and "train" not in config.run.stages:
             raise ConfigError("[gepa] budget: required when the train stage does not run (it sets the equal budget)")
     if config.rollout.agent != "policy":
-        from trace_gym.agents import AGENTS
-
         if config.rollout.agent not in AGENTS:
             raise ConfigError(
                 f"[rollout] agent: unknown agent '{config.rollout.agent}'; use policy or one of "
                 f"{', '.join(sorted(AGENTS))}"
             )
     if config.rollout.fallback is not None:
-        from trace_gym.agents import AGENTS
-
         if config.rollout.fallback not in AGENTS:
             raise ConfigError(
                 f"[rollout] fallback: unknown agent '{config.rollout.fallback}'; use one of {', '.join(sorted(AGENTS))}"
@@ -365,8 +382,6 @@ def check_config(config: PipelineConfig) -> None:
 
 def grpo_config(config: PipelineConfig, env_ids: list[str], out: str, *, iterations_scale: int = 1) -> Any:
     """The ``GRPOTrainingConfig`` of one training run of this pipeline."""
-    from .training.config import GRPOTrainingConfig, TrainingError
-
     fixed = sorted({"env_ids", "out", "model"} & set(config.train.grpo))
     if fixed:
         raise ConfigError(
@@ -383,8 +398,6 @@ def grpo_config(config: PipelineConfig, env_ids: list[str], out: str, *, iterati
 
 def gepa_config(config: PipelineConfig, budget: int) -> Any:
     """The ``GEPAConfig`` of this pipeline's GEPA stage."""
-    from .gepa_baseline import DEFAULT_SEED_PROMPT, GEPAConfig
-
     g, p = config.gepa, config.policy
     return GEPAConfig(
         env=config.run.target,
@@ -409,9 +422,6 @@ def gepa_config(config: PipelineConfig, budget: int) -> Any:
 
 
 def _check_model(spec: str, where: str, endpoint: bool = True) -> None:
-    from .llm import LLMError
-    from .llm.registry import check_spec
-
     try:
         check_spec(spec, endpoint=endpoint)
     except LLMError as exc:
@@ -419,8 +429,6 @@ def _check_model(spec: str, where: str, endpoint: bool = True) -> None:
 
 
 def _check_template(policy: PolicySettings) -> None:
-    from .llm import LLMError
-
     try:
         _ = policy.spec  # with_template refuses what names no template, or one for a server that renders its own
     except LLMError as exc:
@@ -472,9 +480,6 @@ def _check_analyst_fits(spec: str, entry: Any) -> None:
             "or openai:<model>"
         )
     if spec == "reference":
-        from .env import TextEnv
-        from .registry import register_all
-
         register_all()  # a user's target module beside its manifest becomes importable
         module, _, name = entry.entry_point.partition(":")
         try:
@@ -591,8 +596,6 @@ def run_pipeline(
     config: PipelineConfig, *, resume: bool = False, from_stage: str | None = None, say: Callable[[str], None] = print
 ) -> Path:
     """Run the configured stages in order; returns the path of ``report.md``."""
-    from .training.ranks import world_size
-
     run_dir = config.run_dir
     if world_size() > 1:
         raise PipelineError(
@@ -618,7 +621,6 @@ def run_pipeline(
             say(f"[{stage}] unchanged since {record.finished_at}; kept ({_summary(record.outputs)})")
             continue
         _run_stage(config, state, stage, say)
-    from .pipeline_report import write_report
 
     return write_report(config, state)
 
@@ -683,7 +685,6 @@ def evaluate_run(
     if changes:
         (config.run_dir / "config.json").write_text(json.dumps(to_table(config), indent=2, default=str) + "\n")
     _run_stage(config, state, "evaluate", say)
-    from .pipeline_report import write_report
 
     return write_report(config, state)
 
@@ -694,9 +695,6 @@ def route_run(
     """``trace-gym route RUN``: the routing decision of TRACE's router, built from an
     earlier run's artifacts, for each message, or for the first observation of each task
     of ``split`` (the first ``tasks``); returns (task or message, decision) pairs."""
-    from .evaluation import Unavailable, get_method
-    from .llm import make_backend
-
     config, state = load_run(run_dir)
     ctx = eval_context(
         config, state, make_backend(config.eval_model, **config.eval_endpoint)
@@ -707,7 +705,6 @@ def route_run(
         raise PipelineError(f"{run_dir}: nothing to route to ({exc})") from None
     if messages:
         return [(m, router.route(m)) for m in messages]
-    from .registry import make
 
     env = make(config.run.target, split=split or config.evaluate.split)
     try:
@@ -739,8 +736,6 @@ def _agent_kwargs(config: PipelineConfig, **extra: Any) -> dict[str, Any]:
 
 
 def stage_rollout(config: PipelineConfig, state: RunState, say: Callable[[str], None]) -> dict[str, Any]:
-    from .rollout import rollout
-
     if config.rollout.trajectories:
         return _given_trajectories(config)
     # One file per distinct set of settings: changed settings start a new file, the same ones resume it.
@@ -826,8 +821,6 @@ def write_stand_ins(own: Path, other: Path, out: Path, sides: list[str]) -> dict
     ``sides`` (``successes``, ``failures``) the first is short of. Both played the same split, so
     a stand-in's episode id gains its agent's name. Written whole or not at all; returns how many
     of each side were added."""
-    from .store import read_run_settings, read_trajectories, write_trajectories
-
     kept, added = read_trajectories(own), {"successes": 0, "failures": 0}
     for t in read_trajectories(other):
         side = "successes" if t.success else "failures"
@@ -843,9 +836,6 @@ def oracle_ceiling(
 ) -> dict[str, Any] | None:
     """The target's own solutions played on these tasks within ``max_steps``: the most any agent
     can pass there. None when the target knows no solutions (``oracle_actions`` gives None)."""
-    from .registry import make
-    from .rollout import rollout
-
     env_kwargs = {"max_steps": max_steps} if max_steps else {}
     env = make(target, **({"split": split} if split else {}), **env_kwargs)
     try:
@@ -905,8 +895,6 @@ def _check_ceilings(config: PipelineConfig, folder: Path, say: Callable[[str], N
 
 
 def _given_trajectories(config: PipelineConfig) -> dict[str, Any]:
-    from .store import read_trajectories
-
     path = Path(config.rollout.trajectories)
     trajectories = read_trajectories(path)
     other = sorted({t.env_id for t in trajectories} - {config.run.target})
@@ -930,11 +918,6 @@ def _given_trajectories(config: PipelineConfig) -> dict[str, Any]:
 
 
 def stage_identify(config: PipelineConfig, state: RunState, say: Callable[[str], None]) -> dict[str, Any]:
-    from .artifacts import Identification
-    from .identification import identify, make_analyst
-    from .identification.stats import DegenerateInputError
-    from .store import read_trajectories
-
     upstream = _require(state, "rollout", "identify")
     trajectories = read_trajectories(upstream["trajectories"])
     out = config.run_dir / "identify"
@@ -987,10 +970,6 @@ def _require(state: RunState, stage: str, by: str) -> dict[str, Any]:
 
 
 def stage_synthesize(config: PipelineConfig, state: RunState, say: Callable[[str], None]) -> dict[str, Any]:
-    from .artifacts import EnvRecord, EnvSet
-    from .registry import add_registry_dir
-    from .synthesis import synthesize
-
     identified = _require(state, "identify", "synthesize")
     out = config.run_dir / "envs"
     registry = out / "registry"
@@ -1020,7 +999,6 @@ def stage_synthesize(config: PipelineConfig, state: RunState, say: Callable[[str
             progress=say,
             **config.synthesize.endpoint(),
         )
-        from .registry import read_manifest
 
         for o in result.outcomes:
             status = read_manifest(Path(o.path)).validation_status() if o.path else "-"
@@ -1045,10 +1023,6 @@ def stage_synthesize(config: PipelineConfig, state: RunState, say: Callable[[str
 def training_plan(config: PipelineConfig, envs: dict[str, str]) -> list[dict[str, Any]]:
     """The training runs of the train stage: one adapter per capability env, then the
     baselines at the same total rollout budget, then the causal control."""
-    from .synthesis import serving_envs
-
-    from .evaluation import baseline_scale
-
     plan = [{"name": cap, "kind": "capability", "envs": [env_id], "scale": 1} for cap, env_id in sorted(envs.items())]
     total = baseline_scale(len(plan))  # the baselines get as many rollouts as all capability adapters together
     if config.train.grpo_target and plan:
@@ -1071,12 +1045,6 @@ def training_plan(config: PipelineConfig, envs: dict[str, str]) -> list[dict[str
 
 
 def stage_train(config: PipelineConfig, state: RunState, say: Callable[[str], None]) -> dict[str, Any]:
-    from .artifacts import AdapterRecord, AdapterSet, EnvSet, UntrainableRecord
-    from .evaluation import trace_budget
-    from .registry import add_registry_dir
-    from .training.jobs import Job, train_jobs, visible_gpus
-    from .training.log import TrainLog
-
     synthesized = _require(state, "synthesize", "train")
     add_registry_dir(synthesized["registry"])
     out = config.run_dir / "adapters"
@@ -1143,10 +1111,6 @@ def stage_train(config: PipelineConfig, state: RunState, say: Callable[[str], No
 
 
 def stage_gepa(config: PipelineConfig, state: RunState, say: Callable[[str], None]) -> dict[str, Any]:
-    from .artifacts import AdapterSet
-    from .evaluation import trace_budget
-    from .gepa_baseline import run_gepa
-
     budget = config.gepa.budget
     if budget is None:
         trained = _require(state, "train", "gepa (its budget is the TRACE adapters' rollouts; or set [gepa] budget)")
@@ -1183,10 +1147,6 @@ def stage_gepa(config: PipelineConfig, state: RunState, say: Callable[[str], Non
 
 def eval_context(config: PipelineConfig, state: RunState, backend: Any) -> Any:
     """What evaluation's methods build from: this run's artifacts, loaded typed."""
-    from .artifacts import AdapterSet, Identification
-    from .evaluation import EvalContext
-    from .store import read_trajectories
-
     outputs = {name: record.outputs for name, record in state.stages.items()}
     adapters = AdapterSet.load(outputs["train"]["adapters_json"]) if "train" in outputs else AdapterSet()
     for record in adapters.adapters:  # paths inside the file follow a moved run too
@@ -1208,18 +1168,6 @@ def eval_context(config: PipelineConfig, state: RunState, backend: Any) -> Any:
 
 
 def stage_evaluate(config: PipelineConfig, state: RunState, say: Callable[[str], None]) -> dict[str, Any]:
-    from .evaluation import (
-        build_methods,
-        lacking_rates,
-        method_result,
-        policy_backend,
-        specificity,
-        task_flips,
-        write_results,
-    )
-    from .rollout import rollout
-    from .store import OtherRunError, read_trajectories
-
     out = config.run_dir / "eval"
     out.mkdir(parents=True, exist_ok=True)
     ctx = eval_context(config, state, None)
@@ -1322,8 +1270,6 @@ def _held_out_labels(
 ) -> dict[str, list[Any]]:
     """The run's analyst's labels of every method's held-out episodes (capability-level
     figures); none where identification did not run or its analyst cannot label them."""
-    from .identification import label_all, make_analyst
-
     capabilities = _measured_capabilities(ctx)
     if not capabilities or not played:
         return {}

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ManifestError, TraceGymError, UnknownEnvError
+from .tools import CallErrorStyle
 
 NAMESPACE = "trace"
 SANDBOXED_ENTRY_POINT = "trace_gym.sandbox.env:SandboxedEnv"
@@ -81,8 +82,6 @@ class EnvEntry:
 
     def call_error_style(self):
         """The target's wording for calls it cannot run (manifest ``[call_errors]``)."""
-        from .tools import CallErrorStyle
-
         return CallErrorStyle(**self.manifest.get("call_errors", {}))
 
     @property
@@ -223,8 +222,6 @@ def _check_call_errors(path: Path, table: Any) -> None:
     """A target's ``[call_errors]`` holds only the wordings ``tools.CallErrorStyle`` knows,
     each of its type: a misspelt one is the target's mistake, named here and not when a
     training env written for the target first answers a misnamed call."""
-    from .tools import CallErrorStyle
-
     if not isinstance(table, dict):
         raise ManifestError(f"{path}: [call_errors] must be a table of wordings (docs/targets.md)")
     known = {f.name: type(f.default) for f in fields(CallErrorStyle)}

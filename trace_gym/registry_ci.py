@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable
 from .errors import ManifestError, TraceGymError
 from .hashing import uses_world_kit
 from .registry import EnvEntry, EnvKind, read_manifest
+from .validation import validate
 
 
 class GitError(TraceGymError):
@@ -162,7 +163,6 @@ class EnvOutcome:
 def _validate_one(path: str, backend: str, config: Any, write: bool) -> EnvOutcome:
     # Runs in a child process: any failure, even one the validator does not type, is
     # one FAIL line of the summary rather than the end of the whole CI run.
-    from .validation import validate
 
     try:
         report = validate(path, backend=backend, config=config, write=write)

@@ -21,9 +21,15 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from .actions import ParsedAction, parse_action
+from trace_gym.agents import make_agent
 from .agents.base import LockStepAgent, Meters, Observes, Reports
+from .env import TextEnv, check_target_reset, check_target_reward, opening_messages, turn_messages
 from .errors import AgentGaveUp, TraceGymError
-from .llm.registry import is_chat_endpoint
+from trace_gym.llm import EMBEDDED_DEFAULT, make_backend
+from trace_gym.llm.base import LoadsAdapters
+from trace_gym.llm.local import LocalHF
+from .llm.registry import is_chat_endpoint, is_local
+from .registry import EnvKind, add_registry_dir, get_entry, make, registry_dirs
 from .seeding import derive_seed
 from .store import TrajectoryStore
 from .trajectory import Message, Trajectory, episode_id
@@ -161,8 +167,6 @@ class _Running:
 
     def stepped(self, agent: Any, action: str, observation: str, info: dict[str, Any]) -> None:
         """Record one step's result, and tell the agent (``observe``) if it listens."""
-        from .env import turn_messages
-
         self.observation = observation
         self.steps += 1
         self.transcript.extend(turn_messages(action, observation, info))
@@ -176,7 +180,6 @@ def _start(env: Any, agent: Any, episode: Episode) -> _Running:
     options = {"task_id": episode.task_id} if episode.task_id is not None else None
     observation, info = env.reset(seed=episode.reset_seed, options=options)
     info = {**info, "episode_seed": episode.seed, "episode_sample": episode.sample}
-    from .env import check_target_reset, opening_messages
 
     check_target_reset(env.unwrapped, observation, info)
     agent.reset(observation, info, env)
@@ -197,8 +200,6 @@ def _finish(
     step_info: dict[str, Any],
     error: str | None = None,
 ) -> Trajectory:
-    from .env import TextEnv, check_target_reward
-
     core = env.unwrapped
     own = isinstance(core, TextEnv)  # a trace-gym env keeps the richer transcript (raw text, errors, user-side calls)
     if error is not None and own:  # the env, not the runner, scores an abandoned episode (partial credit, or τ²'s 0)
@@ -402,12 +403,6 @@ def play_episodes(
     seed given G times is played G times, with different sampling seeds, derived
     from ``run_seed`` as ``plan_seeded_episodes`` derives them).
     """
-    from trace_gym.agents import make_agent
-    from trace_gym.llm import make_backend
-    from trace_gym.llm.local import LocalHF
-
-    from .registry import make
-
     if isinstance(policy, str):
         backend = make_backend(policy)
     elif isinstance(policy, LocalHF):
@@ -486,8 +481,6 @@ def rollout(
     ``progress=None`` shows a bar only on a terminal.
     """
     from tqdm.auto import tqdm
-
-    from .registry import EnvKind, get_entry, make
 
     if executor not in ("local", "ray"):
         raise TraceGymError(f"unknown executor '{executor}'; choose local or ray")
@@ -572,8 +565,6 @@ def rollout(
         elif workers > 1:
             _run_threads(env_id, kwargs, agent, agent_kwargs, todo, workers, record)
         else:
-            from trace_gym.agents import make_agent
-
             the_agent = make_agent(agent, **agent_kwargs)
             for ep in todo:
                 record(run_episode(env, the_agent, env_id, ep))
@@ -597,11 +588,6 @@ MODEL_AGENTS = ("llm", "routed")
 
 
 def _run_local_batched(env, env_id, env_kwargs, agent, agent_kwargs, todo, batch, record) -> None:
-    from trace_gym.agents import make_agent
-    from trace_gym.llm import EMBEDDED_DEFAULT, make_backend
-
-    from .registry import make
-
     if agent not in MODEL_AGENTS:
         raise TraceGymError("--batch needs --agent llm (it batches model generation across episodes)")
     model = agent_kwargs.get("model") or EMBEDDED_DEFAULT
@@ -639,10 +625,8 @@ def _with_local_adapter(agent: str, agent_kwargs: dict[str, Any], executor: str)
         raise TraceGymError(
             "--adapter PATH with a local model needs --executor local (each Ray worker would load its own model)"
         )
-    from trace_gym.llm import EMBEDDED_DEFAULT, make_backend
 
     backend = make_backend(model or EMBEDDED_DEFAULT) if model is None or isinstance(model, str) else model
-    from trace_gym.llm.base import LoadsAdapters
 
     if not isinstance(backend, LoadsAdapters):
         raise TraceGymError(f"model {getattr(backend, 'name', backend)} cannot load LoRA adapters")
@@ -651,10 +635,6 @@ def _with_local_adapter(agent: str, agent_kwargs: dict[str, Any], executor: str)
 
 
 def _run_threads(env_id, env_kwargs, agent, agent_kwargs, todo, workers, record) -> None:
-    from trace_gym.agents import make_agent
-
-    from .registry import make
-
     local = threading.local()
     made: list[Any] = []
 
@@ -685,9 +665,6 @@ def _ray_chunk(
     """Runs on a Ray worker: its own env and agent; trajectories as JSON text. ``dirs``:
     the driver's registry folders (a run's own envs are not on the worker's path)."""
     import trace_gym  # noqa: F401  (registers the envs in the worker)
-    from trace_gym.agents import make_agent
-
-    from .registry import add_registry_dir, make
 
     for folder in dirs:
         add_registry_dir(folder)
@@ -705,9 +682,6 @@ def ray_placement(agent: str, agent_kwargs: dict[str, Any], gpus_here: int, clus
     this machine has GPUs each worker holds one of its own (Ray sets its
     CUDA_VISIBLE_DEVICES; at most as many run at once as there are GPUs), rather than
     every copy landing on GPU 0. A model behind a server needs none."""
-    from trace_gym.llm import EMBEDDED_DEFAULT
-    from trace_gym.llm.registry import is_local
-
     model = agent_kwargs.get("model") or EMBEDDED_DEFAULT
     local = agent in MODEL_AGENTS and isinstance(model, str) and is_local(model)
     if not local or gpus_here == 0:
@@ -735,7 +709,6 @@ def _run_ray(env_id, env_kwargs, agent, agent_kwargs, todo, workers):
     placement = ray_placement(agent, agent_kwargs, gpus_here, ray.cluster_resources().get("GPU", 0))
     remote = ray.remote(**placement)(_ray_chunk) if placement else ray.remote(_ray_chunk)
     chunk = max(1, len(todo) // (max(workers, 1) * 4))
-    from .registry import registry_dirs
 
     dirs = [str(d) for d in registry_dirs()]
     pending = [

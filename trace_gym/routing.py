@@ -24,6 +24,8 @@ import string
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
+from trace_gym.agents.llm_agent import LLMAgent
+from .artifacts import ArtifactError, Identification
 from .errors import TraceGymError
 
 NONE_LABEL = "none"
@@ -159,8 +161,6 @@ def capabilities_from_identification(
     output folder): the selected capabilities that have an adapter (``adapters``:
     capability name -> adapter name), each with the first user messages of up to
     ``max_examples`` trajectories labelled LACKING."""
-    from .artifacts import ArtifactError, Identification
-
     if not isinstance(identified, Identification):
         try:
             identified = Identification.load(identified)
@@ -179,8 +179,6 @@ def capabilities_from_identification(
 
 @functools.cache
 def _routed_agent_class():
-    from trace_gym.agents.llm_agent import LLMAgent
-
     class RoutedAgent(LLMAgent):
         """An ``LLMAgent`` whose adapter is chosen per task by a ``Router`` over the same backend."""
 

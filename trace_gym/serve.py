@@ -40,8 +40,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from .actions import parse_action
 from .errors import TraceGymError
-from .llm.base import NextTokenLogprobs
+from .evaluation import Unavailable, get_method, policy_backend
+from .llm import make_backend
+from .llm.base import GenerationRequest, LLMError, NextTokenLogprobs
+from .llm.registry import split_spec
+from .pipeline import eval_context, load_run
 
 ROUTED = "trace"
 """The model id of the routed agent."""
@@ -104,9 +109,6 @@ def served_from_run(run_dir: str | Path) -> Served:
     """The policy of an earlier ``trace-gym run`` with every adapter it trained (and
     ``summed``, their weights added, where it trained two or more capability adapters),
     and its router (none if the run trained no capability adapter)."""
-    from .evaluation import Unavailable, get_method, policy_backend
-    from .pipeline import eval_context, load_run
-
     config, state = load_run(run_dir)
     ctx = eval_context(config, state, None)
     ctx.backend = policy_backend(config.policy.spec, ctx.adapters)
@@ -128,7 +130,6 @@ def served_from_run(run_dir: str | Path) -> Served:
             f"trace-gym serve: no 'summed' adapter ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})",
             file=sys.stderr,
         )
-    from .llm.registry import split_spec
 
     return Served(ctx.backend, split_spec(config.policy.model)[0], router)
 
@@ -136,9 +137,6 @@ def served_from_run(run_dir: str | Path) -> Served:
 def served_model(model: str, adapters: dict[str, str] | None = None) -> Served:
     """A local model (and adapters by name), with no router; served under its name
     without the spec's chat template choice."""
-    from .llm import make_backend
-    from .llm.registry import split_spec
-
     backend = make_backend(model)
     _check_token_level(backend)
     for name, path in (adapters or {}).items():
@@ -238,8 +236,6 @@ def _common(
 
 def chat_request(served: Served, body: dict[str, Any]) -> tuple[Any, Any]:
     """(generation request, route decision) of a chat completion body."""
-    from .llm.base import GenerationRequest
-
     messages, tools = body.get("messages"), body.get("tools")
     if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) and "role" in m for m in messages):
         raise ServeError("'messages' must be a non-empty list of messages, each with a 'role'")
@@ -263,8 +259,6 @@ def chat_request(served: Served, body: dict[str, Any]) -> tuple[Any, Any]:
 
 def completion_request(served: Served, body: dict[str, Any]) -> Any:
     """The generation request of a token-id (vLLM) completion body."""
-    from .llm.base import GenerationRequest
-
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
         prompt = prompt[0]
@@ -292,8 +286,6 @@ def _stamp(kind: str, model: str) -> dict[str, Any]:
 
 
 def chat_response(model: str, completion: Any, adapter: str | None, decision: Any, tools: bool) -> dict[str, Any]:
-    from .actions import parse_action
-
     message: dict[str, Any] = {"role": "assistant", "content": completion.text}
     finish = completion.finish_reason or "stop"
     parsed = parse_action(completion.text) if tools else None
@@ -489,8 +481,6 @@ class Generator:
 
 
 def _as_serve_error(exc: Exception) -> ServeError:
-    from .llm.base import LLMError
-
     if isinstance(exc, ServeError):
         return exc
     if isinstance(exc, (LLMError, TraceGymError)):

@@ -32,7 +32,13 @@ from typing import Any, Callable, ClassVar
 
 from ..artifacts import AdapterRecord, AdapterSet, Identification
 from ..errors import TraceGymError
+from ..identification.gold import GOLD_CAPABILITIES
+from ..llm import make_backend
 from ..llm.base import SumsAdapters
+from ..llm.local.lora import adds_nothing
+from ..llm.registry import is_chat_endpoint
+from ..registry import agent_words
+from ..routing import RouteCapability, Router, capabilities_from_identification
 from ..trajectory import Trajectory
 
 
@@ -136,17 +142,12 @@ def build_router(ctx: EvalContext, records: list[AdapterRecord], *, control: boo
     """The router over these adapters: descriptions and LACKING examples from
     identification; the control's capabilities were not selected, so their
     descriptions come from the gold dictionary."""
-    from ..routing import RouteCapability, Router, capabilities_from_identification
-
     names = {(a.capability or a.name) if control else a.name: a.name for a in records}
     caps = []
     if ctx.identification is not None and not control:
         caps = capabilities_from_identification(ctx.identification, names, trajectories=ctx.train_trajectories)
     if not caps:
-        from ..identification.gold import GOLD_CAPABILITIES
-
         caps = [RouteCapability(n, GOLD_CAPABILITIES.get(n, n), adapter) for n, adapter in names.items()]
-    from ..registry import agent_words
 
     return Router(ctx.backend, caps, calibrate=ctx.calibrate_router, agent=agent_words(ctx.target))
 
@@ -195,8 +196,6 @@ class TrainedBaseline(Method):
     """A baseline adapter the train stage made under this method's name."""
 
     def build(self, ctx: EvalContext) -> BuiltAgent:
-        from ..llm.local.lora import adds_nothing
-
         record = ctx.adapters.named(self.name)
         if record is None:
             raise Unavailable(f"no '{self.name}' adapter was trained")
@@ -288,9 +287,6 @@ def policy_backend(model: str, adapters: AdapterSet, **server: Any) -> Any:
     """The policy with every trained adapter loaded under its name. An OpenAI-compatible
     server (vLLM) must already serve them under those names (``--lora-modules name=path``);
     ``server``: its ``base_url``/``api_key`` where they are not the environment's."""
-    from ..llm import make_backend
-    from ..llm.registry import is_chat_endpoint
-
     backend = make_backend(model, **server)
     if not is_chat_endpoint(model):
         for a in adapters.adapters:

@@ -23,7 +23,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from ..artifacts import ArtifactError, SCHEMA_VERSION, check_version, from_row, read_json, write_json
+from ..identification.gold import GoldActionAnalyst
 from ..identification.stats import LACKING, NOT_APPLICABLE, wilson
+from ..rollout import summarize
 from ..trajectory import Trajectory
 
 NO_CAPABILITY = "none"
@@ -65,8 +68,6 @@ class MethodResult:
 
     @classmethod
     def from_dict(cls, row: dict[str, Any]) -> "MethodResult":
-        from ..artifacts import from_row
-
         result = from_row(cls, row, "results.json row")
         result.pass_1_ci = tuple(result.pass_1_ci)  # type: ignore[assignment]
         result.pass_k = {int(k): v for k, v in result.pass_k.items()}
@@ -80,8 +81,6 @@ def capability_groups(
     base: Iterable[Trajectory], capabilities: Iterable[str], analyst: Any = None
 ) -> dict[str, set[str]]:
     """Task ids where the base model's episode LACKS each capability (gold labels)."""
-    from ..identification.gold import GoldActionAnalyst
-
     analyst = analyst or GoldActionAnalyst()
     wanted = set(capabilities)
     groups: dict[str, set[str]] = {c: set() for c in wanted}
@@ -100,8 +99,6 @@ def method_result(
     routed_capabilities: list[str] | None = None,
     cost: dict[str, Any] | None = None,
 ) -> MethodResult:
-    from ..rollout import summarize
-
     summary = summarize(trajectories, env_id=trajectories[0].env_id if trajectories else "", agent=method)
     successes = sum(t.success for t in trajectories)
     result = MethodResult(
@@ -196,8 +193,6 @@ def specificity(base: MethodResult, method: MethodResult, targeted: Iterable[str
 
 def load_results(path: str | Path) -> list[MethodResult]:
     """``results.json`` of an evaluation (a folder holding it, or the file)."""
-    from ..artifacts import ArtifactError, check_version, read_json
-
     path = Path(path)
     path = path / RESULTS_FILE if path.is_dir() else path
     payload = read_json(path, "trace-gym evaluate")
@@ -357,7 +352,6 @@ def write_results(
     """``results.json``, ``results.md`` and the plots, in ``out_dir``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    from ..artifacts import SCHEMA_VERSION, write_json
 
     paths = [out / RESULTS_FILE, out / "results.md"]
     write_json(paths[0], {"version": SCHEMA_VERSION, "results": [r.as_dict() for r in results]})

@@ -11,6 +11,8 @@ import json
 from typing import Any
 
 from trace_gym.errors import TraceGymError
+from trace_gym.registry import get_entry
+from trace_gym.targets.tau2 import import_tau2
 from trace_gym.tools import changes_state, is_read
 from trace_gym.trajectory import Trajectory
 
@@ -40,9 +42,6 @@ class GoldActionAnalyst:
         return dict(GOLD_CAPABILITIES)
 
     def task(self, trajectory: Trajectory):
-        from trace_gym.registry import get_entry
-        from trace_gym.targets.tau2 import import_tau2
-
         domain = get_entry(trajectory.env_id).kwargs.get("domain")
         if domain is None:
             raise TraceGymError(f"the gold analyst needs a τ²-bench target; {trajectory.env_id} has no gold actions")

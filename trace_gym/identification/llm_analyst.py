@@ -26,7 +26,9 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, Field, ValidationError
 
 from trace_gym.errors import TraceGymError
+from trace_gym.llm.registry import CHAT_ENDPOINT, is_chat_endpoint, make_backend
 from trace_gym.prompts import render_prompt
+from trace_gym.registry import agent_words
 from trace_gym.seeding import derive_seed
 from trace_gym.trajectory import Trajectory
 
@@ -83,8 +85,6 @@ def render(template: str, /, **values: Any) -> str:
 
 def _agent(trajectories: list[Trajectory]) -> str:
     """What the agent of these trajectories is, in the words of its target's manifest."""
-    from trace_gym.registry import agent_words
-
     return agent_words(trajectories[0].env_id if trajectories else None)
 
 
@@ -130,8 +130,6 @@ def analyst_backend(
     """The OpenAI-compatible client an analyst talks through (time-outs, back-off on
     transient errors), one request at a time: identification's and synthesis's.
     ``offline``: the caller's analysts that need no server, named in the refusal."""
-    from trace_gym.llm.registry import CHAT_ENDPOINT, is_chat_endpoint, make_backend
-
     if not is_chat_endpoint(spec) or spec == CHAT_ENDPOINT:
         choices = ", ".join(offline) + " or " if offline else "an OpenAI-compatible server's "
         raise TraceGymError(f"unknown analyst '{spec}'; use {choices}openai:<model>")

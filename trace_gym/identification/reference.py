@@ -18,7 +18,9 @@ from typing import Any
 
 from trace_gym.actions import parse_action
 from trace_gym.errors import TraceGymError
+from trace_gym.registry import make
 from trace_gym.trajectory import Trajectory
+from trace_gym.validation import stated_numbers
 
 from .gold import GOLD_CAPABILITIES, label_against
 from .stats import Label
@@ -61,8 +63,6 @@ class ReferenceAnalyst:
 
     def _env(self, env_id: str) -> Any:
         if env_id not in self._envs:
-            from trace_gym.registry import make
-
             env = make(env_id)
             if not callable(getattr(env.unwrapped, "oracle_actions", None)):
                 env.close()
@@ -75,7 +75,6 @@ class ReferenceAnalyst:
 
     def label(self, trajectory: Trajectory) -> list[Label]:
         calls, messages = self.solution(trajectory)
-        from trace_gym.validation import stated_numbers
 
         return label_against(trajectory, calls, sorted(stated_numbers(" ".join(messages))))
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .base import LLMError
+from .embedded import OWN_TEMPLATES
 
 CHOICES = ("auto", "stock")
 """``auto``: the tokenizer's template if it appends turn for turn, else TRL's training
@@ -76,8 +77,6 @@ def appends_turns(render: Callable[[list[dict[str, Any]], bool], str]) -> bool:
 def named_template(name: str) -> str:
     """A template by name: one of ours (``embedded.OWN_TEMPLATES``), else one TRL ships
     (``trl/chat_templates/<name>.jinja``)."""
-    from .embedded import OWN_TEMPLATES
-
     if name in OWN_TEMPLATES:
         return OWN_TEMPLATES[name]
     try:

@@ -14,6 +14,8 @@ import sys
 from typing import Any
 
 from .base import Completion, LLMError, TokenTurn, control_pattern, plain_messages
+from .registry import with_pad_token
+from .templates import CANNOT_APPEND, choose, template_kwargs
 
 _SENTINEL = "\u2063TRACE-GYM-SENTINEL\u2063"
 
@@ -30,8 +32,6 @@ class TokenTemplate:
         model's ``generation_config.eos_token_id`` (an id, a list of them, or None)."""
         if chat_template is not None:
             self.tokenizer.chat_template = chat_template
-        from .registry import with_pad_token
-        from .templates import CANNOT_APPEND, choose, template_kwargs
 
         stock = self.tokenizer.chat_template
         self.tokenizer.chat_template, self.template_note = choose(self.tokenizer, template)

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from .base import Completion, GenerationRequest, LLMError, RemoteRequests
+from .registry import LOCAL_FOLDER, load_tokenizer, local_folder
 from .token_template import TokenTemplate
 
 _TOKEN_ID = "token_id:"
@@ -70,7 +71,6 @@ class VLLMTokens(TokenTemplate, RemoteRequests):
             from transformers import AutoConfig
         except ImportError as exc:
             raise LLMError(f"vllm: models need transformers for their tokenizer ({exc}); run make setup") from None
-        from .registry import load_tokenizer
 
         self.model = model
         self.name = f"vllm:{model}"
@@ -250,8 +250,6 @@ def _error_message(exc: Any) -> str:
 def tokenizer_folder(spec: str) -> tuple[str, str | None]:
     """(local folder, chat template to set or None) of a tokenizer spec: an embedded
     model's name, ``hf:<folder>`` or a folder."""
-    from .registry import LOCAL_FOLDER, local_folder
-
     try:
         folder, template = local_folder(spec)
     except LLMError:

@@ -18,9 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from trace_gym.artifacts import Identification, read_json, read_labels
 from trace_gym.errors import TraceGymError
+from trace_gym.identification.llm_analyst import compact
 from trace_gym.identification.stats import LACKING
+from trace_gym.registry import EnvKind, add_registry_dir, discover, get_entry, register_all, registry_dirs
+from trace_gym.store import read_trajectories
 
+from .analyst import SynthesisAnalyst
 from .loop import AttemptKind, Outcome, Status, SynthesisConfig, SynthesisError, Synthesizer, extract_code
 from .prompt import TEMPLATE_VERSION, Capability, target_context, template_hash
 
@@ -90,8 +95,6 @@ def load_capabilities(
     """The selected capabilities of ``capabilities.json`` (identify's output; a list of
     ``{name, description}`` also works), with the LACKING evidence of ``labels.jsonl``
     beside it and, given the trajectories file, a few compacted failed trajectories."""
-    from trace_gym.artifacts import Identification, read_json, read_labels
-
     path = Path(path)
     data = read_json(path, "trace-gym identify")
     if isinstance(data, dict) and "version" in data:  # identify's output
@@ -120,10 +123,7 @@ def load_capabilities(
         rows = [r for r in rows if r["name"] in only]
     by_episode = {}
     if trajectories:
-        from trace_gym.store import read_trajectories
-
         by_episode = {t.episode_id: t for t in read_trajectories(trajectories)}
-    from trace_gym.identification.llm_analyst import compact
 
     capabilities = []
     for row in rows:
@@ -137,8 +137,6 @@ def load_capabilities(
 
 def serving_envs(capability: str, target: str) -> list[Any]:
     """Registry envs whose manifest names ``capability`` for ``target``."""
-    from trace_gym.registry import EnvKind, discover
-
     out = []
     for entry in discover().values():
         served = entry.capability.get("serves") or []
@@ -152,8 +150,6 @@ def serving_envs(capability: str, target: str) -> list[Any]:
 
 
 def default_registry_dir() -> Path:
-    from trace_gym.registry import registry_dirs
-
     return registry_dirs()[0]
 
 
@@ -172,8 +168,6 @@ def synthesize(
     progress: Callable[[str], None] | None = None,
 ) -> SynthesisResult:
     """Synthesize (or, offline, find) one env per capability for ``target``."""
-    from trace_gym.registry import EnvKind, get_entry, register_all
-
     entry = get_entry(target)
     if entry.kind != EnvKind.TARGET:
         raise TraceGymError(f"{target} is not a target; synthesis trains for a target such as trace/tau2-retail-v0")
@@ -185,7 +179,6 @@ def synthesize(
     say = progress or (lambda message: None)
     registry = Path(registry_dir) if registry_dir else default_registry_dir()
     result = SynthesisResult(entry.id, analyst, str(registry))
-    from trace_gym.registry import add_registry_dir
 
     if add_registry_dir(registry):
         result.notes.append(
@@ -216,13 +209,10 @@ def synthesize(
                 )
             say(f"{cap.name}: {result.outcomes[-1].message}")
         return result
-    from .analyst import SynthesisAnalyst
 
     client = SynthesisAnalyst(analyst, cache_dir=cache_dir, base_url=base_url, api_key=api_key)
     trajectories_list = None
     if trajectories:
-        from trace_gym.store import read_trajectories
-
         trajectories_list = [
             t for t in read_trajectories(trajectories) if t.env_id.removeprefix("trace_gym:") == entry.id
         ]

@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from trace_gym.identification.llm_analyst import AnswerCache, analyst_backend
+
 
 class SynthesisAnalyst:
     def __init__(
@@ -25,10 +27,10 @@ class SynthesisAnalyst:
         max_new_tokens: int = 8192,
         temperature: float = 0.0,
     ):
-        from trace_gym.identification.llm_analyst import AnswerCache, analyst_backend
-
         self.name = spec
-        self.backend = analyst_backend(spec, base_url=base_url, api_key=api_key, offline=("registry",))
+        self.backend = analyst_backend(
+            spec, base_url=base_url, api_key=api_key, offline=("registry",)
+        )  # refuses a spec naming no server
         self.cache = AnswerCache(Path(cache_dir) if cache_dir else None)
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature

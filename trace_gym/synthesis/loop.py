@@ -35,7 +35,8 @@ from typing import Any, Callable
 from trace_gym.errors import TraceGymError
 from trace_gym.hashing import code_hash
 from trace_gym.identification.llm_analyst import snake
-from trace_gym.registry import EnvEntry, EnvKind, ValidationStatus, discover
+from trace_gym.registry import EnvEntry, EnvKind, ValidationStatus, discover, read_manifest
+from trace_gym.sandbox import check_source
 from trace_gym.validation import CheckResult, ValidationConfig, ValidationReport, validate
 
 from .prompt import TEMPLATE_VERSION, Capability, TargetContext, generation_prompt, render, template_hash
@@ -303,8 +304,6 @@ class Synthesizer:
         staging: Path,
         validation_config: ValidationConfig,
     ) -> tuple[Attempt, str | None, ValidationReport | None]:
-        from trace_gym.sandbox import check_source
-
         try:
             code = extract_code(answer)
         except SynthesisError as exc:
@@ -393,8 +392,6 @@ class Synthesizer:
         _fsync_dir(self.registry_dir)
 
     def _existing(self, capability: Capability, folder: Path) -> Outcome:
-        from trace_gym.registry import read_manifest
-
         entry = read_manifest(folder)
         recorded = entry.manifest.get("provenance", {}).get("code_hash")
         if not self.config.resume:

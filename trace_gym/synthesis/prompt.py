@@ -18,8 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trace_gym.errors import TraceGymError
 from trace_gym.prompts import prompt_text, render_prompt
-from trace_gym.registry import EnvEntry
+from trace_gym.registry import EnvEntry, make_train
+from trace_gym.rollout import replay_oracle
+from trace_gym.sandbox import world
+from trace_gym.sandbox.language import MODULES
 from trace_gym.tools import load_frozen_tools
 
 PROMPTS = Path(__file__).with_name("prompts")
@@ -140,10 +144,6 @@ def _call_of(messages: list[Any], tool_index: int) -> str:
 
 def _from_live_target(entry: EnvEntry, samples: int, per_result: int) -> tuple[str, list[str], str]:
     """Reset the target and replay its oracle's tool calls; ("", [], why) where it cannot run."""
-    from trace_gym.errors import TraceGymError
-    from trace_gym.registry import make_train
-    from trace_gym.rollout import replay_oracle
-
     try:  # the analyst sees the train split's tool results, never the held-out tasks evaluation scores
         env, _ = make_train(entry.id)
     except (TraceGymError, ImportError) as exc:
@@ -184,8 +184,6 @@ def world_kit_text(target: str) -> str:
     """What the generation prompt says about the world kit for ``target``: each of its
     functions (the target's and those for any env: ``script``, ``graded``) with its
     signature and docstring, read from the kit itself, and the kit's data about the target."""
-    from trace_gym.sandbox import world
-
     if target not in WORLD_KITS:
         return f"It has nothing for {target} yet: build the records yourself, with every field the results above show."
     prefix, data = WORLD_KITS[target]
@@ -205,8 +203,6 @@ def world_kit_text(target: str) -> str:
 
 
 def generation_prompt(capability: Capability, context: TargetContext) -> str:
-    from trace_gym.sandbox.language import MODULES
-
     tools = json.dumps(context.tools, indent=1, ensure_ascii=False)
     return render(
         "generate",

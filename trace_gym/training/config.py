@@ -1,4 +1,5 @@
-"""The settings of one GRPO training run, paired with ``trainer.py`` (TRL-style).
+"""The settings of one GRPO training run, paired with ``trainer.py`` (TRL-style),
+and of one SFT warm start (``SFTTrainingConfig``, paired with ``sft.py``).
 
 Every field is documented once, here, where it is defined; the defaults are
 the TRACE paper's (LoRA rank 32, G = 4 seeds per iteration, K = 4 rollouts per
@@ -320,6 +321,79 @@ class GRPOTrainingConfig:
             dataloader_num_workers=0,
             log_completions=False,
         )
+
+
+@dataclass
+class SFTTrainingConfig:
+    """One LoRA warm start on demonstrations."""
+
+    trajectories: list[str]
+    """Trajectory files (JSONL, as ``trace-gym rollout`` writes them)."""
+    out: str
+    """Run folder: ``adapter/``, ``model/`` (merged), ``sft_log.jsonl``, ``run.json``."""
+    model: str = "smollm2-135m-instruct"
+    """The policy to warm-start: the embedded model's name or ``hf:<local folder>``."""
+    min_reward: float = 1.0
+    """Only episodes with at least this reward are learnt from (1.0: successes only)."""
+    epochs: int = 4
+    """Passes over the demonstrations (ours: what the shipped warm start used)."""
+    learning_rate: float = 3e-4
+    """AdamW learning rate, constant after a short warm-up (ours: a usual LoRA SFT rate, 30x GRPO's)."""
+    batch_size: int = 8
+    """Demonstrations per optimizer step."""
+    micro_batch: int = 2
+    """Demonstrations per forward/backward pass, all of one prompt (``SharedPromptSampler``); divides
+    ``batch_size``. Ours: 2, what the shipped warm start used (its memory: its README)."""
+    lora_rank: int = 16
+    """LoRA rank of the warm start (ours: 16, on attention and MLP)."""
+    lora_alpha: int = 32
+    """LoRA scaling alpha (2 x rank)."""
+    lora_target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    """Modules that get an adapter: attention and MLP (a new output format is more than attention's job)."""
+    prefix_gradient: bool = False
+    """Back-propagate through the system prompt the demonstrations share. Off (ours): that prompt's
+    keys and values are computed with the current weights but without gradients, a stop-gradient that
+    makes a step cost its agent turns, not the 5k-token τ² prompt again with gradients."""
+    max_tokens: int | None = None
+    """Tokens per demonstration; a longer one is cut after its last agent turn that fits. None: the
+    model's context size."""
+    dtype: str = "auto"
+    """Weights during training: ``auto`` (bfloat16 on CUDA and CPUs with bf16 instructions), ``float32``
+    or ``bfloat16``; the LoRA and the merged model are float32 either way."""
+    device: str = "cpu"
+    """``cpu`` or ``cuda``."""
+    seed: int = 0
+    """Seeds the data order and the LoRA initialisation."""
+    torch_threads: int | None = None
+    """CPU threads of torch; None keeps torch's choice."""
+    save_steps: int = 5
+    """Optimizer steps between checkpoints (LoRA, optimizer and data position; the last one is
+    kept): ``resume`` goes on from the newest."""
+    resume: bool = False
+    """Go on from the newest checkpoint in ``out`` (a run with the same config that stopped)."""
+
+    def check(self) -> "SFTTrainingConfig":
+        if not self.trajectories:
+            raise TrainingError("sft needs at least one --trajectories file")
+        for name in ("epochs", "batch_size", "micro_batch", "lora_rank", "save_steps"):
+            if getattr(self, name) < 1:
+                raise TrainingError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.batch_size % self.micro_batch:
+            raise TrainingError(f"micro_batch ({self.micro_batch}) must divide batch_size ({self.batch_size})")
+        if self.learning_rate <= 0:
+            raise TrainingError("learning_rate must be positive")
+        check_placement(self.device, self.dtype)
+        if self.max_tokens is not None and self.max_tokens < 16:
+            raise TrainingError(f"max_tokens must be at least 16, got {self.max_tokens}")
+        return self
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def resolved_dtype(self) -> str:
+        return resolve_dtype(self.dtype, self.device)
 
 
 def checkpointing(config_class: type, on: bool) -> dict[str, Any]:

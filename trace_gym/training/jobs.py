@@ -12,6 +12,7 @@ import queue as queues
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from trace_gym.registry import add_registry_dir
 from .config import GRPOTrainingConfig, TrainingError
 
 
@@ -98,7 +99,6 @@ def train_jobs(
 
 def _worker(device: str, jobs: list[Job], registry: list[str], results: Any) -> None:
     os.environ["CUDA_VISIBLE_DEVICES"] = device  # before torch is imported in this process
-    from trace_gym.registry import add_registry_dir
 
     for folder in registry:
         add_registry_dir(folder)
@@ -111,6 +111,8 @@ def _worker(device: str, jobs: list[Job], registry: list[str], results: Any) -> 
 
 
 def _train(job: Job, device: str | None) -> Outcome:
+    # Imported here, not at the top: a spawned worker imports this module before
+    # _worker sets CUDA_VISIBLE_DEVICES, so nothing it loads first may load torch.
     from .calibration import UntrainableEnvError
     from .rollouts import EnvTurnedError
     from .trainer import train

@@ -25,13 +25,14 @@ from typing import Any, Callable
 import gymnasium as gym
 
 from trace_gym.errors import EnvContractError, TraceGymError
+from trace_gym.rollout import play_batched
+from trace_gym.sandbox.errors import SandboxError
+from trace_gym.trajectory import Message
 
 FAILED_OBSERVATION = "(the environment failed; this episode is void)"
 
 
 def _env_failures() -> tuple[type[BaseException], ...]:
-    from trace_gym.sandbox.errors import SandboxError
-
     return (SandboxError, EnvContractError)
 
 
@@ -50,7 +51,6 @@ class GuardedEnv(gym.Wrapper):
             return self.env.reset(seed=seed, options=options)
         except _env_failures() as exc:
             self.failure = f"reset: {type(exc).__name__}: {exc}"
-            from trace_gym.trajectory import Message
 
             # The agent still asks for one turn; give it an empty, well-formed transcript.
             self.env.unwrapped.messages = [
@@ -150,8 +150,6 @@ class EnvPool:
         with ``agents[i]`` (``configure(env, i)`` runs first, e.g. to set a hint).
         A failed episode is replayed once in a fresh instance; the result keeps the
         order of ``episodes``."""
-        from trace_gym.rollout import play_batched
-
         if len(agents) < len(episodes):
             raise TraceGymError(f"{len(episodes)} episodes need as many agents, got {len(agents)}")
         outcomes: list[EpisodeOutcome | None] = [None] * len(episodes)

@@ -48,8 +48,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from trace_gym.agents import make_agent
 from trace_gym.errors import TraceGymError
+from trace_gym.llm.local import LocalHF
+from trace_gym.rollout import Episode, episode_seed, run_episode
+from trace_gym.sandbox.env import SandboxedEnv
 from trace_gym.seeding import derive_seed
+from trace_gym.validation import ValidationConfig, hint_leaks
 
 from .config import GRPOTrainingConfig, TrainingError
 from .pool import EnvPool, EpisodeOutcome
@@ -216,8 +221,6 @@ class EnvRolloutFunc:
     def backend_for(self, trainer: Any) -> Any:
         """The trainer's current policy as a token-level backend; its caches are
         cleared on every call, since the weights changed since the last one."""
-        from trace_gym.llm.local import LocalHF
-
         model = trainer.accelerator.unwrap_model(trainer.model)
         if self._backend is None or self._model is not model:
             self._backend, self._model = (
@@ -299,10 +302,6 @@ class EnvRolloutFunc:
         the oracle and a message-only agent (no model; not counted in the rollout
         budget), and scans the seed's hinted prompt for its answer. Raises
         ``EnvTurnedError`` (one line) when any of them disagrees with validation."""
-        from trace_gym.agents import make_agent
-        from trace_gym.rollout import Episode, episode_seed, run_episode
-        from trace_gym.validation import ValidationConfig, hint_leaks
-
         limits = ValidationConfig()
         problems = []
         env = self.pool.make_env(env_id)
@@ -344,9 +343,6 @@ class EnvRolloutFunc:
         rows: list[dict[str, Any] | None],
         record: IterationRecord,
     ) -> None:
-        from trace_gym.agents import make_agent
-        from trace_gym.rollout import Episode, episode_seed
-
         k = self.config.rollouts_per_group
         episodes, hinted = [], []
         for key in keys:
@@ -373,7 +369,6 @@ class EnvRolloutFunc:
             )
             for _ in episodes
         ]
-        from trace_gym.sandbox.env import SandboxedEnv
 
         can_hint = {}
 

@@ -34,97 +34,31 @@ its target's ``test`` split is refused before anything loads.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import importlib.util
 import json
 import random
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trace_gym.registry import HELD_OUT_SPLIT, EnvKind
-
+from trace_gym.env import agent_conversation
+from trace_gym.errors import TraceGymError
+from trace_gym.llm.base import TokenEpisode, TokenTurn
+from trace_gym.llm.embedded import merge_adapter
+from trace_gym.llm.local import LocalHF
 from trace_gym.llm.local.lora import without_checkpointing_deprecations
 from trace_gym.llm.registry import local_spec
+from trace_gym.registry import EnvKind, HELD_OUT_SPLIT, get_entry, make
 from trace_gym.seeding import derive_seed
+from trace_gym.store import read_trajectories
 
-from .config import TrainingError, check_placement, checkpointing, resolve_dtype
-
-
-@dataclass
-class SFTTrainingConfig:
-    """One LoRA warm start on demonstrations."""
-
-    trajectories: list[str]
-    """Trajectory files (JSONL, as ``trace-gym rollout`` writes them)."""
-    out: str
-    """Run folder: ``adapter/``, ``model/`` (merged), ``sft_log.jsonl``, ``run.json``."""
-    model: str = "smollm2-135m-instruct"
-    """The policy to warm-start: the embedded model's name or ``hf:<local folder>``."""
-    min_reward: float = 1.0
-    """Only episodes with at least this reward are learnt from (1.0: successes only)."""
-    epochs: int = 4
-    """Passes over the demonstrations (ours: what the shipped warm start used)."""
-    learning_rate: float = 3e-4
-    """AdamW learning rate, constant after a short warm-up (ours: a usual LoRA SFT rate, 30x GRPO's)."""
-    batch_size: int = 8
-    """Demonstrations per optimizer step."""
-    micro_batch: int = 2
-    """Demonstrations per forward/backward pass, all of one prompt (``SharedPromptSampler``); divides
-    ``batch_size``. Ours: 2, what the shipped warm start used (its memory: its README)."""
-    lora_rank: int = 16
-    """LoRA rank of the warm start (ours: 16, on attention and MLP)."""
-    lora_alpha: int = 32
-    """LoRA scaling alpha (2 x rank)."""
-    lora_target_modules: list[str] = field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    )
-    """Modules that get an adapter: attention and MLP (a new output format is more than attention's job)."""
-    prefix_gradient: bool = False
-    """Back-propagate through the system prompt the demonstrations share. Off (ours): that prompt's
-    keys and values are computed with the current weights but without gradients, a stop-gradient that
-    makes a step cost its agent turns, not the 5k-token τ² prompt again with gradients."""
-    max_tokens: int | None = None
-    """Tokens per demonstration; a longer one is cut after its last agent turn that fits. None: the
-    model's context size."""
-    dtype: str = "auto"
-    """Weights during training: ``auto`` (bfloat16 on CUDA and CPUs with bf16 instructions), ``float32``
-    or ``bfloat16``; the LoRA and the merged model are float32 either way."""
-    device: str = "cpu"
-    """``cpu`` or ``cuda``."""
-    seed: int = 0
-    """Seeds the data order and the LoRA initialisation."""
-    torch_threads: int | None = None
-    """CPU threads of torch; None keeps torch's choice."""
-    save_steps: int = 5
-    """Optimizer steps between checkpoints (LoRA, optimizer and data position; the last one is
-    kept): ``resume`` goes on from the newest."""
-    resume: bool = False
-    """Go on from the newest checkpoint in ``out`` (a run with the same config that stopped)."""
-
-    def check(self) -> "SFTTrainingConfig":
-        if not self.trajectories:
-            raise TrainingError("sft needs at least one --trajectories file")
-        for name in ("epochs", "batch_size", "micro_batch", "lora_rank", "save_steps"):
-            if getattr(self, name) < 1:
-                raise TrainingError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.batch_size % self.micro_batch:
-            raise TrainingError(f"micro_batch ({self.micro_batch}) must divide batch_size ({self.batch_size})")
-        if self.learning_rate <= 0:
-            raise TrainingError("learning_rate must be positive")
-        check_placement(self.device, self.dtype)
-        if self.max_tokens is not None and self.max_tokens < 16:
-            raise TrainingError(f"max_tokens must be at least 16, got {self.max_tokens}")
-        return self
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def resolved_dtype(self) -> str:
-        return resolve_dtype(self.dtype, self.device)
+from .config import SFTTrainingConfig, TrainingError, checkpointing
+from .log import TrainLog
+from .shared_update import shared_prefix_logps
+from .trainer import last_checkpoint, load_policy
 
 
 @dataclass
@@ -147,9 +81,6 @@ class SFTResult:
 def held_out_tasks(env_id: str) -> set[str]:
     """The task ids of ``env_id``'s held-out split (empty for an env without
     tasks, such as a synthesized env, or a target without a ``test`` split)."""
-    from trace_gym.errors import TraceGymError
-    from trace_gym.registry import get_entry, make
-
     if get_entry(env_id).kind != EnvKind.TARGET:
         return set()
     try:
@@ -165,8 +96,6 @@ def held_out_tasks(env_id: str) -> set[str]:
 def load_demonstrations(paths: list[str], min_reward: float) -> tuple[list[Any], dict[str, Any]]:
     """The successful, agent-played trajectories of ``paths``, and what was left out.
     Refuses, in one line, a file that holds an episode of a held-out task."""
-    from trace_gym.store import read_trajectories
-
     kept, skipped = [], {"below_min_reward": 0, "aborted": 0, "no_agent_turn": 0}
     held: dict[str, set[str]] = {}
     for path in paths:
@@ -199,8 +128,6 @@ def load_demonstrations(paths: list[str], min_reward: float) -> tuple[list[Any],
 
 def env_tools(env_id: str) -> list[dict[str, Any]]:
     """The tool schemas an agent sees in ``env_id`` (what its ``reset`` puts in ``info``)."""
-    from trace_gym.registry import make
-
     env = make(env_id)
     try:
         _, info = env.reset(seed=0)
@@ -213,9 +140,6 @@ def demonstration_episode(backend: Any, trajectory: Any, tools: list[dict[str, A
     """The ``TokenEpisode`` a rollout would have recorded had the model written the
     trajectory's agent turns (those with ``raw`` text; a target's scripted greeting
     is the environment's), every turn's prompt extending the last one token for token."""
-    from trace_gym.env import agent_conversation
-    from trace_gym.llm.base import TokenEpisode, TokenTurn
-
     transcript = [m for m in trajectory.messages if m.requestor != "user"]
     turns = [i for i, m in enumerate(transcript) if m.role == "assistant" and m.raw is not None]
     episode = TokenEpisode()
@@ -366,8 +290,6 @@ def agent_token_logps(model: Any, batch: dict[str, Any], prefix_gradient: bool =
     apply (reentrant gradient checkpointing, a sliding-window model)."""
     import torch
 
-    from .shared_update import shared_prefix_logps
-
     ids, attention, mask = batch["input_ids"], batch["attention_mask"], batch["completion_mask"]
     keep = mask.shape[1]
     part = shared_prefix_logps(
@@ -412,8 +334,6 @@ RESUME_IGNORES = ("resume", "torch_threads")
 def _check_out(out: Path, config: SFTTrainingConfig) -> Path | None:
     """The checkpoint to resume from (None: a fresh run); refuses, in one line, a folder
     that holds a finished warm start, or a resume with no checkpoint or another config."""
-    from .trainer import last_checkpoint
-
     if (out / "model").exists():
         raise TrainingError(f"{out} already holds a warm start; choose another --out (or delete it to rebuild)")
     if not config.resume:
@@ -447,7 +367,6 @@ def sft(config: SFTTrainingConfig, *, progress: bool | None = None) -> SFTResult
             raise TrainingError(f"sft needs {module}: pip install 'trace-gym[{extra}]'")
     demonstrations, skipped = load_demonstrations(config.trajectories, config.min_reward)
     t0 = time.perf_counter()
-    from .trainer import load_policy
 
     dtype = config.resolved_dtype()
     model, tokenizer, model_path = load_policy(config.model, dtype, device=config.device)
@@ -456,8 +375,6 @@ def sft(config: SFTTrainingConfig, *, progress: bool | None = None) -> SFTResult
     from datasets import Dataset
     from peft import LoraConfig
     from trl import SFTConfig
-
-    from trace_gym.llm.local import LocalHF
 
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
@@ -517,7 +434,6 @@ def sft(config: SFTTrainingConfig, *, progress: bool | None = None) -> SFTResult
         dataset_kwargs={"skip_prepare_dataset": True},
     )
     log_path = out / "sft_log.jsonl"
-    from .log import TrainLog
 
     log = TrainLog(log_path)
     previous = log.truncate_to(int(checkpoint.name.split("-", 1)[1])) if checkpoint else []
@@ -564,7 +480,6 @@ def sft(config: SFTTrainingConfig, *, progress: bool | None = None) -> SFTResult
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     adapter = out / "adapter"
     trainer.model.save_pretrained(str(adapter))
-    from trace_gym.llm.embedded import merge_adapter
 
     merged = merge_adapter(Path(model_path), adapter, out / "model", tokenizer.chat_template)
     steps = trainer.state.global_step

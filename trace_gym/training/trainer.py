@@ -37,13 +37,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from trace_gym.errors import UnknownEnvError
+from trace_gym.hashing import code_hash, interface_hash
+from trace_gym.llm import LLMError
+from trace_gym.llm.local import LocalHF
 from trace_gym.llm.local.lora import without_checkpointing_deprecations
+from trace_gym.llm.registry import is_server, load_local, local_folder, split_spec
+from trace_gym.registry import EnvKind, ValidationStatus, get_entry, make, make_train
+from trace_gym.sandbox.backends import Limits
 
+from . import ranks
+from .calibration import calibrate_env, check_trainable, load_calibrations, save_calibrations
 from .config import GRPOTrainingConfig, TrainingError, native_bf16
 from .log import TrainLog, plot_reward_curve
-from . import ranks
 from .pool import EnvPool
 from .rollouts import EnvRolloutFunc, IterationRecord, env_reward, plan_groups
+from .shared_update import trainer_class
 
 
 # Settings a resumed run must share with the run it continues (iterations may grow).
@@ -82,9 +91,6 @@ class TrainingResult:
 def resolve_model(spec: str) -> tuple[str, str | None]:
     """(local folder, chat template to set) of a policy spec: the embedded name,
     ``hf:<folder>`` or a folder. Training never reaches a hub or a remote server."""
-    from trace_gym.llm import LLMError
-    from trace_gym.llm.registry import is_server, local_folder
-
     try:
         return local_folder(spec)
     except LLMError as exc:
@@ -98,9 +104,6 @@ def load_policy(spec: str, dtype: str, device: str = "cpu") -> tuple[Any, Any, s
     spec's choice, ``llm.registry.split_spec``) and a pad token. Training appends
     turn by turn, so a template that re-renders earlier turns is refused."""
     import torch
-
-    from trace_gym.llm import LLMError
-    from trace_gym.llm.registry import load_local, split_spec
 
     path, chat_template = resolve_model(spec)
     try:
@@ -162,10 +165,6 @@ def _check_run_folder(config: GRPOTrainingConfig, resume: bool) -> str:
 def env_code(env_ids: list[str]) -> dict[str, str]:
     """Each env's code as its validation report hashes it: its folder's files and,
     for a synthesized env, its target's frozen interface and the world kit it imports."""
-    from trace_gym.errors import UnknownEnvError
-    from trace_gym.hashing import code_hash, interface_hash
-    from trace_gym.registry import EnvKind, get_entry
-
     hashes = {}
     for env_id in env_ids:
         entry = get_entry(env_id)
@@ -227,8 +226,6 @@ def _env_plan(
 ) -> tuple[dict[str, list[str] | None], dict[str, dict[str, Any]], dict[str, int | None]]:
     """Per env id: its task list (targets) or None (seeded envs), its make() kwargs
     and its number of difficulty levels (None: it has none)."""
-    from trace_gym.registry import EnvKind, ValidationStatus, get_entry, make, make_train
-
     tasks: dict[str, list[str] | None] = {}
     kwargs: dict[str, dict[str, Any]] = {}
     levels: dict[str, int | None] = {}
@@ -246,8 +243,6 @@ def _env_plan(
                 env.close()
             levels[env_id] = None
         else:
-            from trace_gym.sandbox.backends import Limits
-
             status = entry.validation_status()
             if status != ValidationStatus.PASSED and env_id not in config.train_unvalidated:
                 raise TrainingError(
@@ -287,11 +282,6 @@ def _calibrate(
     """Each env calibrated for the policy (``calibration.py``), or the calibration a
     resumed run made; sets each env's level in ``env_kwargs``; refuses, in one line,
     an env that is untrainable (or uncalibrated) for this policy unless ``train_anyway``."""
-    from trace_gym.llm.local import LocalHF
-    from trace_gym.registry import make
-
-    from .calibration import calibrate_env, check_trainable, load_calibrations, save_calibrations
-
     path = out / "calibration.json"
     if not config.calibrate:  # (refused in config.check() unless train_anyway)
         for env_id in env_kwargs:
@@ -442,10 +432,6 @@ def build_trainer(
     from datasets import Dataset
     from peft import LoraConfig
     from transformers.utils import logging as hf_logging
-
-    from trace_gym.registry import make
-
-    from .shared_update import trainer_class
 
     hf_logging.set_verbosity_error()
     if config.torch_threads:

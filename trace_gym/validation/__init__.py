@@ -30,6 +30,7 @@ from typing import Any, Callable
 from ..errors import TraceGymError
 from ..hashing import code_hash
 from ..registry import VALIDATION_REPORT, EnvKind, get_entry
+from trace_gym.sandbox import select_backend
 from .checks import CHECKS, check_calibration, check_contract_shape, check_interface_fidelity, check_static_gate
 from .context import CheckStopped, Context, TimeBudgetExhausted, draw_seeds, revive_quietly
 from .hints import hint_leaks, stated_numbers
@@ -62,8 +63,6 @@ def validate(
     with the code hash it was made for (``trace-gym envs list`` shows it stale
     once the code changes).
     """
-    from trace_gym.sandbox import select_backend
-
     path = env_folder(path_or_id)
     config = config or ValidationConfig()
     backend_obj = select_backend(backend) if isinstance(backend, str) else backend

@@ -12,10 +12,14 @@ from typing import Any, Iterator
 
 import gymnasium as gym
 
+from ..agents import make_agent
+from trace_gym.agents.random_agent import RandomAgent
 from ..errors import TraceGymError
 from ..hashing import interface_hash
 from ..registry import get_entry, read_manifest
 from ..result_shapes import load_result_shapes
+from ..rollout import Episode as Planned, episode_seed, run_episode
+from trace_gym.sandbox.env import SandboxedEnv
 from ..sandbox.errors import SandboxError
 from ..tools import load_frozen_tools
 from .report import ValidationConfig
@@ -24,8 +28,6 @@ from .report import ValidationConfig
 def draw_seeds(run_seed: int, purpose: str, n: int) -> list[int]:
     """``n`` env seeds as training draws them: 31-bit, from the run's seed
     (``seeding.derive_seed``, the project's one seed formula)."""
-    from ..rollout import episode_seed
-
     return [episode_seed(run_seed, purpose, i) for i in range(n)]
 
 
@@ -128,8 +130,6 @@ class Context:
         """A fresh sandboxed env: its calls bounded by the budget, its episodes by
         the validator's step cap (the env's declared ``max_steps`` is kept in
         ``declared_max_steps`` for the termination check)."""
-        from trace_gym.sandbox.env import SandboxedEnv
-
         if time.monotonic() >= self.deadline:
             raise TimeBudgetExhausted("before starting a worker")
         with noting_layer(self.layers):  # refused while loading: the module's own code
@@ -142,10 +142,6 @@ class Context:
     def play(self, env, agent_name: str, seed: int, *, record: bool = True) -> Episode:
         """One episode of ``agent_name`` on this run's ``seed``, played as rollouts play
         them (``rollout.run_episode``), each step's round trip timed."""
-        from ..agents import make_agent
-        from ..rollout import Episode as Planned
-        from ..rollout import run_episode
-
         try:
             played = run_episode(
                 _TimedSteps(env, self.step_times),
@@ -201,6 +197,4 @@ def revive(ctx: Context) -> None:
 
 def valid_arguments(params: dict[str, Any], salt: int) -> dict[str, Any]:
     """Arguments that fit a tool's JSON-schema ``params``, drawn as the random agent draws them from ``salt``."""
-    from trace_gym.agents.random_agent import RandomAgent
-
     return RandomAgent(seed=salt).arguments_for(params)

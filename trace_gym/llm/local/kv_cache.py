@@ -11,6 +11,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..base import LLMError
+
 DEFAULT_CACHE_BYTES = 4 * 2**30  # on a CPU, where the cache shares memory with everything else
 CACHE_ENV = "TRACE_GYM_KV_CACHE_GIB"
 GPU_CACHE_SHARE = 0.5  # of the memory a GPU has free once the weights are on it
@@ -25,8 +27,6 @@ def cache_budget(device: str, free_bytes: int | None = None) -> int:
     and the update, which have not yet taken their memory when rollouts begin). At
     Llama-8B's shapes (128 KiB a token) 4 GiB holds 32k tokens, so evaluation on a GPU
     would re-prefill whole histories."""
-    from ..base import LLMError
-
     given = os.environ.get(CACHE_ENV, "").strip()
     if given:
         try:

@@ -36,9 +36,10 @@ from typing import Any
 from ...actions import ToolCall, format_tool_call
 from ...env import Reply, Score, Start, TextEnv, ToolResult
 from ...errors import TargetUnavailableError, UnknownTaskError
-from ...trajectory import Message, ToolCallRecord
 from .. import UserKind, user_kind
 from .lookups import with_lookups
+from .user import LLMUser, ScriptedUser
+from ...trajectory import Message, ToolCallRecord
 
 DOMAINS = ("retail", "airline", "telecom", "mock")
 STOP_TOKEN = "###STOP###"  # tau2's agent stop signal
@@ -316,8 +317,6 @@ class Tau2Env(TextEnv):
         return list(self._tau2_messages)
 
     def _make_user(self, task):
-        from .user import LLMUser, ScriptedUser
-
         if self.user_kind == UserKind.SCRIPTED:
             return ScriptedUser(task, self._tau2_env, max_turns=self.max_user_turns)
         return LLMUser(task, self._tau2_env, **self._user_config)

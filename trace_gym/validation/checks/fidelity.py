@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 
+from trace_gym.actions import format_tool_call
 from ...errors import EnvContractError, TraceGymError
 from ...result_shapes import result_problems
+from trace_gym.rollout import replay_oracle
 from ...tools import check_arguments, select_tools, tool_name, tool_parameters
 from ..context import Context, note_crash, valid_arguments
 from ..report import CheckResult
@@ -19,9 +21,6 @@ def check_interface_fidelity(ctx: Context) -> CheckResult:
     an error in the target's style or a result of the target's frozen shape
     (``results.json``; for τ²: the JSON of tau2's own return models, field names
     and types exact). The oracle's calls must fit the schemas."""
-    from trace_gym.actions import format_tool_call
-    from trace_gym.rollout import replay_oracle
-
     try:
         ctx.env = ctx.make_env()
     except EnvContractError as exc:

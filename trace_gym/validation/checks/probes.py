@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import statistics
 
+from trace_gym.actions import format_tool_call
 from ...errors import TraceGymError
+from trace_gym.sandbox.env import parse_reward
 from ...tools import tool_name, tool_parameters
 from ..context import Context, revive, valid_arguments
 from ..hints import hinted_reset, oracle_messages, oracle_values, stated_numbers
@@ -19,9 +21,6 @@ def check_robustness(ctx: Context) -> CheckResult:
     itself answers it: evidence, not a failure. The env fails on what the target
     would not survive: a crash in reset, in reward or in a message step, a hang,
     a non-string observation, a malformed reward."""
-    from trace_gym.actions import format_tool_call
-    from trace_gym.sandbox.env import parse_reward
-
     env = ctx.env
     probes = ["", '{"name": 1}' * 50, format_tool_call("no_such_tool", {})]
     for i, schema in enumerate(env.tools):

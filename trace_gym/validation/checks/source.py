@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import ast
 
+from trace_gym.sandbox import check_source
 from ..context import Context
 from ..report import CheckResult
 
 
 def check_static_gate(ctx: Context) -> CheckResult:
-    from trace_gym.sandbox import check_source
-
     findings = check_source(ctx.source)
     if findings:
         return CheckResult(
