@@ -2,6 +2,7 @@
 recorded analyst answers; gate, sandbox validation, repair, calibration and the atomic
 write into a temporary registry all run for real."""
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -85,7 +86,7 @@ def replay(*answers: str):
 
 
 def run(tmp_path, double, **kwargs):
-    config = SynthesisConfig(validation=QUICK, backend="bwrap", **kwargs.pop("config", {}))
+    config = SynthesisConfig(**{"validation": QUICK, "backend": "bwrap", **kwargs.pop("config", {})})
     return synthesize(
         capabilities_file(tmp_path),
         TARGET,
@@ -159,8 +160,11 @@ def test_a_bug_the_validator_catches_is_repaired_from_its_evidence(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("escape", sorted(ESCAPES))
 def test_an_escaping_answer_is_stopped_and_the_report_names_the_layer(tmp_path, escape):
+    config = {"max_attempts": 1}
+    if escape == "spins in reset":  # each check pays one call time-out: 2 s each, not the default 10
+        config["validation"] = dataclasses.replace(QUICK, call_timeout_s=2.0)
     with OpenAIDouble(replay(fenced(ESCAPES[escape]))) as double:
-        result = run(tmp_path, double, config={"max_attempts": 1})
+        result = run(tmp_path, double, config=config)
     [outcome] = result.outcomes
     assert outcome.status == "failed"
     layer = outcome.attempts[0].stopped_by

@@ -19,6 +19,7 @@ from ..hashing import interface_hash
 from ..registry import get_entry, read_manifest
 from ..result_shapes import load_result_shapes
 from ..rollout import Episode as Planned, episode_seed, run_episode
+from trace_gym.sandbox.backends import Limits
 from trace_gym.sandbox.env import SandboxedEnv
 from ..sandbox.errors import SandboxError
 from ..tools import load_frozen_tools
@@ -133,7 +134,9 @@ class Context:
         if time.monotonic() >= self.deadline:
             raise TimeBudgetExhausted("before starting a worker")
         with noting_layer(self.layers):  # refused while loading: the module's own code
-            env = SandboxedEnv(self.path, backend=self.backend)
+            env = SandboxedEnv(
+                self.path, backend=self.backend, limits=Limits(call_timeout_s=self.config.call_timeout_s)
+            )
         env.worker = BudgetedWorker(env.worker, self.deadline, self.layers)
         env.declared_max_steps = env.worker.info.get("max_steps")
         env.max_steps = min(env.max_steps, self.config.max_episode_steps)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..errors import TraceGymError
+from ..sandbox.backends import Limits
 from ..text import printable
 
 
@@ -48,6 +50,9 @@ class ValidationConfig:
     """Largest share of groups where every rollout scores 0."""
     max_all_success_groups: float = 0.2
     """Largest share of groups where every rollout succeeds."""
+    call_timeout_s: float = Limits.call_timeout_s
+    """Wall-clock limit of one sandbox call (reset, step, reward, ...): past it the
+    worker is killed and the check that made the call fails (``Limits.call_timeout_s``)."""
     time_budget_s: float = 100.0
     """Wall-clock budget of the whole validation (sandbox calls and worker starts
     included); past it the running check fails and the rest are skipped."""
@@ -62,6 +67,10 @@ class ValidationConfig:
     run, 31-bit like the seeds training plays (``draw_seeds``), so env code cannot
     tell a validation seed from a training one or be honest on a fixed list only;
     an int replays a run (the report records the one it used)."""
+
+    def __post_init__(self) -> None:
+        if not self.call_timeout_s > 0:
+            raise TraceGymError(f"call_timeout_s must be positive, got {self.call_timeout_s}")
 
 
 @dataclass

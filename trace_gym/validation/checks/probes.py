@@ -8,7 +8,7 @@ from trace_gym.actions import format_tool_call
 from ...errors import TraceGymError
 from trace_gym.sandbox.env import parse_reward
 from ...tools import tool_name, tool_parameters
-from ..context import Context, revive, valid_arguments
+from ..context import Context, note_crash, valid_arguments
 from ..hints import hinted_reset, oracle_messages, oracle_values, stated_numbers
 from ..report import CheckResult
 
@@ -20,7 +20,8 @@ def check_robustness(ctx: Context) -> CheckResult:
     is answered in the target's words (τ²: ``Error: <message>``), as the target
     itself answers it: evidence, not a failure. The env fails on what the target
     would not survive: a crash in reset, in reward or in a message step, a hang,
-    a non-string observation, a malformed reward."""
+    a non-string observation, a malformed reward. A worker that hangs or dies
+    ends the check there: one time-out, not one per probe."""
     env = ctx.env
     probes = ["", '{"name": 1}' * 50, format_tool_call("no_such_tool", {})]
     for i, schema in enumerate(env.tools):
@@ -30,6 +31,7 @@ def check_robustness(ctx: Context) -> CheckResult:
             for bad in (12345, None, ["x"], {"a": 1}):
                 probes.append(format_tool_call(tool_name(schema), {**valid, name: bad}))
     crashes, answered = [], []
+    stopped_at = None  # the probe at which the worker hung or died
     probe_seeds = ctx.seeds("robustness", len(probes))
     for i, probe in enumerate(probes):
         try:
@@ -39,10 +41,19 @@ def check_robustness(ctx: Context) -> CheckResult:
             answered.extend(env.tool_exceptions[seen:])
             parse_reward(env.worker.call("reward"))
         except TraceGymError as exc:
-            crashes.append(f"{probe[:90]} -> {exc}")
-            revive(ctx)
-            env = ctx.env
+            hung, env = note_crash(ctx, crashes, probe[:90], exc), ctx.env
+            if hung:  # decisive: one time-out, not one per probe
+                stopped_at = i + 1
+                break
     details = {"crashes": crashes, "tool_exceptions": answered[:20]}
+    if stopped_at is not None:
+        return CheckResult(
+            "robustness",
+            False,
+            f"stopped at the first decisive failure: the worker hung or died at bad action {stopped_at}/"
+            f"{len(probes)} (its reset, step or reward): {crashes[-1]}",
+            details,
+        )
     if crashes:
         return CheckResult(
             "robustness", False, f"{len(crashes)}/{len(probes)} bad actions crash the env: {crashes[0]}", details
