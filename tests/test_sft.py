@@ -287,15 +287,23 @@ def test_the_shipped_warm_start_is_what_the_command_makes_and_loads(tmp_path, de
 
 
 @pytest.mark.slow
-def test_a_stopped_warm_start_resumes_from_its_last_checkpoint(tmp_path, demos):
+def test_a_stopped_warm_start_resumes_from_its_last_checkpoint(tmp_path):
     """A run killed after its first checkpoint goes on from it with --resume: every step is
     logged once and the policy is made; a resume with other options, or with nothing to
-    resume, and a plain rerun over the unfinished folder are each refused in one line."""
+    resume, and a plain rerun over the unfinished folder are each refused in one line.
+    Its demonstrations are τ²-mock's (~400 tokens each, not retail's ~5k): resuming is
+    the same. It is killed once the first of its four steps is saved, three before the end."""
     import shutil
     import subprocess
     import sys
     import time
 
+    demos = tmp_path / "mock.jsonl"
+    rolled = run_cli(
+        "rollout", "--env", "trace/tau2-mock-v0", "--agent", "oracle", "--split", "base", "--tasks", "4",
+        "--out", str(demos), "--no-progress",
+    )  # fmt: skip
+    assert rolled.returncode == 0, rolled.stderr
     out = tmp_path / "sft"
     options = [
         "--trajectories",
@@ -308,8 +316,6 @@ def test_a_stopped_warm_start_resumes_from_its_last_checkpoint(tmp_path, demos):
         "1",
         "--micro-batch",
         "1",
-        "--max-tokens",
-        "5700",
         "--threads",
         "1",
         "--dtype",
@@ -338,7 +344,7 @@ def test_a_stopped_warm_start_resumes_from_its_last_checkpoint(tmp_path, demos):
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed from checkpoint-" in resumed.stdout and (out / "model").exists()
     steps = [json.loads(line)["iteration"] for line in (out / "sft_log.jsonl").read_text().splitlines()]
-    assert steps == [1, 2, 3]
+    assert steps == [1, 2, 3, 4]
 
 
 def _scored_spans(row: dict) -> list[list[int]]:
