@@ -89,7 +89,7 @@ def planted_runs(tmp_path_factory):
     """Planted-deficit trajectories over all 114 retail tasks: three harmful
     deficits and one harmless control (skip_reads); then the same with end_early,
     and with corrupt_ids, switched off, over the first 57 tasks (every selected
-    capability still passes 10 of 10 runs there, a τ² episode costs CI 0.75 s)."""
+    capability still passes 10 of 10 runs there, and each τ² episode costs tau2's scoring)."""
     folder = tmp_path_factory.mktemp("planted")
     planted = {"corrupt_ids": 0.3, "end_early": 0.3, "omit_info": 0.5, "skip_reads": 0.3}
     runs = {}

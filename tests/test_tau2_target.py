@@ -9,6 +9,7 @@ from trace_gym.errors import UnknownTaskError, UserSimulatorError
 from trace_gym.freeze import live_tools
 from trace_gym.registry import get_entry
 from trace_gym.rollout import Episode, run_episode
+from trace_gym.targets.tau2.env import collector_paused
 from trace_gym.tools import canonical_tools, load_frozen_tools
 from trace_gym.trajectory import Trajectory
 
@@ -59,7 +60,67 @@ def tau2_reward(trajectory: Trajectory, domain: str) -> float:
         termination_reason=to_tau2_termination(trajectory.termination_reason),
         messages=tau2_messages_from_record(trajectory),
     )
-    return evaluate_simulation(run, task, EvaluationType.ALL, solo_mode=False, domain=domain).reward
+    with collector_paused():  # as the env scores: tau2 builds two databases
+        return evaluate_simulation(run, task, EvaluationType.ALL, solo_mode=False, domain=domain).reward
+
+
+def test_the_collector_is_paused_only_while_tau2_builds_and_scores(retail_env, monkeypatch):
+    import gc
+
+    import tau2.evaluator.evaluator as evaluator
+
+    with collector_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(KeyError), collector_paused():
+        raise KeyError("x")
+    assert gc.isenabled()
+    gc.disable()  # a caller that paused it itself keeps it paused
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+    seen = []  # is the collector on while tau2 builds a database and scores?
+
+    def spying(function, name):
+        def call(*args, **kwargs):
+            seen.append((name, gc.isenabled()))
+            return function(*args, **kwargs)
+
+        return call
+
+    env = retail_env.unwrapped
+    monkeypatch.setattr(env, "_env_constructor", spying(env._env_constructor, "build"))
+    monkeypatch.setattr(evaluator, "evaluate_simulation", spying(evaluator.evaluate_simulation, "score"))
+    retail_env.reset(options={"task_id": env.task_ids[0]})
+    assert gc.isenabled()
+    retail_env.step("###STOP###")  # the agent stops: tau2 scores the episode
+    assert gc.isenabled()
+    assert seen == [("build", False), ("score", False)]
+
+
+def test_threads_share_one_collector_pause_and_the_last_out_ends_it():
+    import gc
+    import threading
+
+    inside, leave = threading.Event(), threading.Event()
+
+    def other():
+        with collector_paused():
+            inside.set()
+            leave.wait(10)
+
+    thread = threading.Thread(target=other)
+    with collector_paused():
+        thread.start()
+        assert inside.wait(10)
+    assert not gc.isenabled()  # the other thread is still inside: its pause holds
+    leave.set()
+    thread.join(10)
+    assert gc.isenabled()
 
 
 @pytest.mark.slow

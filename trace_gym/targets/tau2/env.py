@@ -27,9 +27,13 @@ It must not change what tau2 computes: no reward shaping, no schema edits.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import inspect
 import os
+import threading
 import uuid
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import Any
 
@@ -55,6 +59,38 @@ To call a tool, reply with only a JSON object {{"name": "<tool name>", "argument
 Try to be helpful and always follow the policy. Always make sure you generate valid JSON only."""
 
 SYSTEM_PROMPT = "<instructions>\n{instructions}\n</instructions>\n<policy>\n{policy}\n</policy>"
+
+
+class _CollectorPause:
+    """Who is inside ``collector_paused`` now: the collector is process-wide, so
+    episodes played in threads share one pause, and the last one out restores it."""
+
+    lock = threading.Lock()
+    depth = 0
+    resume = False
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused while tau2 builds or scores against
+    a domain database. Each build validates one from JSON (~10^5 pydantic objects,
+    once per reset and twice per score) and the collections that allocation burst
+    sets off more than doubled a retail episode's wall time
+    (``benchmarks/tau2_env_cost.py``). Reference counting frees the objects as
+    before; a cycle made meanwhile waits for the collector to resume. Threads share
+    the pause: it ends when the last of them leaves, with the setting found by the first."""
+    with _CollectorPause.lock:
+        if _CollectorPause.depth == 0:
+            _CollectorPause.resume = gc.isenabled()
+            gc.disable()
+        _CollectorPause.depth += 1
+    try:
+        yield
+    finally:
+        with _CollectorPause.lock:
+            _CollectorPause.depth -= 1
+            if _CollectorPause.depth == 0 and _CollectorPause.resume:
+                gc.enable()
 
 
 def import_tau2():
@@ -183,7 +219,8 @@ class Tau2Env(TextEnv):
             task = self._all_tasks[self._split_ids[index]]
         self._task = task
         self._started_at = datetime.now(timezone.utc)
-        self._tau2_env = self._env_constructor(solo_mode=False)
+        with collector_paused():
+            self._tau2_env = self._env_constructor(solo_mode=False)
         history = []
         if task.initial_state is not None:
             init = task.initial_state
@@ -251,13 +288,14 @@ class Tau2Env(TextEnv):
     def _score(self, termination_reason: str) -> Score:
         from tau2.evaluator.evaluator import EvaluationType, evaluate_simulation
 
-        reward_info = evaluate_simulation(
-            simulation=self.simulation_run(termination_reason),
-            task=self._task,
-            evaluation_type=EvaluationType.ALL,
-            solo_mode=False,
-            domain=self.domain,
-        )
+        with collector_paused():
+            reward_info = evaluate_simulation(
+                simulation=self.simulation_run(termination_reason),
+                task=self._task,
+                evaluation_type=EvaluationType.ALL,
+                solo_mode=False,
+                domain=self.domain,
+            )
         return score_from_reward_info(reward_info, termination_reason)
 
     def result_shapes(self) -> dict[str, Any]:
