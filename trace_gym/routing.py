@@ -18,7 +18,6 @@ decision and its scores go into the trajectory's ``agent_info["route"]``.
 
 from __future__ import annotations
 
-import functools
 import math
 import string
 from dataclasses import asdict, dataclass, field
@@ -177,39 +176,28 @@ def capabilities_from_identification(
     return out
 
 
-@functools.cache
-def _routed_agent_class():
-    class RoutedAgent(LLMAgent):
-        """An ``LLMAgent`` whose adapter is chosen per task by a ``Router`` over the same backend."""
+class RoutedAgent(LLMAgent):
+    """An ``LLMAgent`` whose adapter is chosen per task by a ``Router`` over the same backend."""
 
-        name = "routed"
+    name = "routed"
 
-        def __init__(self, router: Router | None = None, **kwargs: Any):
-            if router is None:
-                raise RoutingError(
-                    "the routed agent needs a router (capabilities and their adapters): "
-                    "`trace-gym run` builds one in its evaluate stage"
-                )
-            model = kwargs.pop("model", None)
-            if model is not None and model is not router.backend:
-                raise RoutingError("a routed agent plays with its router's own backend (the base model routes)")
-            super().__init__(model=router.backend, **kwargs)
-            self.router = router
-            self.decision: RouteDecision | None = None
+    def __init__(self, router: Router | None = None, **kwargs: Any):
+        if router is None:
+            raise RoutingError(
+                "the routed agent needs a router (capabilities and their adapters): "
+                "`trace-gym run` builds one in its evaluate stage"
+            )
+        model = kwargs.pop("model", None)
+        if model is not None and model is not router.backend:
+            raise RoutingError("a routed agent plays with its router's own backend (the base model routes)")
+        super().__init__(model=router.backend, **kwargs)
+        self.router = router
+        self.decision: RouteDecision | None = None
 
-        def reset(self, observation: str, info: dict[str, Any], env: Any = None) -> None:
-            self.decision = self.router.route(observation)
-            self.adapter = self.decision.adapter
-            super().reset(observation, info, env)
+    def reset(self, observation: str, info: dict[str, Any], env: Any = None) -> None:
+        self.decision = self.router.route(observation)
+        self.adapter = self.decision.adapter
+        super().reset(observation, info, env)
 
-        def info(self) -> dict[str, Any]:
-            return {"route": self.decision.as_dict() if self.decision else None}
-
-    return RoutedAgent
-
-
-def __getattr__(name: str) -> Any:
-    # RoutedAgent subclasses LLMAgent, whose module loads model code: build it on first use.
-    if name == "RoutedAgent":
-        return _routed_agent_class()
-    raise AttributeError(name)
+    def info(self) -> dict[str, Any]:
+        return {"route": self.decision.as_dict() if self.decision else None}
