@@ -338,5 +338,6 @@ def test_offline_analysts_take_the_llm_analysts_options_and_call_no_model(tmp_pa
     for spec, kind in (("gold", GoldActionAnalyst), ("reference", ReferenceAnalyst)):
         assert isinstance(make_analyst(spec, cache_dir=cache, per_trajectory=True), kind)
     assert not cache.exists()  # nothing to cache: no model was asked
-    with pytest.raises(TraceGymError, match="unknown analyst 'openai'"):
-        make_analyst("openai", cache_dir=cache)
+    for spec in ("openai", "openai:"):  # a bare openai: names no model: refused with the offline choices too
+        with pytest.raises(TraceGymError, match=f"unknown analyst '{spec}'; use gold, milestone, reference or openai"):
+            make_analyst(spec, cache_dir=cache)

@@ -58,6 +58,7 @@ from .evaluation import (
 )
 from .gepa_baseline import DEFAULT_SEED_PROMPT, GEPAConfig, run_gepa
 from .identification import identify, label_all, make_analyst
+from .identification.llm_analyst import unknown_analyst
 from .identification.stats import DegenerateInputError, LACKING, SelectionConfig
 from .llm import LLMError, make_backend
 from .llm.base import SumsAdapters
@@ -462,7 +463,7 @@ def _check_analyst(section: IdentifyStage | SynthesizeStage, where: str, offline
                 f"{where}: {spec} needs an analyst endpoint: set base_url here, or OPENAI_BASE_URL (and OPENAI_API_KEY)"
             )
         return
-    raise ConfigError(f"{where}: unknown analyst '{spec}'; use {', '.join(offline)} or openai:<model>")
+    raise ConfigError(f"{where}: {unknown_analyst(spec, offline)}")
 
 
 def _check_analyst_fits(spec: str, entry: Any) -> None:

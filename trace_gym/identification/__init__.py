@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import Any, Callable, Protocol, runtime_checkable
 
 from trace_gym.errors import TraceGymError
-from trace_gym.llm.registry import is_chat_endpoint
+from trace_gym.llm.registry import CHAT_ENDPOINT, is_chat_endpoint
 from trace_gym.trajectory import Trajectory
 from trace_gym.seeding import derive_seed
 
 from .gold import GOLD_CAPABILITIES, GoldActionAnalyst
+from .llm_analyst import LLMAnalyst, unknown_analyst
 from .stats import (
     LACKING,
     CapabilityStats,
@@ -112,11 +113,9 @@ def make_analyst(spec: str, **llm_options: Any):
         from .milestone import MilestoneAnalyst
 
         return MilestoneAnalyst()
-    if is_chat_endpoint(spec):
-        from .llm_analyst import LLMAnalyst
-
+    if is_chat_endpoint(spec) and spec != CHAT_ENDPOINT:
         return LLMAnalyst(spec, **llm_options)
-    raise TraceGymError(f"unknown analyst '{spec}'; use gold, milestone, reference or openai:<model>")
+    raise TraceGymError(unknown_analyst(spec, ("gold", "milestone", "reference")))
 
 
 def identify(

@@ -131,9 +131,15 @@ def analyst_backend(
     transient errors), one request at a time: identification's and synthesis's.
     ``offline``: the caller's analysts that need no server, named in the refusal."""
     if not is_chat_endpoint(spec) or spec == CHAT_ENDPOINT:
-        choices = ", ".join(offline) + " or " if offline else "an OpenAI-compatible server's "
-        raise TraceGymError(f"unknown analyst '{spec}'; use {choices}openai:<model>")
+        raise TraceGymError(unknown_analyst(spec, offline))
     return make_backend(spec, base_url=base_url, api_key=api_key, concurrency=1)
+
+
+def unknown_analyst(spec: str, offline: tuple[str, ...] = ()) -> str:
+    """The one-line refusal of an analyst spec, naming the caller's offline analysts
+    (``gold``, ``registry``, ...) beside ``openai:<model>``."""
+    choices = ", ".join(offline) + " or " if offline else "an OpenAI-compatible server's "
+    return f"unknown analyst '{spec}'; use {choices}openai:<model>"
 
 
 class LLMAnalyst:
