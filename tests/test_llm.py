@@ -296,8 +296,14 @@ def test_an_adapter_adds_nothing_only_when_every_update_is_zero(tmp_path):
 
 
 def test_unknown_model_spec_and_missing_local_model():
+    from trace_gym.llm.registry import check_spec
+
     with pytest.raises(LLMError, match="unknown model 'gpt5'"):
         make_backend("gpt5")
+    for bare in ("openai:", "vllm:", "openai: "):  # a server's prefix that names no model
+        for refuse in (make_backend, check_spec):
+            with pytest.raises(LLMError, match=f"unknown model '{bare}'"):
+                refuse(bare)
     with pytest.raises(LLMError, match="never downloads weights"):
         make_backend("hf:HuggingFaceTB/SmolLM2-135M-Instruct")
 

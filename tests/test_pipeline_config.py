@@ -69,6 +69,11 @@ BAD = [
     ("[rollout]", '[synthesize]\nanalyst = "claude"\n[rollout]', "[synthesize] analyst: unknown analyst 'claude'"),
     (
         "[rollout]",
+        '[identify]\nanalyst = "openai:"\n[rollout]',
+        "[identify] analyst: unknown analyst 'openai:'; use gold, milestone, reference or openai:<model>",
+    ),
+    (
+        "[rollout]",
         '[policy]\nmodel = "hf:/no/such/model"\n[rollout]',
         "[policy] model: no local model folder at /no/such/model",
     ),

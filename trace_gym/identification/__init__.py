@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol, runtime_checkable
 
 from trace_gym.errors import TraceGymError
-from trace_gym.llm.registry import CHAT_ENDPOINT, is_chat_endpoint
+from trace_gym.llm.registry import is_chat_endpoint
 from trace_gym.trajectory import Trajectory
 from trace_gym.seeding import derive_seed
 
@@ -113,7 +113,7 @@ def make_analyst(spec: str, **llm_options: Any):
         from .milestone import MilestoneAnalyst
 
         return MilestoneAnalyst()
-    if is_chat_endpoint(spec) and spec != CHAT_ENDPOINT:
+    if is_chat_endpoint(spec):
         return LLMAnalyst(spec, **llm_options)
     raise TraceGymError(unknown_analyst(spec, ("gold", "milestone", "reference")))
 

@@ -26,7 +26,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, Field, ValidationError
 
 from trace_gym.errors import TraceGymError
-from trace_gym.llm.registry import CHAT_ENDPOINT, is_chat_endpoint, make_backend
+from trace_gym.llm.registry import is_chat_endpoint, make_backend
 from trace_gym.prompts import render_prompt
 from trace_gym.registry import agent_words
 from trace_gym.seeding import derive_seed
@@ -130,7 +130,7 @@ def analyst_backend(
     """The OpenAI-compatible client an analyst talks through (time-outs, back-off on
     transient errors), one request at a time: identification's and synthesis's.
     ``offline``: the caller's analysts that need no server, named in the refusal."""
-    if not is_chat_endpoint(spec) or spec == CHAT_ENDPOINT:
+    if not is_chat_endpoint(spec):
         raise TraceGymError(unknown_analyst(spec, offline))
     return make_backend(spec, base_url=base_url, api_key=api_key, concurrency=1)
 

@@ -15,7 +15,6 @@ EMBEDDED_DEFAULT = EMBEDDED_NAME
 CHAT_ENDPOINT = "openai:"
 TOKEN_ENDPOINT = "vllm:"
 LOCAL_FOLDER = "hf:"
-REMOTE_PREFIXES = (CHAT_ENDPOINT, TOKEN_ENDPOINT)
 TEMPLATE_OPTION = "?template="
 """A local or ``vllm:`` spec may name the chat template its model plays under:
 ``hf:/models/qwen3-8b?template=qwen3_training`` (``templates.CHOICES``, a template's
@@ -23,16 +22,21 @@ name, ours or TRL's, or a ``.jinja`` path). ``[policy] chat_template`` and ``--c
 the spec then carries it through every stage, into run records and resume checks."""
 
 
+def _names_a_model(spec: str, prefix: str) -> bool:
+    """``spec`` is ``prefix`` followed by a model's name (a bare ``openai:`` names none)."""
+    return spec.startswith(prefix) and bool(spec[len(prefix) :].strip())
+
+
 def is_chat_endpoint(spec: str) -> bool:
     """An ``openai:<model>`` spec: a server that renders conversations itself, knows its
     adapters by name (vLLM's ``--lora-modules``) and is played by concurrent requests."""
-    return spec.startswith(CHAT_ENDPOINT)
+    return _names_a_model(spec, CHAT_ENDPOINT)
 
 
 def is_token_endpoint(spec: str) -> bool:
     """A ``vllm:<model>`` spec: a server answering token-id completions; the conversation
     is rendered here, under a local tokenizer's chat template."""
-    return spec.startswith(TOKEN_ENDPOINT)
+    return _names_a_model(spec, TOKEN_ENDPOINT)
 
 
 def local_spec(folder: str | Path) -> str:
@@ -42,7 +46,7 @@ def local_spec(folder: str | Path) -> str:
 
 def is_server(spec: str) -> bool:
     """A model behind a server (``openai:`` or ``vllm:``), which may take a base URL and key."""
-    return spec.startswith(REMOTE_PREFIXES)
+    return is_chat_endpoint(spec) or is_token_endpoint(spec)
 
 
 def is_local(spec: str) -> bool:
