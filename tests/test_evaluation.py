@@ -444,11 +444,12 @@ def test_serving_the_policy_elsewhere_redoes_evaluation_and_nothing_before_it(tm
 def test_settings_added_later_leave_an_earlier_runs_stage_hashes_alone(tmp_path):
     """A run recorded before `[policy] chat_template` and `[evaluate] model` existed resumes
     with its stages kept: a late setting at its default is not hashed."""
-    from trace_gym.pipeline import STAGES, PipelineConfig, RunSettings, RunState, _hashed, stage_inputs_hash
+    from trace_gym.pipeline import STAGES, PipelineConfig, RunSettings, RunState, stage_inputs_hash
+    from trace_gym.pipeline.state import hashed_settings
 
     config = PipelineConfig(RunSettings(TARGET, dir=str(tmp_path)))
-    assert "chat_template" not in _hashed("policy", to_table(config.policy))
-    assert "model" not in _hashed("evaluate", to_table(config.evaluate))
+    assert "chat_template" not in hashed_settings("policy", to_table(config.policy))
+    assert "model" not in hashed_settings("evaluate", to_table(config.evaluate))
     state = RunState(tmp_path)
     before = {s: stage_inputs_hash(config, s, state) for s in STAGES}
     config.policy.chat_template = "stock"

@@ -156,7 +156,8 @@ def test_a_step_limit_no_agent_could_pass_within_is_refused_before_any_model_tim
 
 
 def test_evaluations_step_limit_is_checked_on_the_train_split(tmp_path):
-    from trace_gym.pipeline import PipelineError, _check_ceilings, config_from_data
+    from trace_gym.pipeline import PipelineError, config_from_data
+    from trace_gym.pipeline.stages import check_ceilings
 
     config = config_from_data(
         {
@@ -166,7 +167,7 @@ def test_evaluations_step_limit_is_checked_on_the_train_split(tmp_path):
         }
     )
     with pytest.raises(PipelineError, match=r"\[evaluate\] max_steps 8: .* none of the first 4 train tasks"):
-        _check_ceilings(config, tmp_path, lambda _: None)
+        check_ceilings(config, tmp_path, lambda _: None)
     played = {
         json.loads(line).get("task_id") for f in tmp_path.glob("oracle-*.jsonl") for line in f.read_text().splitlines()
     } - {None}
@@ -237,18 +238,20 @@ def test_a_stage_at_a_new_version_is_redone_and_version_one_hashes_as_before(mon
     import hashlib
 
     from trace_gym import pipeline
+    from trace_gym.config import to_table
+    from trace_gym.pipeline.state import STAGE_VERSIONS, hashed_settings
 
     config = pipeline.config_from_data({"run": {"target": "trace/tau2-retail-v0", "dir": str(tmp_path)}})
     state = pipeline.RunState(tmp_path)
     current = pipeline.stage_inputs_hash(config, "rollout", state)
-    monkeypatch.setitem(pipeline.STAGE_VERSIONS, "rollout", 1)
+    monkeypatch.setitem(STAGE_VERSIONS, "rollout", 1)
     before_versions = pipeline.stage_inputs_hash(config, "rollout", state)
     assert current != before_versions  # a run hashed before the version bump does not match: redone
     payload = {
         "target": config.run.target,
         "seed": config.run.seed,
-        "policy": pipeline._hashed("policy", pipeline.to_table(config.policy)),
-        "settings": pipeline._hashed("rollout", pipeline.to_table(config.rollout)),
+        "policy": hashed_settings("policy", to_table(config.policy)),
+        "settings": hashed_settings("rollout", to_table(config.rollout)),
         "upstream": {},
     }
     assert before_versions == hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .artifacts import AdapterSet, ArtifactError, EnvSet, Identification, UntrainableRecord
+from ..artifacts import AdapterSet, ArtifactError, EnvSet, Identification, UntrainableRecord
 
 
 def _read_json(path: Path) -> Any:
