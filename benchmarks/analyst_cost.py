@@ -16,6 +16,7 @@ Usage: python benchmarks/analyst_cost.py [N]   (N trajectories, default 100; fig
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import tempfile
@@ -92,4 +93,13 @@ def main(count: int = 100) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 100)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "count",
+        nargs="?",
+        type=int,
+        default=100,
+        help="trajectories to label (figures are per 100) (default: %(default)s)",
+    )
+    args = parser.parse_args()
+    main(args.count)

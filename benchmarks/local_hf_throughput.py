@@ -16,8 +16,8 @@ Usage: python benchmarks/local_hf_throughput.py [NEW_TOKENS] [TURNS]
 
 from __future__ import annotations
 
+import argparse
 import statistics
-import sys
 import time
 
 import gymnasium as gym
@@ -134,4 +134,8 @@ def main(new_tokens: int = 32, turns: int = 4) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 32, int(sys.argv[2]) if len(sys.argv) > 2 else 4)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("new_tokens", nargs="?", type=int, default=32, help="tokens per turn (default: %(default)s)")
+    parser.add_argument("turns", nargs="?", type=int, default=4, help="turns of the episode (default: %(default)s)")
+    args = parser.parse_args()
+    main(args.new_tokens, args.turns)

@@ -12,9 +12,9 @@ synthesized code. Usage: python benchmarks/sandbox_latency.py [STEPS]
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -98,4 +98,7 @@ def main(steps: int = 2000, starts: int = 10) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 2000)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("steps", nargs="?", type=int, default=2000, help="steps per measurement (default: %(default)s)")
+    args = parser.parse_args()
+    main(args.steps)

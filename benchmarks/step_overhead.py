@@ -9,6 +9,7 @@ costs in a fresh interpreter. Usage: python benchmarks/step_overhead.py [TASKS]
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import subprocess
@@ -66,4 +67,9 @@ def main(n_tasks: int = 40, repeats: int = 3) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 40)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "tasks", nargs="?", type=int, default=40, help="τ² tasks to step through (default: %(default)s)"
+    )
+    args = parser.parse_args()
+    main(args.tasks)

@@ -11,10 +11,10 @@ Usage: python benchmarks/tau2_env_cost.py [DOMAIN] [TASKS] [ROUNDS]
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import statistics
-import sys
 import time
 from unittest import mock
 
@@ -52,5 +52,17 @@ def main(domain: str = "retail", n_tasks: int = 30, rounds: int = 3) -> None:
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    main(*(args[:1]), *(int(a) for a in args[1:]))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "domain", nargs="?", type=str, default="retail", help="τ² domain (retail, airline, ...) (default: %(default)s)"
+    )
+    parser.add_argument("tasks", nargs="?", type=int, default=30, help="tasks per round (default: %(default)s)")
+    parser.add_argument(
+        "rounds",
+        nargs="?",
+        type=int,
+        default=3,
+        help="alternating rounds with and without the pause (default: %(default)s)",
+    )
+    args = parser.parse_args()
+    main(args.domain, args.tasks, args.rounds)

@@ -7,7 +7,7 @@ Usage: python benchmarks/tau2_episodes.py [EPISODES] [BATCH] [MAX_NEW_TOKENS]
 
 from __future__ import annotations
 
-import sys
+import argparse
 import tempfile
 import time
 from pathlib import Path
@@ -42,5 +42,13 @@ def main(episodes: int = 10, batch: int = 10, max_new_tokens: int = 64) -> None:
 
 
 if __name__ == "__main__":
-    args = [int(a) for a in sys.argv[1:]]
-    main(*args)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("episodes", nargs="?", type=int, default=10, help="τ²-retail episodes (default: %(default)s)")
+    parser.add_argument(
+        "batch", nargs="?", type=int, default=10, help="episodes generated together (default: %(default)s)"
+    )
+    parser.add_argument(
+        "max_new_tokens", nargs="?", type=int, default=64, help="tokens per model turn (default: %(default)s)"
+    )
+    args = parser.parse_args()
+    main(args.episodes, args.batch, args.max_new_tokens)

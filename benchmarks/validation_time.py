@@ -9,7 +9,7 @@ Usage: python benchmarks/validation_time.py [ENV_ID | --hostile]
 
 from __future__ import annotations
 
-import sys
+import argparse
 
 from trace_gym.sandbox import SandboxUnavailable, select_backend
 from trace_gym.validation import ValidationConfig, validate
@@ -64,4 +64,14 @@ def hostile() -> None:
 
 
 if __name__ == "__main__":
-    hostile() if sys.argv[1:] == ["--hostile"] else main(*sys.argv[1:])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("env_id", nargs="?", help="the env to validate (default: trace/structured-data-v0)")
+    parser.add_argument(
+        "--hostile",
+        action="store_true",
+        help="time the hostile envs (a spinning reset, a spinning step, an absurd max_steps) instead",
+    )
+    args = parser.parse_args()
+    if args.hostile and args.env_id:
+        parser.error("--hostile times its own envs: give it no env id")
+    hostile() if args.hostile else main(args.env_id or "trace/structured-data-v0")
