@@ -9,7 +9,7 @@ from trace_gym.errors import UnknownTaskError, UserSimulatorError
 from trace_gym.freeze import live_tools
 from trace_gym.registry import get_entry
 from trace_gym.rollout import Episode, run_episode
-from trace_gym.targets.tau2.env import collector_paused
+from trace_gym.targets.tau2 import collector_paused
 from trace_gym.tools import canonical_tools, load_frozen_tools
 from trace_gym.trajectory import Trajectory
 

@@ -27,13 +27,8 @@ It must not change what tau2 computes: no reward shaping, no schema edits.
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import inspect
-import os
-import threading
 import uuid
-from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import Any
 
@@ -42,6 +37,8 @@ from ...env import Reply, Score, Start, TextEnv, ToolResult
 from ...errors import TargetUnavailableError, UnknownTaskError
 from .. import UserKind, user_kind
 from .lookups import with_lookups
+from .runtime import collector_paused, import_tau2
+from .scoring import StuckJudge, score_from_reward_info, to_tau2_termination
 from .user import LLMUser, ScriptedUser
 from ...trajectory import Message, ToolCallRecord
 
@@ -59,55 +56,6 @@ To call a tool, reply with only a JSON object {{"name": "<tool name>", "argument
 Try to be helpful and always follow the policy. Always make sure you generate valid JSON only."""
 
 SYSTEM_PROMPT = "<instructions>\n{instructions}\n</instructions>\n<policy>\n{policy}\n</policy>"
-
-
-class _CollectorPause:
-    """Who is inside ``collector_paused`` now: the collector is process-wide, so
-    episodes played in threads share one pause, and the last one out restores it."""
-
-    lock = threading.Lock()
-    depth = 0
-    resume = False
-
-
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector paused while tau2 builds or scores against
-    a domain database. Each build validates one from JSON (~10^5 pydantic objects,
-    once per reset and twice per score) and the collections that allocation burst
-    sets off more than doubled a retail episode's wall time
-    (``benchmarks/tau2_env_cost.py``). Reference counting frees the objects as
-    before; a cycle made meanwhile waits for the collector to resume. Threads share
-    the pause: it ends when the last of them leaves, with the setting found by the first."""
-    with _CollectorPause.lock:
-        if _CollectorPause.depth == 0:
-            _CollectorPause.resume = gc.isenabled()
-            gc.disable()
-        _CollectorPause.depth += 1
-    try:
-        yield
-    finally:
-        with _CollectorPause.lock:
-            _CollectorPause.depth -= 1
-            if _CollectorPause.depth == 0 and _CollectorPause.resume:
-                gc.enable()
-
-
-def import_tau2():
-    """Import tau2 quietly and offline, or say how to install it."""
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    try:
-        from loguru import logger
-
-        logger.disable("tau2")  # tau2 logs every tool call at DEBUG to stderr
-        import tau2.registry  # noqa: F401
-    except ImportError as exc:
-        raise TargetUnavailableError(
-            f"the τ²-bench targets need the tau2 package ({exc}); install it with: pip install 'trace-gym[tau2]'"
-        ) from None
-    import tau2
-
-    return tau2
 
 
 class Tau2Env(TextEnv):
@@ -430,70 +378,6 @@ def from_tau2_messages(messages: list[Any]) -> list[Message]:
         elif m.role in ("user", "assistant", "system"):
             out.append(Message(role=m.role, content=m.content))
     return out
-
-
-def to_tau2_termination(reason: str | None):
-    """Our termination reason (tau2's own value for τ² episodes) as tau2's enum;
-    anything tau2 has no name for (an agent that crashed, ``done``) is ``AGENT_ERROR``."""
-    from tau2.data_model.simulation import TerminationReason
-
-    try:
-        return TerminationReason(reason)
-    except ValueError:
-        return TerminationReason.AGENT_ERROR
-
-
-class StuckJudge:
-    """tau2's stuck-in-a-loop judge (``Orchestrator._is_agent_stuck``: its prompt,
-    its window, its yes/no rule, and its choice to treat a judge failure as "not
-    stuck"), run on our episode's tau2 messages through an OpenAI-compatible
-    endpoint. tau2's own method is called, not re-implemented, so the decision is
-    tau2's; it reads only the five attributes set here."""
-
-    def __init__(self, model: str, base_url: str | None, api_key: str | None, window_size: int = 30):
-        self.judge_llm = f"openai/{model}"
-        self.judge_llm_args = {
-            "api_base": base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1",
-            "api_key": api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY",
-            "num_retries": 1,
-            "timeout": 120,
-        }
-        self.judge_window_size = int(window_size)
-        self.judge_system_prompt = None
-        self.trajectory: list[Any] = []
-
-    def is_stuck(self, messages: list[Any]) -> bool:
-        from tau2.orchestrator.orchestrator import Orchestrator
-
-        self.trajectory = messages
-        return bool(Orchestrator._is_agent_stuck(self))
-
-
-def score_from_reward_info(reward_info, termination_reason: str) -> Score:
-    """tau2's RewardInfo as our Score: components are tau2's reward breakdown
-    (DB, COMMUNICATE, ACTION, ENV_ASSERTION), plus ``termination`` when tau2
-    scored the episode 0 for ending early."""
-    breakdown = {getattr(k, "value", str(k)): float(v) for k, v in (reward_info.reward_breakdown or {}).items()}
-    details: dict[str, Any] = {}
-    if reward_info.db_check is not None:
-        details["db_match"] = reward_info.db_check.db_match
-    if reward_info.communicate_checks:
-        details["communicate"] = [{"info": c.info, "met": c.met} for c in reward_info.communicate_checks]
-    if reward_info.action_checks:
-        details["actions"] = [
-            {"name": c.action.name, "arguments": c.action.arguments, "met": c.action_match}
-            for c in reward_info.action_checks
-        ]
-    if reward_info.env_assertions:
-        details["env_assertions"] = [
-            {"func_name": c.env_assertion.func_name, "met": c.met} for c in reward_info.env_assertions
-        ]
-    note = (reward_info.info or {}).get("note") if isinstance(reward_info.info, dict) else None
-    if termination_reason not in ("agent_stop", "user_stop"):
-        breakdown["termination"] = 0.0
-    failed = [name for name, value in breakdown.items() if value < 1.0]
-    reason = note or ("all checks passed" if not failed else "failed: " + ", ".join(failed))
-    return Score(reward=float(reward_info.reward), components=breakdown, reason=reason, details=details)
 
 
 def oracle_actions_for(task, db: Any = None) -> list[str]:
