@@ -24,6 +24,25 @@ def test_import_trace_gym_registers_without_heavy_imports():
     assert out[1] == "[]"
 
 
+def test_every_package_of_the_tree_is_in_the_wheel():
+    """pyproject.toml lists the packages by hand (agents/, sandbox/, env_registry/ are
+    mapped into trace_gym), so a new subpackage is missing from a real install until it is
+    listed; an editable install finds it anyway, so only this check notices."""
+    import tomllib
+
+    tool = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(tool["packages"])
+    found = set()
+    for name, folder in tool["package-dir"].items():
+        root = REPO / folder
+        for init in root.rglob("__init__.py"):
+            parts = init.parent.relative_to(root).parts
+            if "__pycache__" not in parts and all(p.isidentifier() for p in parts):
+                found.add(".".join((name, *parts)))
+    assert found - listed == set(), "add these to [tool.setuptools] packages"
+    assert listed - found == set(), "listed, but no such package in the tree"
+
+
 def test_module_prefixed_id_works_with_no_import():
     code = (
         "import gymnasium as gym\n"
