@@ -1,6 +1,7 @@
 """Capability identification: statistics by hand, planted deficits, the LLM path over HTTP."""
 
 import json
+import random
 
 import pytest
 
@@ -151,6 +152,22 @@ def test_refused_calls_are_selected_only_where_a_deficit_makes_them(planted_runs
     """Without corrupted ids no call is refused: neither precise_arguments nor valid_tool_arguments is selected."""
     result = identify(planted_runs["no_corrupt_ids"], GoldActionAnalyst())
     assert sorted(result.selected) == ["communicates_required_info", "complete_actions"]
+
+
+@pytest.mark.slow
+def test_the_selection_does_not_depend_on_the_order_of_the_episodes(planted_runs):
+    """A batch, threads or a resume write the same episodes in another order: same runs, same selection."""
+    shuffled = list(planted_runs["no_end_early"])
+    random.Random(7).shuffle(shuffled)
+    assert [t.episode_id for t in shuffled] != [t.episode_id for t in planted_runs["no_end_early"]]
+    ordered, reordered = (
+        identify(planted_runs["no_end_early"], GoldActionAnalyst()),
+        identify(shuffled, GoldActionAnalyst()),
+    )
+    assert reordered.runs == ordered.runs
+    assert reordered.selected == ordered.selected
+    examples = [c.example_failed_task_ids for c in ordered.capabilities]
+    assert [c.example_failed_task_ids for c in reordered.capabilities] == examples
 
 
 def recorded_analyst(gold_labels: dict[tuple[str, str], str]):

@@ -129,6 +129,9 @@ def identify(
     progress: Callable[[str], None] | None = None,
 ) -> IdentificationResult:
     config = config or SelectionConfig()
+    # The same episodes in another order (a batch, threads, a resume) must select the same:
+    # discovery's draws, the labels, the bootstrap and the examples all read this order.
+    trajectories = sorted(trajectories, key=lambda t: t.episode_id)
     if config.runs < 1 or not 1 <= config.min_runs <= config.runs:
         raise TraceGymError(f"need 1 <= K <= N runs, got K={config.min_runs}, N={config.runs}")
     success = {t.episode_id: t.success for t in trajectories}
@@ -203,12 +206,15 @@ def identify(
 
 
 def task_clusters(trajectories: list[Trajectory]) -> list[list[str]]:
-    """Episode ids grouped by task (by seed for envs without tasks): the unit a bootstrap resamples."""
+    """Episode ids grouped by task (by seed for envs without tasks): the unit a bootstrap resamples.
+
+    Sorted by task and by episode id, so that the bootstrap draws (and the selection)
+    depend on the episodes alone, not on the order a batch, threads or a resume wrote them."""
     groups: dict[str, list[str]] = {}
     for t in trajectories:
         key = f"task={t.task_id}" if t.task_id is not None else f"seed={t.seed}" if t.seed is not None else t.episode_id
         groups.setdefault(f"{t.env_id}|{key}", []).append(t.episode_id)
-    return list(groups.values())
+    return [sorted(groups[key]) for key in sorted(groups)]
 
 
 def bootstrap_sample(clusters: list[list[str]], rng: random.Random) -> list[str]:
