@@ -392,8 +392,8 @@ def test_evaluate_plays_every_method_row_from_an_earlier_runs_artifacts(evaluate
     # Moved elsewhere, the run is still evaluated from its own files (the folder its files
     # name is gone meanwhile; the fixture's run is put back for the next test); a narrower
     # evaluation counts only the episodes it asked for, not every episode the files hold.
-    # Asked before base, the null grpo-target has no episodes to borrow: it is played, and
-    # no note claims otherwise.
+    # Asked before base, the null grpo-target still borrows base's episodes; asked alone it
+    # has none to borrow: it is played, and no note claims otherwise.
     moved = tmp_path / "elsewhere" / "run"
     shutil.copytree(run, moved)
     aside = tmp_path / "aside"
@@ -405,7 +405,11 @@ def test_evaluate_plays_every_method_row_from_an_earlier_runs_artifacts(evaluate
     assert again.returncode == 0, again.stderr
     rows = {r.method: r for r in load_results(moved / "eval")}
     assert list(rows) == ["grpo-target", "base"] and rows["base"].episodes == 1
-    assert (moved / "eval" / "grpo-target.jsonl").exists() and rows["grpo-target"].note == ""
+    assert not (moved / "eval" / "grpo-target.jsonl").exists() and "adds nothing" in rows["grpo-target"].note
+    alone = run_cli("evaluate", str(moved), "--methods", "grpo-target", "--tasks", "1", timeout=600)
+    assert alone.returncode == 0, alone.stderr
+    [row] = load_results(moved / "eval")
+    assert (moved / "eval" / "grpo-target.jsonl").exists() and row.note == ""
 
 
 def test_evaluate_and_route_refuse_what_is_not_a_run_in_one_line(tmp_path):

@@ -349,6 +349,92 @@ def test_a_lock_step_batch_is_generated_in_one_pass_whatever_the_models_default(
     assert sizes[0] == 10 and backend.max_batch == 10
 
 
+def test_several_players_share_one_lock_step_batch_each_into_its_own_file(tmp_path):
+    """Evaluation's methods: two agents over the same episodes, one batched generation per
+    turn across both, each episode in its own player's file under its own settings; a
+    second call resumes both and plays nothing."""
+    from trace_gym.llm import make_backend
+    from trace_gym.rollout import Player, rollout_players
+
+    backend = make_backend("smollm2-135m-instruct")
+    sizes: list[int] = []
+    inner = backend._complete_batch
+    backend._complete_batch = lambda requests, stats: sizes.append(len(requests)) or inner(requests, stats)
+    players = [
+        Player("llm", tmp_path / "short.jsonl", {"model": backend, "max_new_tokens": 2}),
+        Player("llm", tmp_path / "long.jsonl", {"model": backend, "max_new_tokens": 6}),
+    ]
+    kwargs = dict(split="base", limit=3, batch=8, env_kwargs={"max_steps": 3}, progress=False, resume=True)
+    summaries = rollout_players("trace/tau2-mock-v0", players, **kwargs)
+    assert sizes[0] == 6  # 3 episodes of each player in one generation
+    assert [s.out for s in summaries] == [str(p.out) for p in players]
+    short, long = (read_trajectories(p.out) for p in players)
+    assert [t.episode_id for t in short] != [] and sorted(t.episode_id for t in short) == sorted(
+        t.episode_id for t in long
+    )
+    assert [read_run_settings(p.out)[0]["agent_options"]["max_new_tokens"] for p in players] == [2, 6]
+    turns = {t.episode_id: sum(m.role == "assistant" for m in t.messages) for t in short}
+    assert all(t.completion_tokens <= 2 * turns[t.episode_id] for t in short)
+    assert any(t.completion_tokens > 2 * sum(m.role == "assistant" for m in t.messages) for t in long)
+    sizes.clear()
+    again = rollout_players("trace/tau2-mock-v0", players, **kwargs)
+    assert sizes == [] and [s.resumed for s in again] == [3, 3]
+
+
+def test_players_without_a_batch_play_in_turn_and_a_file_of_another_run_is_set_aside(tmp_path):
+    from trace_gym.rollout import Player, rollout_players
+
+    oracle, noop = tmp_path / "oracle.jsonl", tmp_path / "noop.jsonl"
+    rollout("trace/tau2-mock-v0", "noop", noop, split="base", limit=2, env_kwargs={"max_steps": 2}, progress=False)
+    players = [Player("oracle", oracle), Player("noop", noop)]
+    moved = []
+
+    def set_aside(path):
+        moved.append(path)
+        path.rename(path.with_suffix(".earlier"))
+
+    kwargs = dict(split="base", limit=2, env_kwargs={"max_steps": 12}, progress=False, resume=True)
+    with pytest.raises(TrajectoryStoreError, match="was made by another run"):
+        rollout_players("trace/tau2-mock-v0", players, **kwargs)  # without set_aside: refused
+    first = rollout_players("trace/tau2-mock-v0", players, **kwargs, set_aside=set_aside)
+    assert moved == [noop] and [s.resumed for s in first] == [0, 0]
+    assert [s.pass_at_1 for s in first] == [1.0, 0.0]
+    assert {t.agent for t in read_trajectories(oracle)} == {"oracle"} and {
+        t.agent for t in read_trajectories(noop)
+    } == {"noop"}
+    again = rollout_players("trace/tau2-mock-v0", players, **kwargs, set_aside=set_aside)
+    assert [s.resumed for s in again] == [2, 2] and moved == [noop]
+    with pytest.raises(TraceGymError, match="two players write to one file"):
+        rollout_players("trace/tau2-mock-v0", [Player("oracle", oracle), Player("noop", oracle)], **kwargs)
+
+
+def test_a_lock_step_batch_refuses_model_agents_of_two_backends():
+    import gymnasium as gym
+
+    from trace_gym.agents import make_agent
+    from trace_gym.llm.local import LocalHF
+    from trace_gym.rollout import Episode, play_batched
+
+    first = make_agent("llm", model="smollm2-135m-instruct", max_new_tokens=2)
+    other = LocalHF.from_model(first.backend.model, first.backend.tokenizer)  # the same weights, another backend
+    agents = {0: first, 1: make_agent("llm", model=other, max_new_tokens=2)}
+    envs = [gym.make("trace/tau2-mock-v0") for _ in range(2)]
+    try:
+        with pytest.raises(TraceGymError, match="must share one backend"):
+            list(
+                play_batched(
+                    envs, [], "trace/tau2-mock-v0", [Episode("create_task_1", k, k) for k in range(2)],
+                    agent_for=lambda slot, episode: agents[slot],
+                )
+            )  # fmt: skip
+        with pytest.raises(TraceGymError, match="must share one backend"):  # a list of agents: before any step
+            episodes = [Episode("create_task_1", k, k) for k in range(2)]
+            list(play_batched(envs, [agents[0], agents[1]], "trace/tau2-mock-v0", episodes))
+    finally:
+        for env in envs:
+            env.close()
+
+
 def test_a_leveled_env_is_played_at_the_level_asked_and_a_bad_level_is_one_line(tmp_path):
     asks = {}
     for level in (0, 1):

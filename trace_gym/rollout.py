@@ -15,7 +15,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -24,7 +24,7 @@ from .actions import ParsedAction, parse_action
 from trace_gym.agents import make_agent
 from .agents.base import LockStepAgent, Meters, Observes, Reports
 from .env import TextEnv, check_target_reset, check_target_reward, opening_messages, turn_messages
-from .errors import AgentGaveUp, TraceGymError
+from .errors import AgentGaveUp, OtherRunError, TraceGymError
 from trace_gym.llm import EMBEDDED_DEFAULT, make_backend
 from trace_gym.llm.base import LoadsAdapters
 from trace_gym.llm.local import LocalHF
@@ -290,25 +290,51 @@ class PlayedEpisode:
     episode: Episode | None = None
 
 
+ONE_BACKEND = (
+    "the model agents of one lock-step batch must share one backend (one model object): "
+    "play agents of different models with batch 1, or in rollouts of their own"
+)
+
+
 def play_batched(
-    envs: list[Any], agents: list[Any], env_id: str, episodes: list[Episode], max_episode_s: float | None = None
+    envs: list[Any],
+    agents: list[Any],
+    env_id: str,
+    episodes: list[Episode],
+    max_episode_s: float | None = None,
+    agent_for: Callable[[int, Episode], Any] | None = None,
 ):
     """The episode loop: every rollout, training group, validation and evaluation
     episode is played here. Episodes run in lock-step, ``len(envs)`` at a time,
-    ``envs[i]`` played by ``agents[i]``. Agents that split a turn in two
+    ``envs[i]`` played by ``agents[i]``, or, given ``agent_for`` (then ``agents`` is
+    not read), by ``agent_for(i, episode)``, made as the episode starts (several
+    agents over one batch: evaluation's methods). Agents that split a turn in two
     (``agents.base.LockStepAgent``: a model's request, then its answer) share one
     batched generation per turn across the episodes in flight, each request under
-    its own settings (seed, temperature, adapter), through the first such agent's
-    backend (``LocalHF`` batches on CPU and GPU); any other agent (the oracle, a
-    scripted policy) acts on its own. Yields ``PlayedEpisode``s as episodes end.
-    An episode whose wall time passes ``max_episode_s`` ends after its current
-    step, truncated, with the reason in its ``error``."""
+    its own settings (seed, temperature, adapter), through their one backend
+    (``LocalHF`` batches on CPU and GPU; a second backend is refused); any other
+    agent (the oracle, a scripted policy) acts on its own. Yields
+    ``PlayedEpisode``s as episodes end. An episode whose wall time passes
+    ``max_episode_s`` ends after its current step, truncated, with the reason in
+    its ``error``."""
+    agents = list(agents) if agent_for is None else [None] * len(envs)
     if not agents:
         return
-    lock_step = [isinstance(a, LockStepAgent) for a in agents]
-    backend = next((a.backend for a, split in zip(agents, lock_step) if split), None)
+    lock_step = [False] * len(agents)
+    backend = None  # the lock-step agents' one backend, from the first that starts an episode
     queue = deque(episodes)
     slots: list[_Running | None] = [None] * len(envs)
+
+    def start(i: int, episode: Episode) -> _Running:
+        nonlocal backend
+        if agent_for is not None:
+            agents[i] = agent_for(i, episode)
+        lock_step[i] = isinstance(agents[i], LockStepAgent)
+        if lock_step[i]:
+            backend = agents[i].backend if backend is None else backend
+            if agents[i].backend is not backend:
+                raise TraceGymError(ONE_BACKEND)
+        return _start(envs[i], agents[i], episode)
 
     def done(i: int, trajectory: Trajectory) -> PlayedEpisode:
         played = PlayedEpisode(trajectory, getattr(agents[i], "tokens", None), slots[i].episode)
@@ -323,7 +349,7 @@ def play_batched(
     while queue or any(slots):
         for i, slot in enumerate(slots):
             if slot is None and queue:
-                slots[i] = _start(envs[i], agents[i], queue.popleft())
+                slots[i] = start(i, queue.popleft())
         active = [i for i, slot in enumerate(slots) if slot is not None]
         if not active:
             break
@@ -480,11 +506,72 @@ def rollout(
     ``retry_given_up`` also plays again the episodes the agent gave up.
     ``progress=None`` shows a bar only on a terminal.
     """
+    [summary] = rollout_players(
+        env_id,
+        [Player(agent, out, agent_kwargs or {})],
+        split=split,
+        task_ids=task_ids,
+        limit=limit,
+        samples=samples,
+        seed=seed,
+        resume=resume,
+        overwrite=overwrite,
+        env_kwargs=env_kwargs,
+        executor=executor,
+        workers=workers,
+        batch=batch,
+        progress=progress,
+        on_episode=on_episode,
+        seeds=seeds,
+        retry_given_up=retry_given_up,
+    )
+    return summary
+
+
+@dataclass
+class Player:
+    """One agent of ``rollout_players``: a name for ``make_agent``, its options and its trajectory file."""
+
+    agent: str
+    out: str | Path
+    agent_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def rollout_players(
+    env_id: str,
+    players: list[Player],
+    *,
+    split: str | None = None,
+    task_ids: list[str] | None = None,
+    limit: int | None = None,
+    samples: int = 1,
+    seed: int = 0,
+    resume: bool = False,
+    overwrite: bool = False,
+    env_kwargs: dict[str, Any] | None = None,
+    executor: str = "local",
+    workers: int = 1,
+    batch: int = 1,
+    progress: bool | None = None,
+    on_episode: Callable[[Trajectory], None] | None = None,
+    seeds: int | None = None,
+    retry_given_up: bool = False,
+    set_aside: Callable[[Path], None] | None = None,
+) -> list[RolloutSummary]:
+    """``rollout`` for several agents over the same episodes (evaluation's methods),
+    each into its own file; one summary per player, in order. With the local
+    executor and ``batch`` > 1 the players' episodes share one lock-step batch
+    (one batched generation per turn across every player's episodes in flight:
+    their model agents must share one model, a spec named by several players is
+    loaded once); otherwise each player plays in turn. ``on_episode`` hears every
+    player's episodes; each summary's ``wall_s`` is the whole call's.
+    ``set_aside(path)``: called for a player's file that holds a run with other
+    settings, which it must move away (that player then plays anew); without it
+    such a file is refused."""
     from tqdm.auto import tqdm
 
     if executor not in ("local", "ray"):
         raise TraceGymError(f"unknown executor '{executor}'; choose local or ray")
-    agent_kwargs = {"seed": seed, **(agent_kwargs or {})}
     kwargs = dict(env_kwargs or {})
     entry = get_entry(env_id)
     env_seeds = None
@@ -503,113 +590,189 @@ def rollout(
         raise TraceGymError(f"{env_id} has tasks: choose them with --split, --tasks or --task-ids, not --seeds")
     elif split is not None:
         kwargs["split"] = split
-    settings = run_settings(env_id, agent, agent_kwargs, kwargs)
-    agent_kwargs = _with_local_adapter(agent, agent_kwargs, executor)
-    env = make(env_id, **kwargs)  # (before the store: an env that cannot be made leaves no file behind)
+    outs = [Path(p.out).resolve() for p in players]
+    if len(set(outs)) < len(outs):
+        raise TraceGymError(f"two players write to one file ({', '.join(str(p.out) for p in players)})")
+    options = [{"seed": seed, **p.agent_kwargs} for p in players]
+    settings = [run_settings(env_id, p.agent, o, kwargs) for p, o in zip(players, options)]
+    backends: dict[Any, Any] = {}  # a model spec is loaded once, whichever players name it
+    options = [_with_local_adapter(p.agent, o, executor, backends) for p, o in zip(players, options)]
+    env = make(env_id, **kwargs)  # (before the stores: an env that cannot be made leaves no file behind)
+    stores: list[TrajectoryStore] = []
     try:
         if env_seeds is not None:
             plan = plan_seeded_episodes(env_seeds[:limit] if limit is not None else env_seeds, samples, seed)
         else:
-            if task_ids is None:
-                task_ids = list(getattr(env.unwrapped, "task_ids", None) or [])
-                if not task_ids:
-                    raise TraceGymError(
-                        f"{env_id} has no task list: a target lists its split's task ids in task_ids (docs/targets.md)"
-                    )
-            else:  # one clear error for an unknown id, before any work
-                getter = getattr(env.unwrapped, "get_task", None)
-                known = [str(t) for t in getattr(env.unwrapped, "task_ids", None) or []]
-                for tid in task_ids:
-                    if callable(getter):
-                        getter(tid)
-                    elif known and str(tid) not in known:
-                        raise TraceGymError(
-                            f"{env_id} has no task '{tid}' in this split ({len(known)} tasks, e.g. "
-                            f"{', '.join(known[:5])}); --split names another"
-                        )
-            if limit is not None:
-                task_ids = task_ids[:limit]
-            plan = plan_episodes(task_ids, samples, seed)
-        store = TrajectoryStore(  # (after the plan: a target that lists no tasks leaves no file behind)
-            out, resume=resume or retry_given_up, overwrite=overwrite, settings=settings, retry_given_up=retry_given_up
-        )
+            plan = plan_episodes(_task_ids(env, env_id, task_ids, limit), samples, seed)
+        for player, setting in zip(players, settings):  # (after the plan: a target that lists no tasks leaves no file)
+            stores.append(_open_store(player.out, setting, resume, overwrite, retry_given_up, set_aside))
     except BaseException:
         env.close()
+        for store in stores:
+            store.close()
         raise
     try:
         keys = [episode_id(env_id, ep.task_id, ep.sample, ep.reset_seed) for ep in plan]
-        todo = [ep for ep, key in zip(plan, keys) if key not in store]
-        resumed = len(plan) - len(todo)
+        todo = [[ep for ep, key in zip(plan, keys) if key not in store] for store in stores]
         t0 = time.perf_counter()
+        resumed = len(plan) * len(players) - sum(map(len, todo))
+        names = ", ".join(dict.fromkeys(p.agent for p in players))
         bar = tqdm(
-            total=len(plan), initial=resumed, desc=f"{agent} on {env_id}", unit="ep", disable=_bar_disabled(progress)
+            total=len(plan) * len(players),
+            initial=resumed,
+            desc=f"{names} on {env_id}",
+            unit="ep",
+            disable=_bar_disabled(progress),
         )
-        passed = sum(1 for key in keys if key in store and store.completed[key].success)
+        passed = sum(1 for store in stores for key in keys if key in store and store.completed[key].success)
 
-        def record(trajectory: Trajectory) -> None:
-            nonlocal passed
-            store.append(trajectory)
-            passed += trajectory.success
-            bar.update(1)
-            bar.set_postfix(pass_rate=f"{passed / max(bar.n, 1):.2f}")
-            if on_episode:
-                on_episode(trajectory)
+        def recorder(store: TrajectoryStore) -> Callable[[Trajectory], None]:
+            def record(trajectory: Trajectory) -> None:
+                nonlocal passed
+                store.append(trajectory)
+                passed += trajectory.success
+                bar.update(1)
+                bar.set_postfix(pass_rate=f"{passed / max(bar.n, 1):.2f}")
+                if on_episode:
+                    on_episode(trajectory)
 
-        if executor == "ray":
-            env.close()
-            env = None
-            for trajectory in _run_ray(env_id, kwargs, agent, agent_kwargs, todo, workers):
-                record(trajectory)
-        elif batch > 1:
-            _run_local_batched(env, env_id, kwargs, agent, agent_kwargs, todo, batch, record)
-        elif workers > 1:
-            _run_threads(env_id, kwargs, agent, agent_kwargs, todo, workers, record)
+            return record
+
+        records = [recorder(store) for store in stores]
+        if executor == "local" and batch > 1:
+            _run_local_batched(env, env_id, kwargs, players, options, todo, batch, records, backends)
         else:
-            the_agent = make_agent(agent, **agent_kwargs)
-            for ep in todo:
-                record(run_episode(env, the_agent, env_id, ep))
+            for player, agent_kwargs, episodes, record in zip(players, options, todo, records):
+                if executor == "ray":
+                    if env is not None:
+                        env.close()
+                        env = None
+                    for trajectory in _run_ray(env_id, kwargs, player.agent, agent_kwargs, episodes, workers):
+                        record(trajectory)
+                elif workers > 1:
+                    _run_threads(env_id, kwargs, player.agent, agent_kwargs, episodes, workers, record)
+                else:
+                    the_agent = make_agent(player.agent, **agent_kwargs)
+                    for ep in episodes:
+                        record(run_episode(env, the_agent, env_id, ep))
         bar.close()
         wall = time.perf_counter() - t0
-        done = store.completed
-        trajectories = [done[key] for key in keys]
+        trajectories = [[store.completed[key] for key in keys] for store in stores]
     finally:
         if env is not None:
             env.close()
-        store.close()
-    summary = summarize(trajectories, env_id=env_id, agent=agent, wall_s=wall)
-    summary.resumed = resumed
-    summary.out = str(out)
-    summary.episode_ids = list(keys)
-    return summary
+        for store in stores:
+            store.close()
+    summaries = []
+    for player, played, episodes in zip(players, trajectories, todo):
+        summary = summarize(played, env_id=env_id, agent=player.agent, wall_s=wall)
+        summary.resumed = len(plan) - len(episodes)
+        summary.out = str(player.out)
+        summary.episode_ids = list(keys)
+        summaries.append(summary)
+    return summaries
+
+
+def _task_ids(env: Any, env_id: str, task_ids: list[str] | None, limit: int | None) -> list[str]:
+    """The tasks to play: ``task_ids`` (each checked against the target, one clear error
+    for an unknown id, before any work), else the split's; the first ``limit``."""
+    if task_ids is None:
+        task_ids = list(getattr(env.unwrapped, "task_ids", None) or [])
+        if not task_ids:
+            raise TraceGymError(
+                f"{env_id} has no task list: a target lists its split's task ids in task_ids (docs/targets.md)"
+            )
+    else:
+        getter = getattr(env.unwrapped, "get_task", None)
+        known = [str(t) for t in getattr(env.unwrapped, "task_ids", None) or []]
+        for tid in task_ids:
+            if callable(getter):
+                getter(tid)
+            elif known and str(tid) not in known:
+                raise TraceGymError(
+                    f"{env_id} has no task '{tid}' in this split ({len(known)} tasks, e.g. "
+                    f"{', '.join(known[:5])}); --split names another"
+                )
+    return task_ids[:limit] if limit is not None else task_ids
+
+
+def _open_store(
+    out: str | Path,
+    settings: dict[str, Any],
+    resume: bool,
+    overwrite: bool,
+    retry_given_up: bool,
+    set_aside: Callable[[Path], None] | None,
+) -> TrajectoryStore:
+    def opened() -> TrajectoryStore:
+        return TrajectoryStore(
+            out, resume=resume or retry_given_up, overwrite=overwrite, settings=settings, retry_given_up=retry_given_up
+        )
+
+    try:
+        return opened()
+    except OtherRunError:
+        if set_aside is None:
+            raise
+        set_aside(Path(out))
+        return opened()
 
 
 MODEL_AGENTS = ("llm", "routed")
 """The agents that load a model (the others replay or script their actions)."""
 
 
-def _run_local_batched(env, env_id, env_kwargs, agent, agent_kwargs, todo, batch, record) -> None:
-    if agent not in MODEL_AGENTS:
+def _run_local_batched(env, env_id, env_kwargs, players, options, todo, batch, records, backends) -> None:
+    """Every player's episodes in one lock-step batch of up to ``batch``, each episode
+    played by its own player's agent (one per player and slot), through one backend."""
+    if any(p.agent not in MODEL_AGENTS for p in players):
         raise TraceGymError("--batch needs --agent llm (it batches model generation across episodes)")
-    model = agent_kwargs.get("model") or EMBEDDED_DEFAULT
-    server = {k: agent_kwargs[k] for k in ("base_url", "api_key") if k in agent_kwargs}
-    backend = make_backend(model, **server) if isinstance(model, str) else model
-    size = min(batch, max(len(todo), 1))
+    options = [{**o, "model": _shared_backend(backends, o)} for o in options]
+    if len({id(o["model"]) for o in options}) > 1:  # (refused before any episode is played)
+        raise TraceGymError(ONE_BACKEND)
+    backend = options[0]["model"]
+    queue = [(k, replace(ep)) for k, episodes in enumerate(todo) for ep in episodes]  # (players share a plan)
+    size = min(batch, max(len(queue), 1))
     if getattr(backend, "max_batch", size) < size:  # a local model generates the whole lock-step batch at once
         backend.max_batch = size
+    player_of = {id(ep): k for k, ep in queue}
+    made: dict[tuple[int, int], Any] = {}
+
+    def agent_for(slot: int, episode: Episode) -> Any:
+        k = player_of[id(episode)]
+        if (k, slot) not in made:
+            made[k, slot] = make_agent(players[k].agent, **options[k])
+        return made[k, slot]
+
     envs = [env] + [make(env_id, **env_kwargs) for _ in range(size - 1)]
-    agents = [make_agent(agent, **{**agent_kwargs, "model": backend}) for _ in range(size)]
     try:
-        for played in play_batched(envs, agents, env_id, todo):
-            record(played.trajectory)
+        for played in play_batched(envs, [], env_id, [ep for _, ep in queue], agent_for=agent_for):
+            records[player_of[id(played.episode)]](played.trajectory)
     finally:
         for extra in envs[1:]:
             extra.close()
 
 
-def _with_local_adapter(agent: str, agent_kwargs: dict[str, Any], executor: str) -> dict[str, Any]:
-    """``--adapter PATH`` with a local model: the model is made once, here, with
-    that adapter loaded under its path, so every agent of the run uses it. A
-    server's adapter (vLLM multi-LoRA) is a name the server knows: left alone."""
+def _shared_backend(backends: dict[Any, Any], agent_kwargs: dict[str, Any]) -> Any:
+    """The agent's model as a backend object: made once per spec (and server) in
+    ``backends``, so that the players of one rollout that name it share it."""
+    model = agent_kwargs.get("model") or EMBEDDED_DEFAULT
+    if not isinstance(model, str):
+        return model
+    server = {k: agent_kwargs[k] for k in ("base_url", "api_key") if k in agent_kwargs}
+    key = (model, tuple(sorted(server.items())))
+    if key not in backends:
+        backends[key] = make_backend(model, **server)
+    return backends[key]
+
+
+def _with_local_adapter(
+    agent: str, agent_kwargs: dict[str, Any], executor: str, backends: dict[Any, Any] | None = None
+) -> dict[str, Any]:
+    """``--adapter PATH`` with a local model: the model is made once, here (in
+    ``backends``, shared with the rollout's other players), with that adapter
+    loaded under its path, so every agent of the run uses it. A server's adapter
+    (vLLM multi-LoRA) is a name the server knows: left alone."""
     adapter, model = agent_kwargs.get("adapter"), agent_kwargs.get("model")
     if agent != "llm" or not adapter or (isinstance(model, str) and is_chat_endpoint(model)):
         return agent_kwargs
@@ -626,8 +789,7 @@ def _with_local_adapter(agent: str, agent_kwargs: dict[str, Any], executor: str)
             "--adapter PATH with a local model needs --executor local (each Ray worker would load its own model)"
         )
 
-    backend = make_backend(model or EMBEDDED_DEFAULT) if model is None or isinstance(model, str) else model
-
+    backend = _shared_backend({} if backends is None else backends, agent_kwargs)
     if not isinstance(backend, LoadsAdapters):
         raise TraceGymError(f"model {getattr(backend, 'name', backend)} cannot load LoRA adapters")
     backend.load_adapter(adapter, str(path))

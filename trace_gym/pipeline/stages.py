@@ -27,9 +27,9 @@ from ..identification import identify, label_all, make_analyst
 from ..identification.stats import DegenerateInputError, LACKING
 from ..llm.base import SumsAdapters
 from ..registry import add_registry_dir, make, read_manifest
-from ..rollout import rollout
+from ..rollout import Player, rollout, rollout_players
 from ..seeding import derive_seed
-from ..store import OtherRunError, read_run_settings, read_trajectories, write_trajectories
+from ..store import read_run_settings, read_trajectories, write_trajectories
 from ..synthesis import serving_envs, synthesize
 from ..training.jobs import Job, train_jobs, visible_gpus
 from ..training.log import TrainLog
@@ -472,44 +472,54 @@ def stage_evaluate(config: PipelineConfig, state: RunState, say: Callable[[str],
     ctx.backend = policy_backend(config.eval_model, ctx.adapters, **config.eval_endpoint)
     adapters = ctx.adapters
     env_kwargs = {"max_steps": config.evaluate.max_steps} if config.evaluate.max_steps else {}
-    played = {}
-    reused = set()  # rows scored from another method's episodes (their note says whose)
-    for name, built, cost in build_methods(config.evaluate.methods, ctx, say):
-        if built.same_as in played:
-            say(f"{name}: {built.note}; not played again")
-            played[name] = (played[built.same_as][0], built, cost)
-            reused.add(name)
-            continue
-        path = out / f"{name}.jsonl"
+    methods = build_methods(list(dict.fromkeys(config.evaluate.methods)), ctx, say)  # (a name given twice: once)
+    own = {name for name, built, _ in methods if built.same_as is None}
+    playing = [(name, built) for name, built, _ in methods if built.same_as not in own]  # the rest borrow episodes
+    for name, _ in playing:
         if name == "summed" and isinstance(ctx.backend, SumsAdapters):  # the sum of these adapters, every time
             say(f"summed adapter saved to {ctx.backend.save_adapter('summed', out / 'summed-adapter')} (servable)")
-        say(f"{name} on the {config.evaluate.split} split")
+    players = [
+        Player(built.agent, out / f"{name}.jsonl", {**_agent_kwargs(config, model=ctx.backend), **built.kwargs})
+        for name, built in playing
+    ]
+    if players:
+        together = config.policy.batch > 1 and len(players) > 1
+        say(f"{', '.join(n for n, _ in playing)} on the {config.evaluate.split} split" + (", in one batch" * together))
 
-        def play(path: Path = path, built: Any = built) -> Any:
-            return rollout(
-                config.run.target,
-                built.agent,
-                path,
-                agent_kwargs={**_agent_kwargs(config, model=ctx.backend), **built.kwargs},
-                split=config.evaluate.split,
-                limit=config.evaluate.tasks,
-                samples=config.evaluate.samples,
-                seed=derive_seed(config.run.seed, "evaluate"),
-                resume=True,
-                env_kwargs=env_kwargs,
-                batch=config.policy.batch,
-                workers=config.policy.workers,
-                progress=False,
-            )
+    def set_aside(path: Path) -> None:  # an earlier evaluation with other settings: kept, not resumed
+        say(
+            f"{path.stem}: {path.name} holds an evaluation made with other settings; kept as "
+            f"{_set_aside(path, out / 'earlier')}, played again"
+        )
 
-        try:
-            summary = play()
-        except OtherRunError:  # an earlier evaluation with other settings: kept, not resumed
-            aside = _set_aside(path, out / "earlier")
-            say(f"{name}: {path.name} holds an evaluation made with other settings; kept as {aside}, played again")
-            summary = play()
+    summaries = (
+        rollout_players(
+            config.run.target,
+            players,
+            split=config.evaluate.split,
+            limit=config.evaluate.tasks,
+            samples=config.evaluate.samples,
+            seed=derive_seed(config.run.seed, "evaluate"),
+            resume=True,
+            env_kwargs=env_kwargs,
+            batch=config.policy.batch,
+            workers=config.policy.workers,
+            progress=False,
+            set_aside=set_aside,
+        )
+        if players
+        else []
+    )
+    episodes = {}
+    for (name, _), summary in zip(playing, summaries):
         planned = set(summary.episode_ids)  # the file may hold episodes of an earlier, larger evaluation
-        played[name] = ([t for t in read_trajectories(path) if t.episode_id in planned], built, cost)
+        episodes[name] = [t for t in read_trajectories(summary.out) if t.episode_id in planned]
+    played = {}
+    for name, built, cost in methods:
+        if name not in episodes:
+            say(f"{name}: {built.note}; not played again")
+        played[name] = (episodes.get(name, episodes.get(built.same_as)), built, cost)
+    reused = set(played) - set(episodes)  # rows scored from another method's episodes (their note says whose)
     base = played["base"][0] if "base" in played else []
     labels = _held_out_labels(config, ctx, played, out, say)
     groups: dict[str, set[str]] = {}  # the truth routing is scored against: where base lacked each capability
