@@ -22,6 +22,8 @@ from pathlib import Path
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
+from trace_gym.cli import count  # noqa: E402 (after the environment is set)
+
 
 def paired_change(base: dict[str, str], other: dict[str, str], rng: random.Random) -> tuple[int, float, float, float]:
     """Over the tasks where the capability applies in both: (tasks, mean change in LACKING, 95% interval)."""
@@ -40,10 +42,10 @@ def main() -> None:
     parser.add_argument("--adapter", default=None, help="the LoRA adapter folder (e.g. a learning_curve.py run's)")
     parser.add_argument("--env", default="trace/tau2-retail-v0")
     parser.add_argument("--model", default="smollm2-135m-tau2-retail-sft")
-    parser.add_argument("--tasks", type=int, default=None, help="only the first N test tasks (default: all)")
-    parser.add_argument("--max-steps", type=int, default=16)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--tasks", type=count, default=None, help="only the first N test tasks (default: all)")
+    parser.add_argument("--max-steps", type=count, default=16)
+    parser.add_argument("--max-new-tokens", type=count, default=128)
+    parser.add_argument("--batch", type=count, default=8)
     parser.add_argument("--analyst", default="gold", help="gold, milestone or reference (no LLM)")
     parser.add_argument("--out", default="runs/adapter-on-target")
     args = parser.parse_args()

@@ -29,6 +29,7 @@ from openai_double import OpenAIDouble  # noqa: E402
 from trace_gym.identification import GOLD_CAPABILITIES, GoldActionAnalyst, make_analyst  # noqa: E402
 from trace_gym.rollout import rollout  # noqa: E402
 from trace_gym.store import read_trajectories  # noqa: E402
+from trace_gym.cli import count
 
 
 def token_counter():
@@ -97,7 +98,7 @@ if __name__ == "__main__":
     parser.add_argument(
         "count",
         nargs="?",
-        type=int,
+        type=count,
         default=100,
         help="trajectories to label (figures are per 100) (default: %(default)s)",
     )

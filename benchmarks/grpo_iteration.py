@@ -41,6 +41,8 @@ import time
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
+from trace_gym.cli import count  # noqa: E402 (after the environment is set)
+
 GOAL_S = 60.0
 EMBEDDED = "smollm2-135m-instruct"
 FAMILIES = {  # the shapes of each family's config.json (public), nothing else of theirs
@@ -103,7 +105,7 @@ def random_model(family: str, folder: str, layers: int | None, device: str) -> t
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    count = sum(p.numel() for p in model.parameters())
+    parameters = sum(p.numel() for p in model.parameters())
     model.save_pretrained(folder)
     del model
     embedded, template = local_folder(EMBEDDED)
@@ -111,20 +113,22 @@ def random_model(family: str, folder: str, layers: int | None, device: str) -> t
         shutil.copy(os.path.join(embedded, name), folder)
     with open(os.path.join(folder, "chat_template.jinja"), "w", encoding="utf-8") as out:
         out.write(template or "")
-    return local_spec(folder), count
+    return local_spec(folder), parameters
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="trace/tool-precision-v0", help="reference env id")
-    parser.add_argument("--iterations", type=int, default=3, help="iterations to time (the first is warm-up)")
-    parser.add_argument("--groups", type=int, default=4)
-    parser.add_argument("--rollouts-per-group", type=int, default=4)
-    parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens per model turn")
-    parser.add_argument("--max-steps", type=int, default=None, help="agent actions per episode (default: the env's)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--iterations", type=count, default=3, help="iterations to time (the first is warm-up)")
+    parser.add_argument("--groups", type=count, default=4)
+    parser.add_argument("--rollouts-per-group", type=count, default=4)
+    parser.add_argument("--max-new-tokens", type=count, default=64, help="tokens per model turn")
+    parser.add_argument("--max-steps", type=count, default=None, help="agent actions per episode (default: the env's)")
+    parser.add_argument("--threads", type=count, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--micro-batch", type=int, default=None, help="episodes per forward/backward pass (default: K)")
+    parser.add_argument(
+        "--micro-batch", type=count, default=None, help="episodes per forward/backward pass (default: K)"
+    )
     parser.add_argument(
         "--dtype",
         default="auto",
@@ -136,11 +140,11 @@ def main() -> int:
     parser.add_argument(
         "--random-model", choices=sorted(FAMILIES), help="a random-weight model of this family's shapes instead"
     )
-    parser.add_argument("--random-layers", type=int, default=None, help="layers of the random model (default: all)")
+    parser.add_argument("--random-layers", type=count, default=None, help="layers of the random model (default: all)")
     parser.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations in the backward")
     args = parser.parse_args()
-    if args.random_layers is not None and (not args.random_model or args.random_layers < 1):
-        print("grpo_iteration: --random-layers needs --random-model and at least 1", file=sys.stderr)
+    if args.random_layers is not None and not args.random_model:
+        print("grpo_iteration: --random-layers needs --random-model", file=sys.stderr)
         return 2
 
     from trace_gym.errors import TraceGymError

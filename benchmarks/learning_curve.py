@@ -33,6 +33,8 @@ import time
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
+from trace_gym.cli import count  # noqa: E402 (after the environment is set)
+
 WINDOW = 5
 
 
@@ -60,19 +62,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="trace/tool-precision-v0")
     parser.add_argument("--model", default="smollm2-135m-tau2-retail-sft")
-    parser.add_argument("--iterations", type=int, default=30)
-    parser.add_argument("--groups", type=int, default=4)
-    parser.add_argument("--rollouts-per-group", type=int, default=4)
+    parser.add_argument("--iterations", type=count, default=30)
+    parser.add_argument("--groups", type=count, default=4)
+    parser.add_argument("--rollouts-per-group", type=count, default=4)
     parser.add_argument("--lr", type=float, default=1e-4)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--max-new-tokens", type=count, default=128)
     parser.add_argument(
-        "--max-steps", type=int, default=None, help="agent actions per episode (default: the env's own)"
+        "--max-steps", type=count, default=None, help="agent actions per episode (default: the env's own)"
     )
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument(
-        "--micro-batch", type=int, default=None, help="episodes per forward/backward pass (default: K, one group)"
+        "--micro-batch", type=count, default=None, help="episodes per forward/backward pass (default: K, one group)"
     )
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--threads", type=count, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="keep the run here (default: a temporary folder)")
     args = parser.parse_args()

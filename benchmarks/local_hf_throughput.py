@@ -26,6 +26,7 @@ import trace_gym  # noqa: F401
 from trace_gym.agents import LLMAgent
 from trace_gym.llm import EMBEDDED_DEFAULT, GenerationRequest, make_backend
 from trace_gym.rollout import Episode, _start
+from trace_gym.cli import count
 
 ENV = "trace/tau2-retail-v0"
 
@@ -135,7 +136,7 @@ def main(new_tokens: int = 32, turns: int = 4) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("new_tokens", nargs="?", type=int, default=32, help="tokens per turn (default: %(default)s)")
-    parser.add_argument("turns", nargs="?", type=int, default=4, help="turns of the episode (default: %(default)s)")
+    parser.add_argument("new_tokens", nargs="?", type=count, default=32, help="tokens per turn (default: %(default)s)")
+    parser.add_argument("turns", nargs="?", type=count, default=4, help="turns of the episode (default: %(default)s)")
     args = parser.parse_args()
     main(args.new_tokens, args.turns)

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from trace_gym.sandbox import SandboxUnavailable, SandboxWorker, select_backend
+from trace_gym.cli import count
 
 FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "envs" / "order-lookup" / "env.py"
 TARGETS = {"bwrap": (0.150, 0.001), "docker": (1.5, 0.002)}  # start-up p50, step p50 (seconds)
@@ -99,6 +100,8 @@ def main(steps: int = 2000, starts: int = 10) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("steps", nargs="?", type=int, default=2000, help="steps per measurement (default: %(default)s)")
+    parser.add_argument(
+        "steps", nargs="?", type=count, default=2000, help="steps per measurement (default: %(default)s)"
+    )
     args = parser.parse_args()
     main(args.steps)

@@ -18,6 +18,8 @@ import time
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
+from trace_gym.cli import count  # noqa: E402 (after the environment is set)
+
 
 def main(n_tasks: int = 40, repeats: int = 3) -> None:
     import gymnasium as gym
@@ -69,7 +71,7 @@ def main(n_tasks: int = 40, repeats: int = 3) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "tasks", nargs="?", type=int, default=40, help="τ² tasks to step through (default: %(default)s)"
+        "tasks", nargs="?", type=count, default=40, help="τ² tasks to step through (default: %(default)s)"
     )
     args = parser.parse_args()
     main(args.tasks)

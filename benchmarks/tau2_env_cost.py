@@ -20,6 +20,8 @@ from unittest import mock
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
+from trace_gym.cli import count  # noqa: E402 (after the environment is set)
+
 
 def main(domain: str = "retail", n_tasks: int = 30, rounds: int = 3) -> None:
     import gymnasium as gym
@@ -56,11 +58,11 @@ if __name__ == "__main__":
     parser.add_argument(
         "domain", nargs="?", type=str, default="retail", help="τ² domain (retail, airline, ...) (default: %(default)s)"
     )
-    parser.add_argument("tasks", nargs="?", type=int, default=30, help="tasks per round (default: %(default)s)")
+    parser.add_argument("tasks", nargs="?", type=count, default=30, help="tasks per round (default: %(default)s)")
     parser.add_argument(
         "rounds",
         nargs="?",
-        type=int,
+        type=count,
         default=3,
         help="alternating rounds with and without the pause (default: %(default)s)",
     )

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from trace_gym.rollout import rollout
+from trace_gym.cli import count
 
 ENV = "trace/tau2-retail-v0"
 
@@ -43,12 +44,12 @@ def main(episodes: int = 10, batch: int = 10, max_new_tokens: int = 64) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("episodes", nargs="?", type=int, default=10, help="τ²-retail episodes (default: %(default)s)")
+    parser.add_argument("episodes", nargs="?", type=count, default=10, help="τ²-retail episodes (default: %(default)s)")
     parser.add_argument(
-        "batch", nargs="?", type=int, default=10, help="episodes generated together (default: %(default)s)"
+        "batch", nargs="?", type=count, default=10, help="episodes generated together (default: %(default)s)"
     )
     parser.add_argument(
-        "max_new_tokens", nargs="?", type=int, default=64, help="tokens per model turn (default: %(default)s)"
+        "max_new_tokens", nargs="?", type=count, default=64, help="tokens per model turn (default: %(default)s)"
     )
     args = parser.parse_args()
     main(args.episodes, args.batch, args.max_new_tokens)

@@ -33,6 +33,8 @@ from pathlib import Path
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
+from trace_gym.cli import count  # noqa: E402 (after the environment is set)
+
 
 def turn_spans(mask: list[int]) -> list[tuple[int, int]]:
     """[start, end) of each run of 1s: one agent turn each."""
@@ -53,10 +55,12 @@ def main() -> None:
     parser.add_argument(
         "--trajectories", default=None, help="demonstrations (default: the oracle on --env's train split)"
     )
-    parser.add_argument("--tasks", type=int, default=None, help="the oracle on the first N train tasks (default: all)")
+    parser.add_argument(
+        "--tasks", type=count, default=None, help="the oracle on the first N train tasks (default: all)"
+    )
     parser.add_argument("--fit", type=int, default=16, help="demonstrations the teacher-forced check reads (0: none)")
-    parser.add_argument("--max-tokens", type=int, default=None, help="SFT's cut (default: the model's context)")
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--max-tokens", type=count, default=None, help="SFT's cut (default: the model's context)")
+    parser.add_argument("--threads", type=count, default=None)
     parser.add_argument("--out", default="runs/warm-start-fit")
     args = parser.parse_args()
 

@@ -45,10 +45,16 @@ NUMBERS = {  # scripts whose positional arguments are counts: the arguments befo
 
 
 @pytest.mark.parametrize("name", sorted(NUMBERS))
-def test_a_count_that_is_not_a_number_is_refused(name: str):
-    refused = call(BENCHMARKS / f"{name}.py", *NUMBERS[name], "x")
+@pytest.mark.parametrize(("value", "said"), [("x", "invalid count: 'x'"), ("0", "must be at least 1, got 0")])
+def test_a_count_that_is_not_a_positive_number_is_refused(name: str, value: str, said: str):
+    refused = call(BENCHMARKS / f"{name}.py", *NUMBERS[name], value)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
-    assert refused.stderr.strip().splitlines()[-1].endswith("invalid int value: 'x'")
+    assert said in refused.stderr.strip().splitlines()[-1]
+
+
+def test_an_option_count_below_one_is_refused():
+    refused = call(BENCHMARKS / "grpo_iteration.py", "--groups", "0")
+    assert refused.returncode == 2 and "must be at least 1, got 0" in refused.stderr.strip().splitlines()[-1]
 
 
 def test_validation_time_refuses_an_env_with_hostile():
