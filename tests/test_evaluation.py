@@ -446,16 +446,22 @@ def test_serving_the_policy_elsewhere_redoes_evaluation_and_nothing_before_it(tm
 
 
 def test_settings_added_later_leave_an_earlier_runs_stage_hashes_alone(tmp_path):
-    """A run recorded before `[policy] chat_template` and `[evaluate] model` existed resumes
-    with its stages kept: a late setting at its default is not hashed."""
+    """A run recorded before `[policy] chat_template`, `[evaluate] model` and
+    `[identify.selection] max_selected` existed resumes with its stages kept: a late setting
+    at its default is not hashed."""
     from trace_gym.pipeline import STAGES, PipelineConfig, RunSettings, RunState, stage_inputs_hash
     from trace_gym.pipeline.state import hashed_settings
 
     config = PipelineConfig(RunSettings(TARGET, dir=str(tmp_path)))
     assert "chat_template" not in hashed_settings("policy", to_table(config.policy))
     assert "model" not in hashed_settings("evaluate", to_table(config.evaluate))
+    selection = hashed_settings("identify", to_table(config.identify))["selection"]
+    assert "max_selected" not in selection and selection["runs"] == 10
+    assert "max_selected" in to_table(config.identify)["selection"]  # the run's own table keeps it
     state = RunState(tmp_path)
     before = {s: stage_inputs_hash(config, s, state) for s in STAGES}
+    config.identify.selection.max_selected = 2
+    assert stage_inputs_hash(config, "identify", state) != before["identify"]
     config.policy.chat_template = "stock"
     assert all(stage_inputs_hash(config, s, state) != before[s] for s in STAGES)
 

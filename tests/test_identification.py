@@ -17,7 +17,8 @@ from trace_gym.identification import (
     identify,
     make_analyst,
 )
-from trace_gym.identification.stats import wilson
+from trace_gym.artifacts import Identification
+from trace_gym.identification.stats import SelectionError, wilson
 from trace_gym.rollout import rollout
 from trace_gym.store import read_trajectories
 
@@ -168,6 +169,46 @@ def test_the_selection_does_not_depend_on_the_order_of_the_episodes(planted_runs
     assert reordered.selected == ordered.selected
     examples = [c.example_failed_task_ids for c in ordered.capabilities]
     assert [c.example_failed_task_ids for c in reordered.capabilities] == examples
+
+
+@pytest.mark.slow
+def test_max_selected_keeps_the_largest_gaps_and_reports_the_rest(planted_runs, tmp_path):
+    full = identify(planted_runs["all"], GoldActionAnalyst())
+    capped = identify(
+        planted_runs["all"], GoldActionAnalyst(), tmp_path / "capped", config=SelectionConfig(max_selected=2)
+    )
+    passing = [c for c in full.capabilities if c.selected]  # sorted by mean gap, largest first
+    assert capped.selected == [c.name for c in passing[:2]]
+    assert [c.name for c in capped.capabilities if c.over_cap] == [c.name for c in passing[2:]]
+    assert capped.runs == full.runs  # the cap changes what is kept, never the contrast
+    report = (tmp_path / "capped" / "report.md").read_text()
+    assert "at most 2 are selected, the largest mean gaps first" in report
+    assert report.count("| over the cap |") == len(passing) - 2
+    assert Identification.load(tmp_path / "capped").selected[1].name == passing[1].name
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_max_selected_below_one_is_refused(bad):
+    with pytest.raises(SelectionError, match="max_selected must be a whole number, at least 1"):
+        SelectionConfig(max_selected=bad)
+
+
+def test_the_cap_keeps_the_largest_gaps_of_those_that_pass_ties_by_name():
+    from trace_gym.identification.stats import CapabilityStats, select
+
+    def run(gaps):  # one bootstrap run: a capability with a gap of None never passes
+        return [
+            CapabilityStats(n, 1, 0, 2, 2, 2, 0.0 if g is not None else None, g, g, 1.0, (0, 1), (0, 1), g is not None)
+            for n, g in gaps.items()
+        ]
+
+    gaps = {"b": 0.5, "a": 0.5, "c": 0.9, "d": 0.3, "e": None}
+    chosen = select([run(gaps)], {}, {}, SelectionConfig(runs=1, max_selected=2))
+    assert [(c.name, c.verdict) for c in chosen] == [
+        ("c", "yes"), ("a", "yes"), ("b", "over the cap"), ("d", "over the cap"), ("e", "no"),
+    ]  # fmt: skip
+    roomy = select([run(gaps)], {}, {}, SelectionConfig(runs=1, max_selected=9))
+    assert [c.name for c in roomy if c.selected] == ["c", "a", "b", "d"] and not any(c.over_cap for c in roomy)
 
 
 def recorded_analyst(gold_labels: dict[tuple[str, str], str]):

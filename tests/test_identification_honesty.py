@@ -281,6 +281,11 @@ def test_planted_airline_mix_through_the_cli_selects_the_harmful_deficits_only(t
     ]
     control = next(c for c in written["candidates"] if c["name"] == "read_before_write")
     assert not control["selected"] and control["runs_passed"] < 8
+    capped = run_cli("identify", "--trajectories", str(out), "--max-selected", "1", "--out", str(tmp_path / "one"))
+    assert capped.returncode == 0, capped.stderr
+    assert capped.stdout.count("over the cap") == 2 and "at most 1, the largest gaps first" in capped.stdout
+    kept = json.loads((tmp_path / "one" / "capabilities.json").read_text())["selected"]
+    assert [c["name"] for c in kept] == [next(c["name"] for c in written["candidates"] if c["selected"])]
 
 
 def test_fixes_error_makes_one_call_wrong_just_before_it_is_made_right():

@@ -239,6 +239,30 @@ def test_merged_is_a_baseline_only_over_two_or_more_capability_envs(tmp_path):
     assert merged["envs"] == ["trace/complete-actions-v0", "trace/tool-precision-v0"] and merged["scale"] == 2
 
 
+def test_a_control_the_cap_left_out_is_refused(tmp_path):
+    """A capability over the cap passed the contrast: its adapter would be no untargeted control."""
+    from dataclasses import replace
+
+    from conftest import capability
+    from trace_gym.artifacts import Identification
+    from trace_gym.pipeline.stages import check_controls
+    from trace_gym.pipeline.state import PipelineError
+
+    config = load_config(write(tmp_path, GOOD.replace("delta = 0.25", "delta = 0.25\nmax_selected = 1")))
+    identified = Identification(
+        [
+            capability("precise_arguments", "exact ids"),
+            replace(capability("complete_actions", "every change", selected=False), over_cap=True),
+            capability("read_before_write", "reads first", selected=False),
+        ]
+    )
+    config.train.control = ["read_before_write"]
+    check_controls(config, identified)  # not selected by the contrast: a control
+    config.train.control = ["read_before_write", "complete_actions"]
+    with pytest.raises(PipelineError, match="complete_actions passed the contrast and only the cap .*max_selected = 1"):
+        check_controls(config, identified)
+
+
 def test_each_role_names_its_own_server_and_the_key_stays_in_the_environment(tmp_path, monkeypatch):
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)

@@ -153,6 +153,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     )
     ident.add_argument("--delta", type=float, default=0.20, help="smallest contrastive gap ER- - ER+ (default 0.20)")
     ident.add_argument("--rho", type=float, default=0.10, help="smallest coverage E-/|D-| (default 0.10)")
+    ident.add_argument(
+        "--max-selected",
+        type=count,
+        default=None,
+        help="select at most N capabilities, the largest gaps first (default: every one that passes)",
+    )
     ident.add_argument("--seed", type=int, default=0)
     ident.add_argument(
         "--per-trajectory", action="store_true", help="LLM analyst: label all capabilities of a trajectory in one call"
@@ -466,7 +472,9 @@ def cmd_identify(args: argparse.Namespace) -> int:
     from ..identification import SelectionConfig, identify, make_analyst
     from ..store import read_trajectories
 
-    config = SelectionConfig(delta=args.delta, rho=args.rho, runs=args.runs, min_runs=args.k)
+    config = SelectionConfig(
+        delta=args.delta, rho=args.rho, runs=args.runs, min_runs=args.k, max_selected=args.max_selected
+    )
     trajectories = read_trajectories(args.trajectories)
     analyst = make_analyst(
         args.analyst,
@@ -488,7 +496,7 @@ def cmd_identify(args: argparse.Namespace) -> int:
             "gap": "unknown" if c.gap_mean is None else f"{c.gap_mean:.2f}±{c.gap_std:.2f}",
             "coverage": f"{c.coverage_mean:.2f}",
             "runs": f"{c.runs_passed}/{c.runs}" + (f" ({c.runs_gap_unknown} unknown)" if c.runs_gap_unknown else ""),
-            "selected": "yes" if c.selected else "no",
+            "selected": c.verdict,
         }
         for c in result.capabilities
     ]
@@ -496,6 +504,7 @@ def cmd_identify(args: argparse.Namespace) -> int:
     info = result.analyst
     print(
         f"{info['runs_made']} of {info['runs_requested']} bootstrap runs made; kept when passed in {info['runs_required']} of them"
+        + (f", at most {config.max_selected}, the largest gaps first" if config.max_selected is not None else "")
     )
     print(
         f"selected: {', '.join(result.selected) or 'none'}; analyst calls {result.analyst['calls']}, tokens {result.analyst['tokens']}; "

@@ -75,6 +75,11 @@ def write_report(result: Any, out: Path) -> None:
         + f". A capability is kept when gap >= {config.delta} and coverage >= {config.rho} in at least "
         f"{required} of the {made} runs made"
         + (f" (K = {config.min_runs} asked)" if required < config.min_runs else "")
+        + (
+            f"; at most {config.max_selected} are selected, the largest mean gaps first"
+            if config.max_selected is not None
+            else ""
+        )
         + f". Analyst calls: {info['calls']}, tokens: {info['tokens']}.",
         "",
         "## Selected",
@@ -94,7 +99,7 @@ def write_report(result: Any, out: Path) -> None:
         gap = "unknown" if c.gap_mean is None else f"{c.gap_mean:.2f} ± {c.gap_std:.2f}"
         lines.append(
             f"| {c.name} | {_rate(c.er_plus_mean)} | {_rate(c.er_minus_mean)} | {gap} | "
-            f"{c.coverage_mean:.2f} | {c.runs_passed}/{c.runs} | {'yes' if c.selected else 'no'} |"
+            f"{c.coverage_mean:.2f} | {c.runs_passed}/{c.runs} | {c.verdict} |"
         )
         if c.runs_gap_unknown:
             unknown.append(

@@ -86,6 +86,9 @@ class SelectionConfig:
     min_runs: int | None = None
     """Runs in which a capability must be kept (K of N); None: the paper's share,
     round(0.8 N) (8 of 10)."""
+    max_selected: int | None = None
+    """At most this many capabilities are selected, the largest mean gaps first, among those
+    that pass K of N (one adapter each: a budget cap); None: every one that passes."""
 
     def __post_init__(self) -> None:
         if self.min_runs is None:
@@ -94,6 +97,9 @@ class SelectionConfig:
             raise SelectionError(
                 f"selection needs 1 <= K <= N runs, got K (min_runs) = {self.min_runs}, N (runs) = {self.runs}"
             )
+        cap = self.max_selected
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+            raise SelectionError(f"max_selected must be a whole number, at least 1 (or unset for no cap), got {cap!r}")
 
 
 class SelectionError(TraceGymError, ValueError):
@@ -217,6 +223,13 @@ class SelectedCapability:
     """Runs where ER+ or ER- was unknown (N+ or N- = 0), so the gap was too and the run could not keep it."""
     runs_required: int = 0
     """Runs it had to pass: K, or every run made when fewer than K were made."""
+    over_cap: bool = False
+    """It passed K of N but was not selected: ``max_selected`` kept larger gaps."""
+
+    @property
+    def verdict(self) -> str:
+        """The report's word for it: yes, no, or over the cap."""
+        return "yes" if self.selected else "over the cap" if self.over_cap else "no"
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -232,7 +245,9 @@ def select(
 
     When fewer than K runs were made (degenerate bootstrap samples are
     skipped), a capability must pass every run made; ``runs`` and
-    ``runs_required`` say so in the output."""
+    ``runs_required`` say so in the output. With ``max_selected``, only the
+    largest mean gaps among those that pass are selected; the rest are marked
+    ``over_cap`` (ties keep name order)."""
     names = sorted({s.capability for run in runs for s in run})
     required = min(config.min_runs, len(runs))
     out = []
@@ -261,7 +276,11 @@ def select(
                 runs_required=required,
             )
         )
-    return sorted(out, key=lambda c: (c.gap_mean is not None, c.gap_mean or 0.0), reverse=True)
+    ranked = sorted(out, key=lambda c: (c.gap_mean is not None, c.gap_mean or 0.0), reverse=True)
+    if config.max_selected is not None:
+        for c in [c for c in ranked if c.selected][config.max_selected :]:
+            c.selected, c.over_cap = False, True
+    return ranked
 
 
 def cohen_kappa(a: list[str], b: list[str]) -> float | None:

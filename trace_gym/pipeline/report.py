@@ -147,7 +147,9 @@ def _identify_section(outputs: dict[str, Any], run_dir: Path, config: Any) -> li
         return out + [f"No capability could be selected: {identified.degenerate}", ""]
     out += [
         f"Analyst `{config.identify.analyst}`; kept when the gap ER- - ER+ >= {sel.delta} and coverage >= {sel.rho} "
-        f"in at least {sel.min_runs} of {sel.runs} runs (details: `{_rel(Path(outputs['dir']) / 'report.md', run_dir)}`).",
+        f"in at least {sel.min_runs} of {sel.runs} runs"
+        + (f", at most {sel.max_selected} of them, the largest gaps first" if sel.max_selected is not None else "")
+        + f" (details: `{_rel(Path(outputs['dir']) / 'report.md', run_dir)}`).",
         "",
         "| capability | gap | coverage | ER+ | ER- | runs passed | selected |",
         "| --- | --- | --- | --- | --- | --- | --- |",
@@ -158,7 +160,7 @@ def _identify_section(outputs: dict[str, Any], run_dir: Path, config: Any) -> li
         er_minus = "unknown" if c.er_minus_mean is None else f"{c.er_minus_mean:.2f}"
         out.append(
             f"| {c.name} | {gap} | {c.coverage_mean:.2f} | {er_plus} | {er_minus} | "
-            f"{c.runs_passed}/{c.runs} | {'**yes**' if c.selected else 'no'} |"
+            f"{c.runs_passed}/{c.runs} | {'**yes**' if c.selected else c.verdict} |"
         )
     out += [
         "",

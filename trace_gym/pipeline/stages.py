@@ -342,8 +342,22 @@ def training_plan(config: PipelineConfig, envs: dict[str, str]) -> list[dict[str
     return plan
 
 
+def check_controls(config: PipelineConfig, identified: Identification) -> None:
+    """Refuse a control capability that passed the contrast but was left out by
+    ``max_selected``: it goes with failure, so its adapter is no untargeted control."""
+    over = sorted(set(config.train.control) & {c.name for c in identified.candidates if c.over_cap})
+    if over:
+        raise PipelineError(
+            f"[train] control: {', '.join(over)} passed the contrast and only the cap "
+            f"([identify.selection] max_selected = {config.identify.selection.max_selected}) left it out, "
+            "so it is no control; name a capability the contrast did not select, or raise the cap"
+        )
+
+
 def stage_train(config: PipelineConfig, state: RunState, say: Callable[[str], None]) -> dict[str, Any]:
     synthesized = _require(state, "synthesize", "train")
+    if config.train.control:
+        check_controls(config, Identification.load(_require(state, "identify", "train")["dir"]))
     add_registry_dir(synthesized["registry"])
     out = config.run_dir / "adapters"
     out.mkdir(parents=True, exist_ok=True)

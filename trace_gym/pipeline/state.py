@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -69,16 +70,27 @@ class RunState:
         tmp.replace(self.path)
 
 
-HASHED_WHEN_SET = {"policy": {"chat_template": "auto"}, "evaluate": {"model": None}}
-"""Settings added after runs were recorded, with their defaults: hashed only when set, so
-that an earlier run resumes with its finished stages kept."""
+HASHED_WHEN_SET = {
+    "policy": {"chat_template": "auto"},
+    "evaluate": {"model": None},
+    "identify": {"selection.max_selected": None},
+}
+"""Settings added after runs were recorded, with their defaults (a dotted key names one inside
+a sub-table): hashed only when set, so that an earlier run resumes with its finished stages kept."""
 NOT_HASHED = ("base_url", "api_key_env")
 """Where a model is reached, not what it is: a run moved to another server keeps its stages."""
 
 
 def hashed_settings(section: str, table: dict[str, Any]) -> dict[str, Any]:
-    late = HASHED_WHEN_SET.get(section, {})
-    return {k: v for k, v in table.items() if not (k in late and v == late[k]) and k not in NOT_HASHED}
+    hashed = copy.deepcopy({k: v for k, v in table.items() if k not in NOT_HASHED})
+    for dotted, default in HASHED_WHEN_SET.get(section, {}).items():
+        *parents, key = dotted.split(".")
+        holder: Any = hashed
+        for parent in parents:
+            holder = holder.get(parent) if isinstance(holder, dict) else None
+        if isinstance(holder, dict) and key in holder and holder[key] == default:
+            del holder[key]
+    return hashed
 
 
 STAGE_VERSIONS = {"rollout": 2}
