@@ -42,6 +42,7 @@ import time
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from trace_gym.cli import count  # noqa: E402 (after the environment is set)
+from trace_gym.llm.precision import DTYPES  # noqa: E402
 
 GOAL_S = 60.0
 EMBEDDED = "smollm2-135m-instruct"
@@ -132,7 +133,7 @@ def main() -> int:
     parser.add_argument(
         "--dtype",
         default="auto",
-        choices=["auto", "float32", "bfloat16"],
+        choices=DTYPES,
         help="model weights (auto: bfloat16 where the CPU has bf16 instructions)",
     )
     parser.add_argument("--whole-rows", action="store_true", help="TRL's own update passes (no shared prompt)")

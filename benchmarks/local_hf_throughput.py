@@ -60,7 +60,7 @@ def main(new_tokens: int = 32, turns: int = 4) -> None:
     env = gym.make(ENV, split="test", max_steps=2 * turns + 2)  # tau2 counts every message, the greeting too
     task = env.unwrapped.task_ids[1]
     print(
-        f"device: {backend.device}, model: {EMBEDDED_DEFAULT}, {ENV} task {task}, up to {turns} turns, "
+        f"device: {backend.device} ({backend.dtype}), model: {EMBEDDED_DEFAULT}, {ENV} task {task}, up to {turns} turns, "
         f"{new_tokens} new tokens at most per turn (greedy)"
     )
 

@@ -137,7 +137,10 @@ def main() -> None:
                     f"    ...{tokenizer.decode(gold[max(start, wrong - 12) : wrong])!r}: "
                     f"{tokenizer.decode(gold[wrong : wrong + 4])!r} taught, {tokenizer.decode([greedy[wrong]])!r} chosen"
                 )
-    print(f"  teacher-forced, greedy, {len(rows)} demonstrations as SFT cuts them ({time.perf_counter() - t0:.0f} s):")
+    print(
+        f"  teacher-forced, greedy, in {backend.dtype}, {len(rows)} demonstrations as SFT cuts them "
+        f"({time.perf_counter() - t0:.0f} s):"
+    )
     for kind, (n, exact) in counts.items():
         if n:
             print(f"    {kind} turns reproduced token for token: {exact} of {n} ({exact / n:.2f})")

@@ -10,6 +10,7 @@ from conftest import run_cli
 from openai_double import OpenAIDouble, gold_answer
 from trace_gym.actions import parse_action
 from trace_gym.agents import LLMAgent, PlantedDeficitAgent
+from trace_gym.errors import TraceGymError
 from trace_gym.llm import LLMError, make_backend
 from trace_gym.rollout import Episode, rollout, run_episode
 from trace_gym.store import read_trajectories
@@ -354,3 +355,55 @@ def test_what_a_backend_can_do_besides_generating_is_a_declared_protocol(tmp_pat
     chat = OpenAICompatible("m", base_url="http://127.0.0.1:9/v1", api_key="x")
     with pytest.raises(TraceGymError, match="cannot load LoRA adapters"):
         _with_local_adapter("llm", {"adapter": str(tmp_path), "model": chat}, "local")
+
+
+def test_a_local_model_runs_in_the_dtype_asked_and_refuses_others(monkeypatch):
+    backend = make_backend("smollm2-135m-instruct", dtype="bfloat16")
+    assert backend.dtype == "bfloat16"
+    assert type(backend).from_model(backend.model, backend.tokenizer).dtype == "bfloat16"  # an in-memory model's own
+    assert str(next(backend.model.parameters()).dtype) == "torch.bfloat16"
+    monkeypatch.setenv("TRACE_GYM_DTYPE", "float32")
+    assert str(next(make_backend("smollm2-135m-instruct").model.parameters()).dtype) == "torch.float32"
+    with pytest.raises(LLMError, match="dtype must be one of auto, float32, bfloat16, got 'fp8'"):
+        make_backend("smollm2-135m-instruct", dtype="fp8")
+    with pytest.raises(LLMError, match="an in-memory model runs in its own dtype"):
+        type(backend)(model=backend.model, tokenizer=backend.tokenizer, dtype="float32")
+    monkeypatch.setenv("TRACE_GYM_DTYPE", "half")
+    with pytest.raises(LLMError, match="TRACE_GYM_DTYPE must be one of auto, float32, bfloat16, got 'half'"):
+        make_backend("smollm2-135m-instruct")
+
+
+def test_auto_runs_bf16_only_where_the_cpu_multiplies_it_natively(monkeypatch):
+    from trace_gym.llm import precision
+
+    monkeypatch.setattr(precision, "native_bf16", lambda flags=None: False)
+    assert precision.engine_dtype("auto", "cpu") == "float32"
+    assert precision.engine_dtype("auto", "cuda:0") == "bfloat16"
+    assert precision.resolve_dtype("auto", "mps", {"avx512_bf16"}) == "float32"  # not the host CPU's flags
+    monkeypatch.setattr(precision, "native_bf16", lambda flags=None: True)
+    assert precision.engine_dtype(None, "cpu") == "float32"  # the suite pins TRACE_GYM_DTYPE (conftest)
+    monkeypatch.delenv("TRACE_GYM_DTYPE")
+    assert precision.engine_dtype(None, "cpu") == "bfloat16"
+
+
+def test_a_trajectory_file_records_a_local_models_dtype_where_earlier_versions_did_not_run_it(monkeypatch):
+    """A resumed run must not mix float32 and bf16 episodes; files from before the choice
+    (float32 on a CPU) record nothing and still resume."""
+    from types import SimpleNamespace
+
+    from trace_gym.rollout import run_settings
+
+    def recorded(agent="llm", **kwargs):
+        return run_settings("trace/tau2-mock-v0", agent, kwargs, {})["agent_options"].get("dtype")
+
+    monkeypatch.setattr("trace_gym.rollout.local_device", lambda: "cpu")
+    assert recorded(model="smollm2-135m-instruct") is None  # float32 (conftest)
+    monkeypatch.setenv("TRACE_GYM_DTYPE", "bfloat16")
+    assert recorded(model="smollm2-135m-instruct") == recorded() == "bfloat16"
+    assert recorded(model="openai:m") is None and recorded("oracle") is None  # no local model
+    assert recorded(model=SimpleNamespace(name="m", dtype="bfloat16", device="cuda")) is None  # CUDA ran bf16
+    assert recorded(model=SimpleNamespace(name="m", dtype="bfloat16", device="cpu")) == "bfloat16"
+    assert recorded(model=SimpleNamespace(name="m", dtype="bfloat16", device="cuda:1")) == "bfloat16"  # was float32
+    monkeypatch.setenv("TRACE_GYM_DTYPE", "fp4")
+    with pytest.raises(TraceGymError, match="TRACE_GYM_DTYPE must be one of auto, float32, bfloat16, got 'fp4'"):
+        recorded()

@@ -117,7 +117,7 @@ CPU implementer	: 0x41
     ],
 )
 def test_auto_dtype_is_bf16_on_cuda_and_on_cpus_with_bf16_instructions(cpuinfo, extra, native):
-    from trace_gym.training.config import cpu_flags, native_bf16
+    from trace_gym.llm.precision import cpu_flags, native_bf16
 
     flags = cpu_flags(cpuinfo.format(extra=extra))
     assert native_bf16(flags) is native

@@ -3,8 +3,10 @@
 Episodes are planned up front as (task, sample) pairs in a fixed order with a
 seed derived from the run seed, so a rerun with ``resume=True`` skips exactly
 the episodes already in the file and plays the rest as the first run would
-have. What must not happen here: scoring (the env scores), or keeping
-episodes only in memory (each is stored as soon as it ends).
+have (token for token in float32; a local model in bf16 rounds by batch,
+and its file records the dtype so that a resume never mixes the two). What
+must not happen here: scoring (the env scores), or keeping episodes only in
+memory (each is stored as soon as it ends).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from .errors import AgentGaveUp, OtherRunError, TraceGymError
 from trace_gym.llm import EMBEDDED_DEFAULT, make_backend
 from trace_gym.llm.base import LoadsAdapters
 from trace_gym.llm.local import LocalHF
+from .llm.precision import engine_dtype, local_device, recorded_dtype
 from .llm.registry import is_chat_endpoint, is_local
 from .registry import EnvKind, add_registry_dir, get_entry, make, registry_dirs
 from .seeding import derive_seed
@@ -141,12 +144,34 @@ def run_settings(env_id: str, agent: str, agent_kwargs: dict[str, Any], env_kwar
     def options(kwargs: dict[str, Any]) -> dict[str, Any]:
         return {k: plain(v) for k, v in kwargs.items() if k != "split" and "key" not in k and "base_url" not in k}
 
+    agent_options = options(agent_kwargs)
+    dtype = local_dtype(agent, agent_kwargs)
+    if dtype is not None:
+        agent_options["dtype"] = dtype
     return {
         "env_id": env_id,
         "agent": agent,
-        "agent_options": options(agent_kwargs),
+        "agent_options": agent_options,
         "env_options": options(env_kwargs),
     }
+
+
+def local_dtype(agent: str, agent_kwargs: dict[str, Any]) -> str | None:
+    """The dtype a local model agent plays in, where a file must record it (``recorded_dtype``):
+    in bf16 a batch samples other tokens than float32 does, and a resumed run must not mix them."""
+    if agent not in MODEL_AGENTS:
+        return None
+    model = agent_kwargs.get("model") or EMBEDDED_DEFAULT
+    if isinstance(model, str):
+        if not is_local(model):
+            return None
+        try:
+            device = local_device()
+            return recorded_dtype(engine_dtype(None, device), device)
+        except ImportError:
+            return None  # no torch: the model's own loading says so, in one line
+    dtype = getattr(model, "dtype", None)
+    return recorded_dtype(dtype, str(getattr(model, "device", "cpu"))) if isinstance(dtype, str) else None
 
 
 @dataclass
@@ -490,6 +515,7 @@ def rollout(
     on_episode: Callable[[Trajectory], None] | None = None,
     seeds: int | None = None,
     retry_given_up: bool = False,
+    set_aside: Callable[[Path], None] | None = None,
 ) -> RolloutSummary:
     """Roll agent ``agent`` (a name for ``make_agent``) out over a target's tasks into ``out``.
 
@@ -503,7 +529,8 @@ def rollout(
     (0..N-1) or ``split``, a seed range its manifest names.
     Finished episodes are appended as they end; ``resume`` skips those already
     in ``out`` and refuses a file made with other settings (``run_settings``);
-    ``retry_given_up`` also plays again the episodes the agent gave up.
+    ``retry_given_up`` also plays again the episodes the agent gave up;
+    ``set_aside(path)`` moves away a file of other settings instead (see ``rollout_players``).
     ``progress=None`` shows a bar only on a terminal.
     """
     [summary] = rollout_players(
@@ -524,6 +551,7 @@ def rollout(
         on_episode=on_episode,
         seeds=seeds,
         retry_given_up=retry_given_up,
+        set_aside=set_aside,
     )
     return summary
 

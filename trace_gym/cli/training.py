@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..llm.precision import DTYPES
 from ..training.config import SFTTrainingConfig
 from .common import TEMPLATE_HELP, count, model_spec
 
@@ -204,7 +205,7 @@ def add_torch_options(parser: argparse.ArgumentParser, resume_dtype: str) -> Non
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cpu or cuda (default cpu)")
     parser.add_argument(
         "--dtype",
-        choices=["auto", "float32", "bfloat16"],
+        choices=DTYPES,
         default=None,
         help="model weights (default auto: bfloat16 on CUDA and on CPUs with bf16 instructions "
         f"(AVX512-BF16, AMX, Arm BF16), float32 elsewhere; the LoRA stays float32; {resume_dtype})",

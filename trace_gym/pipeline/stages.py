@@ -55,6 +55,9 @@ def stage_rollout(config: PipelineConfig, state: RunState, say: Callable[[str], 
     out.parent.mkdir(parents=True, exist_ok=True)
     env_kwargs = {"max_steps": config.rollout.max_steps} if config.rollout.max_steps else {}
 
+    def set_aside(path: Path) -> None:  # e.g. played before in another dtype: kept, not resumed
+        say(f"{path.name} holds episodes of other settings: kept at {_set_aside(path, out.parent / 'earlier')}")
+
     def play(who: str, path: Path, limit: int | None = config.rollout.tasks) -> dict[str, Any]:
         if who == "policy":
             agent, agent_kwargs = "llm", _agent_kwargs(config)
@@ -74,6 +77,7 @@ def stage_rollout(config: PipelineConfig, state: RunState, say: Callable[[str], 
             executor=config.rollout.executor,
             workers=config.policy.workers if agent == "llm" else 1,
             batch=config.policy.batch if agent == "llm" else 1,
+            set_aside=set_aside,
         )  # batching is for model generation
         return {
             "trajectories": str(path),

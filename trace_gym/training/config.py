@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from trace_gym.errors import TraceGymError
+from trace_gym.llm.precision import DTYPES, resolve_dtype
 
-DTYPES = ("auto", "float32", "bfloat16")
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo", "luspo", "vespo")  # TRL 1.16's GRPO losses
 
 
@@ -406,42 +406,9 @@ def checkpointing(config_class: type, on: bool) -> dict[str, Any]:
     return {f"{prefix}_checkpointing": on, f"{prefix}_checkpointing_kwargs": {"use_reentrant": False}}
 
 
-BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})  # x86 AVX512-BF16 and AMX; Arm's BF16 extension
-
-
-def cpu_flags(cpuinfo: str | None = None) -> set[str]:
-    """The CPU's feature flags as Linux lists them in /proc/cpuinfo (``flags`` on
-    x86, ``Features`` on Arm); empty where there is no such file."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return set()
-    flags: set[str] = set()
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip().lower() in ("flags", "features"):
-            flags.update(value.split())
-    return flags
-
-
 def check_placement(device: str, dtype: str) -> None:
     """Refuses, in one line, a device or weights dtype a training run cannot use."""
     if device not in ("cpu", "cuda"):
         raise TrainingError(f"device must be cpu or cuda, got {device!r}")
     if dtype not in DTYPES:
         raise TrainingError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-
-
-def resolve_dtype(dtype: str, device: str, flags: set[str] | None = None) -> str:
-    """``dtype`` with ``auto`` decided: bfloat16 on CUDA and on a CPU with bf16 matrix
-    instructions (``flags``: its feature flags; None reads this machine's), else float32."""
-    if dtype != "auto":
-        return dtype
-    return "bfloat16" if device == "cuda" or native_bf16(flags) else "float32"
-
-
-def native_bf16(flags: set[str] | None = None) -> bool:
-    """True when the CPU multiplies bf16 matrices in hardware (``flags``: its
-    feature flags; None reads this machine's)."""
-    return bool(BF16_CPU_FLAGS & (cpu_flags() if flags is None else flags))

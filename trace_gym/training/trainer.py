@@ -42,13 +42,14 @@ from trace_gym.hashing import code_hash, interface_hash
 from trace_gym.llm import LLMError
 from trace_gym.llm.local import LocalHF
 from trace_gym.llm.local.lora import without_checkpointing_deprecations
+from trace_gym.llm.precision import native_bf16
 from trace_gym.llm.registry import is_server, load_local, local_folder, split_spec
 from trace_gym.registry import EnvKind, ValidationStatus, get_entry, make, make_train
 from trace_gym.sandbox.backends import Limits
 
 from . import ranks
 from .calibration import calibrate_env, check_trainable, load_calibrations, save_calibrations
-from .config import GRPOTrainingConfig, TrainingError, native_bf16
+from .config import GRPOTrainingConfig, TrainingError
 from .log import TrainLog, plot_reward_curve
 from .pool import EnvPool
 from .rollouts import EnvRolloutFunc, IterationRecord, env_reward, plan_groups

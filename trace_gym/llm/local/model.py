@@ -42,6 +42,7 @@ from ..base import Completion, GenerationRequest, Generates, LLMError
 from .kv_cache import KVEntry, KVStore, cache_budget, in_place_groups, own_segments, write_right_aligned
 from .lora import LoraAdapters
 from .prefill import CachedPrefill
+from ..precision import engine_dtype, local_device
 from ..registry import load_local
 from .sampling import RowSampler
 from ..token_template import TokenTemplate
@@ -59,6 +60,10 @@ class LocalHF(CachedPrefill, LoraAdapters, TokenTemplate, Generates):
         memory for a model loaded from ``path``; else 4 GiB).
     shared_prefix_attention: attend to a shared prefix once per batch instead of
         once per row (exact; off: every row's cache holds its own copy).
+    dtype: the weights' dtype for a model loaded from ``path``: ``auto``,
+        ``float32`` or ``bfloat16``; None reads ``TRACE_GYM_DTYPE``, else ``auto``
+        (bfloat16 on CUDA and on a CPU with bf16 matrix instructions, float32
+        elsewhere: ``precision``). A model object keeps its own.
     chat_template: replaces the tokenizer's own.
     template: which template to play with (``templates.choose``): ``auto`` keeps
         one that appends turn for turn, else takes TRL's training template for the
@@ -83,6 +88,7 @@ class LocalHF(CachedPrefill, LoraAdapters, TokenTemplate, Generates):
         model: Any = None,
         tokenizer: Any = None,
         shared_prefix_attention: bool = True,
+        dtype: str | None = None,
     ):
         try:
             import torch
@@ -97,11 +103,14 @@ class LocalHF(CachedPrefill, LoraAdapters, TokenTemplate, Generates):
         self.last_stats: dict[str, Any] = {}
         self._lock = threading.RLock()
         if model is not None:
+            if dtype is not None:
+                raise LLMError("an in-memory model runs in its own dtype; dtype applies to a model loaded from a path")
             if tokenizer is None:
                 raise LLMError("an in-memory model needs its tokenizer")
             self.model, self.tokenizer, self.path = model, tokenizer, None
             self.name = name or getattr(getattr(model, "config", None), "_name_or_path", None) or type(model).__name__
             self.device = str(next(model.parameters()).device)
+            self.dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
             peft_config = getattr(model, "peft_config", None) or {}
             self.adapters = {n: "(in memory)" for n in peft_config}
         else:
@@ -109,9 +118,9 @@ class LocalHF(CachedPrefill, LoraAdapters, TokenTemplate, Generates):
                 raise LLMError(f"no model at {path}: trace-gym loads local models only and never downloads weights")
             self.path = path
             self.name = name or Path(path).name
-            self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-            dtype = torch.bfloat16 if self.device == "cuda" else torch.float32
-            self.model, self.tokenizer = load_local(path, dtype=dtype, device=self.device)
+            self.device = device or local_device()
+            self.dtype = engine_dtype(dtype, self.device)
+            self.model, self.tokenizer = load_local(path, dtype=getattr(torch, self.dtype), device=self.device)
             self.model.eval()
         if cache_bytes is None:
             alone = model is None and self.device.startswith("cuda")  # (not a model a trainer is updating)
