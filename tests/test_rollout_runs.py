@@ -408,6 +408,32 @@ def test_players_without_a_batch_play_in_turn_and_a_file_of_another_run_is_set_a
         rollout_players("trace/tau2-mock-v0", [Player("oracle", oracle), Player("noop", oracle)], **kwargs)
 
 
+@pytest.mark.parametrize("executor", ["local", pytest.param("ray", marks=pytest.mark.slow)])
+def test_players_on_threads_or_ray_each_fill_their_own_file_and_every_episode_is_heard(tmp_path, executor):
+    """Without a lock-step batch each player plays in turn through the single-player paths:
+    ``workers`` threads, or Ray's workers."""
+    from trace_gym.rollout import Player, rollout_players
+
+    heard = []
+    players = [Player("oracle", tmp_path / "oracle.jsonl"), Player("noop", tmp_path / "noop.jsonl")]
+    summaries = rollout_players(
+        "trace/tau2-mock-v0",
+        players,
+        split="base",
+        limit=2,
+        executor=executor,
+        workers=2,
+        env_kwargs={"max_steps": 12},
+        progress=False,
+        on_episode=heard.append,
+    )
+    assert [s.out for s in summaries] == [str(p.out) for p in players]
+    assert [s.pass_at_1 for s in summaries] == [1.0, 0.0] and [s.episodes for s in summaries] == [2, 2]
+    for player in players:
+        assert [t.agent for t in read_trajectories(player.out)] == [player.agent] * 2
+    assert sorted(t.agent for t in heard) == ["noop", "noop", "oracle", "oracle"]
+
+
 def test_a_lock_step_batch_refuses_model_agents_of_two_backends():
     import gymnasium as gym
 
