@@ -16,14 +16,18 @@ pytest.importorskip("trl")
 
 from trace_gym.training import TrainingError  # noqa: E402
 from trace_gym.training.sft import (  # noqa: E402
+    PrefixStore,
     SFTTrainingConfig,
     SharedPromptSampler,
     _Collator,
     agent_token_logps,
     demonstration_episode,
     demonstration_rows,
+    detached_context_logps,
     env_tools,
     load_demonstrations,
+    prompt_prefix_lengths,
+    scored_runs,
 )
 
 RETAIL = "trace/tau2-retail-v0"
@@ -240,6 +244,116 @@ def test_a_tiny_warm_start_gives_a_policy_usable_as_a_model(tmp_path, demos, bac
     assert "<tool_call>" in (policy.tokenizer.chat_template or "")  # the template it was trained under travels with it
     result = run_cli("sft", "--trajectories", str(demos), "--out", str(out))
     assert result.returncode == 2 and "already holds" in result.stderr
+
+
+def _tiny(backend):
+    from families import tiny_model
+
+    # two layers, larger weights: an output that depends on where each token sits and on the cache
+    return tiny_model(backend.tokenizer, arch=backend.model.config.model_type, layers=2, init=0.2)
+
+
+def _gradients(model) -> dict:
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    return grads
+
+
+def test_the_detached_context_pass_scores_as_the_whole_forward(demos, backend):
+    """Turn by turn, the context without gradients and each shared prompt from the step's
+    store: the same log-probabilities of the agent's tokens as the model run whole, on real
+    multi-turn τ² demonstration rows; the store runs the shared prompt once a step."""
+    import torch
+
+    trajectories = load_demonstrations([str(demos)], 1.0)[0][:2]
+    rows = demonstration_rows(backend, trajectories, 5700)
+    prompt_prefix_lengths(rows)
+    assert rows[0]["prefix_len"] == rows[1]["prefix_len"] > 1000  # the system prompt and tool schemas they share
+    assert all(r["prefix_len"] < len(r["prompt_ids"]) for r in rows)
+    batch = _Collator(backend.tokenizer.pad_token_id)(rows)
+    model = _tiny(backend).eval()
+    store = PrefixStore()
+    with torch.no_grad():
+        detached, mask = detached_context_logps(model, batch, store, step=3)
+        whole, _ = agent_token_logps(model, batch)
+        assert store.passes == 1  # two rows, one shared prompt, one pass
+        detached_context_logps(model, batch, store, step=3)
+        assert store.passes == 1  # the same step: the weights have not changed
+        detached_context_logps(model, batch, store, step=4)
+        assert store.passes == 2  # a new step: computed again
+    assert (
+        mask.sum() > 20 and len(scored_runs([*mask[0].tolist()], 0)) >= 3
+    )  # two agent turns and a tool result between
+    assert torch.allclose(detached[mask], whole[mask], atol=1e-4) and not detached[~mask].any()
+    off = mask[:, 1:]  # one token off: what the comparison tells apart
+    assert not torch.allclose(detached[:, 1:][off], whole[:, :-1][off], atol=1e-4)
+
+
+def test_the_detached_context_gradient_flows_through_the_agents_positions_only(demos, backend):
+    """On a row of one agent turn right after its prompt the gradient is the shared-prompt
+    pass's (nothing but the prompt is context, and both stop it there); on a row with tool
+    results between agent turns it differs, since those results' keys and values now carry
+    none; and every layer still gets one."""
+    import torch
+
+    [trajectory] = load_demonstrations([str(demos)], 1.0)[0][:1]
+    [row] = demonstration_rows(backend, [trajectory], 5700)
+    prompt_prefix_lengths([row])
+    first_turn = row["completion_mask"].index(0)  # the first agent turn ends where the first tool result starts
+    one_turn = {
+        **row,
+        "completion_ids": row["completion_ids"][:first_turn],
+        "completion_mask": row["completion_mask"][:first_turn],
+    }
+    collate = _Collator(backend.tokenizer.pad_token_id)
+    model = _tiny(backend).train()
+
+    def loss(logps_and_mask):
+        logps, mask = logps_and_mask
+        (-(logps * mask).sum() / mask.sum()).backward()
+
+    for candidate, same in ((one_turn, True), (row, False)):
+        batch = collate([candidate])
+        loss(detached_context_logps(model, batch))
+        detached = _gradients(model)
+        loss(agent_token_logps(model, batch, prefix_gradient=False))
+        whole = _gradients(model)
+        assert set(detached) == set(whole)
+        equal = all(torch.allclose(detached[n], whole[n], atol=1e-6, rtol=1e-4) for n in whole)
+        assert equal is same, "one turn: the same gradient" if same else "tool results between turns: another"
+        assert all(detached[n].abs().sum() > 0 for n in detached if ".layers.0." in n or ".layers.1." in n)
+
+
+def test_whole_only_leaves_out_what_would_be_cut(demos, backend):
+    """A demonstration longer than max_tokens is cut after its last agent turn that fits (its
+    reads kept, the writes they lead to lost); with whole_only it is left out, and the ones
+    that fit are the same rows either way."""
+    trajectories = load_demonstrations([str(demos)], 1.0)[0]
+    tools = env_tools(RETAIL)
+    lengths = [len(demonstration_episode(backend, t, tools).ids) for t in trajectories]
+    limit = min(lengths)  # the shortest fits whole, the others do not
+    assert sum(n <= limit for n in lengths) < len(lengths)
+    cut = demonstration_rows(backend, trajectories, limit)
+    whole = demonstration_rows(backend, trajectories, limit, whole_only=True)
+    assert len(cut) == len(trajectories)
+    assert [r["episode_id"] for r in whole] == [t.episode_id for t, n in zip(trajectories, lengths) if n <= limit]
+    assert all(r in cut for r in whole)
+    assert all(len(r["prompt_ids"]) + len(r["completion_ids"]) <= limit for r in cut)
+    result = run_cli("sft", "--trajectories", str(demos), "--out", str(demos.parent / "none"), "--whole-only",
+                     "--max-tokens", str(limit - 1))  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr  # (after the weights' loading bar)
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith("trace-gym: error: no demonstration fits in 8192 tokens, whole")
+    )
+
+
+def test_the_detached_context_needs_no_prefix_gradient():
+    with pytest.raises(TrainingError, match="prefix_gradient needs context_gradient"):
+        SFTTrainingConfig(trajectories=["x"], out="o", prefix_gradient=True, context_gradient=False).check()
+    assert scored_runs([False, True, True, False, False, True, False], 1) == [(1, 3, True), (3, 5, False), (5, 6, True)]
+    assert scored_runs([False, False], 0) == []
 
 
 @pytest.mark.slow

@@ -124,6 +124,21 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     warm.add_argument(
         "--max-tokens", type=int, default=None, help="tokens per demonstration (default: the model's context)"
     )
+    warm.add_argument(
+        "--whole-only",
+        action="store_true",
+        default=None,
+        help="leave out a demonstration longer than --max-tokens instead of cutting it after its last agent turn "
+        "that fits",
+    )
+    warm.add_argument(
+        "--no-context-gradient",
+        dest="context_gradient",
+        action="store_false",
+        default=None,
+        help="gradients through the positions that predict the agent's tokens only, not through the tool "
+        "results and user turns it read (about a forward pass a step; same forward)",
+    )
     add_torch_options(warm, "--resume needs the run's")
     warm.add_argument("--save-steps", type=int, default=None, help="optimizer steps between checkpoints (default 5)")
     warm.add_argument("--resume", action="store_true", help="go on from the last checkpoint in --out (same options)")
@@ -275,6 +290,8 @@ def cmd_sft(args: argparse.Namespace) -> int:
         "lora_rank": args.lora_rank,
         "lora_alpha": args.lora_alpha,
         "max_tokens": args.max_tokens,
+        "context_gradient": args.context_gradient,
+        "whole_only": args.whole_only,
         "dtype": args.dtype,
         "torch_threads": args.threads,
         "seed": args.seed,

@@ -356,9 +356,18 @@ class SFTTrainingConfig:
     """Back-propagate through the system prompt the demonstrations share. Off (ours): that prompt's
     keys and values are computed with the current weights but without gradients, a stop-gradient that
     makes a step cost its agent turns, not the 5k-token τ² prompt again with gradients."""
+    context_gradient: bool = True
+    """Back-propagate through the tokens the agent reads (tool results, user turns) as well as
+    through its own. False: each demonstration runs turn by turn, its context without gradients
+    and only the positions that predict an agent token with them (``detached_context_logps``),
+    and each shared prompt once per optimizer step: the same forward, a stop-gradient on every
+    context token like ``prefix_gradient``'s on the prompt, for about a forward pass a step."""
     max_tokens: int | None = None
     """Tokens per demonstration; a longer one is cut after its last agent turn that fits. None: the
     model's context size."""
+    whole_only: bool = False
+    """Only demonstrations that fit whole in ``max_tokens``. False: a longer one is cut after its last
+    agent turn that fits, which teaches the reads it opens with and not the writes they lead to."""
     dtype: str = "auto"
     """Weights during training: ``auto`` (bfloat16 on CUDA and CPUs with bf16 instructions), ``float32``
     or ``bfloat16``; the LoRA and the merged model are float32 either way."""
@@ -384,6 +393,8 @@ class SFTTrainingConfig:
             raise TrainingError(f"micro_batch ({self.micro_batch}) must divide batch_size ({self.batch_size})")
         if self.learning_rate <= 0:
             raise TrainingError("learning_rate must be positive")
+        if self.prefix_gradient and not self.context_gradient:
+            raise TrainingError("prefix_gradient needs context_gradient: without it no context token has gradients")
         check_placement(self.device, self.dtype)
         if self.max_tokens is not None and self.max_tokens < 16:
             raise TrainingError(f"max_tokens must be at least 16, got {self.max_tokens}")

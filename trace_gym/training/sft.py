@@ -160,17 +160,22 @@ def demonstration_episode(backend: Any, trajectory: Any, tools: list[dict[str, A
     return episode
 
 
-def demonstration_rows(backend: Any, trajectories: list[Any], max_tokens: int) -> list[dict[str, list[int]]]:
+def demonstration_rows(
+    backend: Any, trajectories: list[Any], max_tokens: int, whole_only: bool = False
+) -> list[dict[str, list[int]]]:
     """One training row per demonstration: ``prompt_ids`` (up to the first agent
     turn), ``completion_ids`` (the rest) and ``completion_mask`` (1 exactly on the
     agent's tokens, except turns a tool refused: ``refused_turns``), cut after the
-    last agent turn that fits in ``max_tokens``."""
+    last agent turn that fits in ``max_tokens``; with ``whole_only``, a demonstration
+    that does not fit whole is left out instead."""
     tools: dict[str, list[dict[str, Any]]] = {}
     rows = []
     for trajectory in trajectories:
         if trajectory.env_id not in tools:
             tools[trajectory.env_id] = env_tools(trajectory.env_id)
         episode = demonstration_episode(backend, trajectory, tools[trajectory.env_id])
+        if whole_only and len(episode.ids) > max_tokens:
+            continue
         while episode.turns and len(episode.ids) > max_tokens:
             episode.turns.pop()
         if not episode.turns:
@@ -276,11 +281,14 @@ class _Collator:
             )
             attention.append([0] * (p - lp) + [1] * (lp + lc) + [0] * (c - lc))
             scored.append(list(r["completion_mask"]) + [0] * (c - lc))
-        return {
+        batch = {
             "input_ids": torch.tensor(ids),
             "attention_mask": torch.tensor(attention),
             "completion_mask": torch.tensor(scored, dtype=torch.bool),
         }
+        if all("prefix_len" in r for r in rows):
+            batch["prefix_len"] = torch.tensor([r["prefix_len"] for r in rows])
+        return batch
 
 
 def agent_token_logps(model: Any, batch: dict[str, Any], prefix_gradient: bool = True) -> tuple[Any, Any]:
@@ -302,6 +310,136 @@ def agent_token_logps(model: Any, batch: dict[str, Any], prefix_gradient: bool =
     return logps.masked_fill(~mask, 0.0), mask
 
 
+def prompt_prefix_lengths(rows: list[dict[str, Any]]) -> None:
+    """Sets each row's ``prefix_len``: the tokens every prompt of its prompt group opens
+    with (the system prompt and tool schemas), ending before its own last prompt token,
+    the one that predicts its first agent token. ``detached_context_logps`` runs that
+    prefix once per optimizer step for the whole group."""
+    by_group: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_group.setdefault(row["prompt_group"], []).append(row)
+    for members in by_group.values():
+        first = members[0]["prompt_ids"]
+        length = min(len(r["prompt_ids"]) for r in members) - 1
+        for row in members[1:]:
+            length = next((i for i in range(length) if row["prompt_ids"][i] != first[i]), length)
+        for row in members:
+            row["prefix_len"] = max(length, 0)
+
+
+class PrefixStore:
+    """Keys and values of the prompts rows share, kept for one optimizer step: the weights
+    do not change between the micro-batches a step accumulates, so each is computed once a
+    step (without gradients) instead of once a micro-batch."""
+
+    def __init__(self) -> None:
+        self.step: int | None = None
+        self.layers: dict[tuple[int, ...], list[tuple[Any, Any]]] = {}
+        self.passes = 0  # prefix passes run (read by tests)
+
+    def get(self, model: Any, tokens: Any, step: int) -> list[tuple[Any, Any]]:
+        import torch
+        from transformers.cache_utils import DynamicCache
+
+        if step != self.step:
+            self.step, self.layers = step, {}
+        key = tuple(tokens.tolist())
+        if key not in self.layers:
+            cache = DynamicCache()
+            with torch.no_grad():
+                positions = torch.arange(len(tokens), device=tokens.device)[None]
+                model(
+                    input_ids=tokens[None],
+                    position_ids=positions,
+                    past_key_values=cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+            self.layers[key] = [(layer.keys, layer.values) for layer in cache.layers]
+            self.passes += 1
+        return self.layers[key]
+
+
+def scored_runs(scored: list[bool], start: int) -> list[tuple[int, int, bool]]:
+    """[a, b) runs of positions from ``start`` to the last scored one, each with whether its
+    positions are scored (each predicts an agent token); positions after the last are left out."""
+    last = max((i for i, s in enumerate(scored) if s), default=-1)
+    runs: list[tuple[int, int, bool]] = []
+    for i in range(start, last + 1):
+        if runs and runs[-1][2] == scored[i]:
+            runs[-1] = (runs[-1][0], i + 1, scored[i])
+        else:
+            runs.append((i, i + 1, scored[i]))
+    return runs
+
+
+def detached_context_logps(
+    model: Any, batch: dict[str, Any], prefixes: PrefixStore | None = None, step: int = 0
+) -> tuple[Any, Any] | None:
+    """(log-probabilities [rows, completion width], mask) of the agent's tokens, as
+    ``agent_token_logps`` gives them, with gradients through the positions that predict an
+    agent token and nowhere else: each row runs in turn order, its context (the shared
+    prompt, tool results, user turns, template tokens) without gradients, each run of
+    predicting positions with them, on top of the keys and values before it. The forward
+    is the model's own; the gradient leaves out how the weights change the keys and values
+    of what the agent read (``prefix_gradient``'s stop-gradient, on every context token).
+    A τ² demonstration is about 95% context, so a step costs about one forward pass of it
+    instead of a forward and a backward. None for a model with a sliding window (its cache
+    keeps only the window), where the caller takes ``agent_token_logps``."""
+    import torch
+    from transformers.cache_utils import DynamicCache
+
+    from trace_gym.llm.local.shared_prefix import full_attention_only
+
+    inner = getattr(model, "module", model)
+    config = getattr(inner, "config", None)
+    if config is None or not full_attention_only(config.get_text_config()):
+        return None
+    ids, attention, mask = batch["input_ids"], batch["attention_mask"], batch["completion_mask"]
+    rows, width = ids.shape
+    keep = mask.shape[1]
+    start = width - keep  # the first completion column
+    prefix_lens = batch.get("prefix_len")
+    out = torch.zeros(rows, keep, dtype=torch.float32, device=ids.device)
+    for r in range(rows):
+        real = attention[r].bool()
+        first = int(real.int().argmax())
+        tokens = ids[r][real]
+        prompt = start - first
+        targets = [False] * len(tokens)
+        for column in mask[r].nonzero().flatten().tolist():
+            targets[prompt + column] = True
+        scored = [*targets[1:], False]  # position p predicts token p + 1
+        prefix = min(int(prefix_lens[r]) if prefix_lens is not None else 0, prompt - 1)
+        if prefix > 0:
+            store = prefixes if prefixes is not None else PrefixStore()
+            cache = DynamicCache(ddp_cache_data=store.get(model, tokens[:prefix], step))
+        else:
+            cache, prefix = DynamicCache(), 0
+        for a, b, grad in scored_runs(scored, prefix):
+            positions = torch.arange(a, b, device=ids.device)[None]
+            with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
+                output = model(
+                    input_ids=tokens[None, a:b],
+                    position_ids=positions,
+                    past_key_values=cache,
+                    use_cache=True,
+                    **({} if grad else {"logits_to_keep": 1}),
+                )
+            if grad:
+                logps = torch.log_softmax(output.logits[0].float(), dim=-1)
+                picked = logps.gather(-1, tokens[a + 1 : b + 1, None]).squeeze(-1)
+                out = out.index_put(
+                    (
+                        torch.full((b - a,), r, device=ids.device),
+                        torch.arange(a + 1, b + 1, device=ids.device) - prompt,
+                    ),
+                    picked,
+                )
+            del output
+    return out.masked_fill(~mask, 0.0), mask
+
+
 def _trainer_class() -> type:
     from trl import SFTTrainer
 
@@ -310,7 +448,9 @@ def _trainer_class() -> type:
         agent's tokens, scored by ``agent_token_logps``."""
 
         prefix_gradient = True
+        context_gradient = True
         prompt_groups: list[str] | None = None
+        prefixes = PrefixStore()
 
         def _get_train_sampler(self, train_dataset=None):
             if self.prompt_groups is None:
@@ -318,7 +458,10 @@ def _trainer_class() -> type:
             return SharedPromptSampler(self.prompt_groups, self.args.per_device_train_batch_size, self.args.seed)
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            logps, mask = agent_token_logps(model, inputs, self.prefix_gradient)
+            part = None
+            if not self.context_gradient:
+                part = detached_context_logps(model, inputs, self.prefixes, self.state.global_step)
+            logps, mask = part if part is not None else agent_token_logps(model, inputs, self.prefix_gradient)
             tokens = mask.sum().clamp(min=1)
             loss = -(logps * mask).sum() / tokens
             self._metrics["train"]["agent_tokens"].append(float(tokens))
@@ -381,14 +524,18 @@ def sft(config: SFTTrainingConfig, *, progress: bool | None = None) -> SFTResult
     context = int(getattr(model.config, "max_position_embeddings", 0) or 0) or 8192
     max_tokens = min(config.max_tokens or context, context)
     backend = LocalHF.from_model(model, tokenizer, name=config.model)
-    rows = demonstration_rows(backend, demonstrations, max_tokens)
+    rows = demonstration_rows(backend, demonstrations, max_tokens, config.whole_only)
     if not rows:
-        raise TrainingError(f"no demonstration fits in {max_tokens} tokens, not even its first agent turn")
+        raise TrainingError(
+            f"no demonstration fits in {max_tokens} tokens, "
+            + ("whole (--whole-only)" if config.whole_only else "not even its first agent turn")
+        )
+    prompt_prefix_lengths(rows)
     lengths = [len(r["prompt_ids"]) + len(r["completion_ids"]) for r in rows]
     agent = [sum(r["completion_mask"]) for r in rows]
     summary = {
         "episodes": len(rows),
-        "skipped": skipped,
+        "skipped": {**skipped, "not_trained_on": len(demonstrations) - len(rows)},
         "tasks": sorted({d.task_id or f"seed-{d.seed}" for d in demonstrations}),
         "envs": sorted({d.env_id for d in demonstrations}),
         "tokens_mean": statistics.fmean(lengths),
@@ -403,6 +550,11 @@ def sft(config: SFTTrainingConfig, *, progress: bool | None = None) -> SFTResult
     print(
         f"trace-gym sft: {len(rows)} demonstrations ({summary['tokens_mean']:.0f} tokens each on average, "
         f"{100 * summary['agent_token_share']:.1f}% the agent's), {config.epochs} epochs"
+        + (
+            f"; {len(demonstrations) - len(rows)} left out, longer than {max_tokens} tokens"
+            if config.whole_only
+            else ""
+        )
         + (f", resumed from {checkpoint.name}" if checkpoint else ""),
         flush=True,
     )
@@ -461,7 +613,7 @@ def sft(config: SFTTrainingConfig, *, progress: bool | None = None) -> SFTResult
             model=model,
             args=args,
             train_dataset=Dataset.from_list(
-                [{k: r[k] for k in ("prompt_ids", "completion_ids", "completion_mask")} for r in rows]
+                [{k: r[k] for k in ("prompt_ids", "completion_ids", "completion_mask", "prefix_len")} for r in rows]
             ),
             processing_class=tokenizer,
             data_collator=_Collator(tokenizer.pad_token_id),
@@ -475,6 +627,7 @@ def sft(config: SFTTrainingConfig, *, progress: bool | None = None) -> SFTResult
             callbacks=[Log()],
         )
     trainer.prefix_gradient = config.prefix_gradient
+    trainer.context_gradient = config.context_gradient
     trainer.prompt_groups = [r["prompt_group"] for r in rows]
     with without_checkpointing_deprecations():
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
