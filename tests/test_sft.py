@@ -289,39 +289,109 @@ def test_the_detached_context_pass_scores_as_the_whole_forward(demos, backend):
     assert not torch.allclose(detached[:, 1:][off], whole[:, :-1][off], atol=1e-4)
 
 
-def test_the_detached_context_gradient_flows_through_the_agents_positions_only(demos, backend):
-    """On a row of one agent turn right after its prompt the gradient is the shared-prompt
-    pass's (nothing but the prompt is context, and both stop it there); on a row with tool
-    results between agent turns it differs, since those results' keys and values now carry
-    none; and every layer still gets one."""
+def test_the_detached_context_gradient_is_a_stop_gradient_on_the_contexts_keys_and_values(demos, backend):
+    """The documented gradient, computed another way: the model run whole, with every layer's
+    key and value projections detached at the positions that predict no agent token (the
+    system prompt, tool results, user turns, each turn's end-of-turn token). Equal on a real
+    multi-turn row, so a later turn's loss reaches the agent's earlier turns; the whole pass
+    without the stop-gradient differs, and every layer gets a gradient."""
     import torch
 
     [trajectory] = load_demonstrations([str(demos)], 1.0)[0][:1]
     [row] = demonstration_rows(backend, [trajectory], 5700)
     prompt_prefix_lengths([row])
-    first_turn = row["completion_mask"].index(0)  # the first agent turn ends where the first tool result starts
-    one_turn = {
-        **row,
-        "completion_ids": row["completion_ids"][:first_turn],
-        "completion_mask": row["completion_mask"][:first_turn],
-    }
-    collate = _Collator(backend.tokenizer.pad_token_id)
+    batch = _Collator(backend.tokenizer.pad_token_id)([row])
     model = _tiny(backend).train()
 
-    def loss(logps_and_mask):
+    def backward(logps_and_mask):
         logps, mask = logps_and_mask
         (-(logps * mask).sum() / mask.sum()).backward()
 
-    for candidate, same in ((one_turn, True), (row, False)):
-        batch = collate([candidate])
-        loss(detached_context_logps(model, batch))
-        detached = _gradients(model)
-        loss(agent_token_logps(model, batch, prefix_gradient=False))
-        whole = _gradients(model)
-        assert set(detached) == set(whole)
-        equal = all(torch.allclose(detached[n], whole[n], atol=1e-6, rtol=1e-4) for n in whole)
-        assert equal is same, "one turn: the same gradient" if same else "tool results between turns: another"
-        assert all(detached[n].abs().sum() > 0 for n in detached if ".layers.0." in n or ".layers.1." in n)
+    backward(detached_context_logps(model, batch))
+    detached = _gradients(model)
+    tokens = torch.tensor([*row["prompt_ids"], *row["completion_ids"]])
+    agent = torch.tensor([0] * len(row["prompt_ids"]) + row["completion_mask"], dtype=torch.bool)
+    scored = torch.cat([agent[1:], torch.tensor([False])])  # position p predicts token p + 1
+    assert len(scored_runs(scored.tolist(), 0)) >= 3  # two agent turns with a tool result between
+
+    def whole(stop_gradient: bool) -> dict:
+        hooks = []
+        if stop_gradient:
+            for name, module in model.named_modules():
+                if name.endswith(("k_proj", "v_proj")):
+                    hooks.append(
+                        module.register_forward_hook(
+                            lambda _m, _i, out: torch.where(scored[None, :, None], out, out.detach())
+                        )
+                    )
+        logits = model(input_ids=tokens[None]).logits[0].float()
+        for hook in hooks:
+            hook.remove()
+        logps = torch.log_softmax(logits[scored], -1).gather(-1, tokens[1:][scored[:-1]][:, None]).squeeze(-1)
+        (-logps.mean()).backward()
+        return _gradients(model)
+
+    reference, full = whole(True), whole(False)
+    assert set(detached) == set(reference) == set(full)
+    assert all(torch.allclose(detached[n], reference[n], atol=1e-6, rtol=1e-3) for n in reference)
+    assert not all(torch.allclose(detached[n], full[n], atol=1e-6, rtol=1e-3) for n in full)
+    assert all(detached[n].abs().sum() > 0 for n in detached if ".layers.0." in n or ".layers.1." in n)
+
+
+def test_one_turn_gets_the_shared_prompt_passs_gradient(demos, backend):
+    """A row of one agent turn right after its prompt has no context but the prompt, which
+    both passes stop: the same gradient as ``agent_token_logps`` without ``prefix_gradient``."""
+    import torch
+
+    [trajectory] = load_demonstrations([str(demos)], 1.0)[0][:1]
+    [row] = demonstration_rows(backend, [trajectory], 5700)
+    prompt_prefix_lengths([row])
+    turn = row["completion_mask"].index(0)  # the first agent turn ends where the first tool result starts
+    one = {**row, "completion_ids": row["completion_ids"][:turn], "completion_mask": row["completion_mask"][:turn]}
+    batch = _Collator(backend.tokenizer.pad_token_id)([one])
+    model = _tiny(backend).train()
+    grads = []
+    for score in (detached_context_logps, lambda m, b: agent_token_logps(m, b, prefix_gradient=False)):
+        logps, mask = score(model, batch)
+        (-(logps * mask).sum() / mask.sum()).backward()
+        grads.append(_gradients(model))
+    detached, shared = grads
+    assert set(detached) == set(shared) and all(
+        torch.allclose(detached[n], shared[n], atol=1e-6, rtol=1e-4) for n in shared
+    )
+
+
+def test_the_detached_context_pass_stands_aside_where_its_cache_would_be_wrong(tmp_path, demos, backend):
+    """A sliding-window model (its cache keeps only the window) and a model under gradient
+    checkpointing (its layers drop the cache) are not scored turn by turn; ``sft`` refuses
+    --no-context-gradient for the first in one line."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from trace_gym.training.sft import sft
+
+    rows = demonstration_rows(backend, load_demonstrations([str(demos)], 1.0)[0][:1], 5700)
+    prompt_prefix_lengths(rows)
+    batch = _Collator(backend.tokenizer.pad_token_id)(rows)
+    config = AutoConfig.for_model(
+        "mistral", vocab_size=len(backend.tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, sliding_window=64,
+    )  # fmt: skip
+    windowed = AutoModelForCausalLM.from_config(config)
+    assert detached_context_logps(windowed, batch) is None
+    checkpointed = _tiny(backend)
+    checkpointed.gradient_checkpointing_enable({"use_reentrant": False})
+    assert detached_context_logps(checkpointed.train(), batch) is None
+    with torch.no_grad():
+        assert detached_context_logps(_tiny(backend).eval(), batch) is not None
+    folder = tmp_path / "windowed"
+    windowed.save_pretrained(folder)
+    backend.tokenizer.save_pretrained(folder)
+    config = SFTTrainingConfig(
+        trajectories=[str(demos)], out=str(tmp_path / "out"), model=f"hf:{folder}", context_gradient=False
+    )
+    with pytest.raises(TrainingError, match="sliding window"):
+        sft(config)
 
 
 def test_whole_only_leaves_out_what_would_be_cut(demos, backend):
@@ -436,6 +506,7 @@ def test_a_stopped_warm_start_resumes_from_its_last_checkpoint(tmp_path):
         "float32",
         "--save-steps",
         "1",
+        "--no-context-gradient",  # (the turn-by-turn pass through the trainer: its prompt store, its rows)
     ]
     refused = run_cli("sft", *options, "--resume")
     assert refused.returncode == 2 and "nothing to resume" in refused.stderr and len(refused.stderr.splitlines()) == 1
@@ -454,6 +525,9 @@ def test_a_stopped_warm_start_resumes_from_its_last_checkpoint(tmp_path):
     other[options.index("--epochs") + 1] = "2"
     other = run_cli("sft", *other, "--resume")
     assert other.returncode == 2 and "epochs" in other.stderr and len(other.stderr.splitlines()) == 1
+    run = json.loads((out / "run.json").read_text())
+    del run["config"]["whole_only"]  # as a run made before the field recorded it: read at its default, as it ran
+    (out / "run.json").write_text(json.dumps(run))
     resumed = run_cli("sft", *options, "--resume")
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed from checkpoint-" in resumed.stdout and (out / "model").exists()

@@ -26,7 +26,9 @@ the mistake, not the mistake.
 The forward pass is GRPO's update pass (``shared_update.shared_prefix_logps``):
 the system prompt a micro-batch shares runs once, and only the agent's tokens
 go through the output layer, so a τ² demonstration (about 9.5k tokens, 5% of
-them the agent's) never materialises its full-vocabulary logits.
+them the agent's) never materialises its full-vocabulary logits. Without
+``context_gradient`` (``--no-context-gradient``) each demonstration runs turn by
+turn instead, what the agent read without gradients (``detached_context_logps``).
 
 What this module must not do: read a held-out task. A trajectory of a task in
 its target's ``test`` split is refused before anything loads.
@@ -50,6 +52,7 @@ from trace_gym.llm.base import TokenEpisode, TokenTurn
 from trace_gym.llm.embedded import merge_adapter
 from trace_gym.llm.local import LocalHF
 from trace_gym.llm.local.lora import without_checkpointing_deprecations
+from trace_gym.llm.local.shared_prefix import full_attention_only
 from trace_gym.llm.registry import local_spec
 from trace_gym.registry import EnvKind, HELD_OUT_SPLIT, get_entry, make
 from trace_gym.seeding import derive_seed
@@ -57,7 +60,7 @@ from trace_gym.store import read_trajectories
 
 from .config import SFTTrainingConfig, TrainingError, checkpointing
 from .log import TrainLog
-from .shared_update import shared_prefix_logps
+from .shared_update import checkpointed_layers, shared_prefix_logps
 from .trainer import last_checkpoint, load_policy
 
 
@@ -373,33 +376,65 @@ def scored_runs(scored: list[bool], start: int) -> list[tuple[int, int, bool]]:
     return runs
 
 
+def chunked_cache(layers: int, prefix: list[tuple[Any, Any]] | None = None) -> Any:
+    """A transformers cache that keeps what each forward appends as a chunk of its own and
+    joins the chunks anew at every read, so a pass without gradients never cuts the graph of
+    the chunks before it (a plain cache's ``torch.cat`` under ``no_grad`` would). ``prefix``:
+    one (keys, values) per layer to start from."""
+    import torch
+    from transformers.cache_utils import Cache, DynamicLayer
+
+    class ChunkLayer(DynamicLayer):
+        def __init__(self, keys: Any = None, values: Any = None) -> None:
+            super().__init__()
+            self.chunks: list[tuple[Any, Any]] = []
+            if keys is not None:
+                self.lazy_initialization(keys, values)
+                self.chunks.append((keys, values))
+                self.keys, self.values = keys, values
+
+        def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            self.chunks.append((key_states, value_states))
+            self.keys = torch.cat([k for k, _ in self.chunks], dim=-2)
+            self.values = torch.cat([v for _, v in self.chunks], dim=-2)
+            return self.keys, self.values
+
+    return Cache(layers=[ChunkLayer(*(prefix[i] if prefix else (None, None))) for i in range(layers)])
+
+
 def detached_context_logps(
     model: Any, batch: dict[str, Any], prefixes: PrefixStore | None = None, step: int = 0
 ) -> tuple[Any, Any] | None:
     """(log-probabilities [rows, completion width], mask) of the agent's tokens, as
-    ``agent_token_logps`` gives them, with gradients through the positions that predict an
-    agent token and nowhere else: each row runs in turn order, its context (the shared
-    prompt, tool results, user turns, template tokens) without gradients, each run of
-    predicting positions with them, on top of the keys and values before it. The forward
-    is the model's own; the gradient leaves out how the weights change the keys and values
-    of what the agent read (``prefix_gradient``'s stop-gradient, on every context token).
-    A τ² demonstration is about 95% context, so a step costs about one forward pass of it
-    instead of a forward and a backward. None for a model with a sliding window (its cache
-    keeps only the window), where the caller takes ``agent_token_logps``."""
+    ``agent_token_logps`` gives them, with a stop-gradient on the keys and values of every
+    position that predicts no agent token: each row runs in turn order, its context (the
+    shared prompt, tool results, user turns, template tokens, each turn's end-of-turn
+    token) without gradients, each run of predicting positions with them, on top of the
+    keys and values before it (``chunked_cache``: a later turn's loss still reaches the
+    keys and values of the agent's earlier turns). The forward is the model's own; the
+    gradient leaves out how the weights change the keys and values of what the agent
+    read, ``prefix_gradient``'s stop-gradient on every context token. A τ² demonstration
+    is about 95% context, so a step costs about a forward pass of it instead of a forward
+    and a backward. ``prefixes`` holds each shared prompt for the optimizer step ``step``.
+    None where this does not apply: a model with a sliding window (its cache keeps only
+    the window), gradient checkpointing (its layers drop the cache), nothing scored."""
     import torch
-    from transformers.cache_utils import DynamicCache
-
-    from trace_gym.llm.local.shared_prefix import full_attention_only
 
     inner = getattr(model, "module", model)
     config = getattr(inner, "config", None)
-    if config is None or not full_attention_only(config.get_text_config()):
+    if config is None or not full_attention_only(config.get_text_config()) or checkpointed_layers(inner):
         return None
     ids, attention, mask = batch["input_ids"], batch["attention_mask"], batch["completion_mask"]
+    if not bool(mask.any()):
+        return None
     rows, width = ids.shape
     keep = mask.shape[1]
     start = width - keep  # the first completion column
     prefix_lens = batch.get("prefix_len")
+    store = prefixes if prefixes is not None else PrefixStore()
+    depth = config.get_text_config().num_hidden_layers
     out = torch.zeros(rows, keep, dtype=torch.float32, device=ids.device)
     for r in range(rows):
         real = attention[r].bool()
@@ -410,13 +445,12 @@ def detached_context_logps(
         for column in mask[r].nonzero().flatten().tolist():
             targets[prompt + column] = True
         scored = [*targets[1:], False]  # position p predicts token p + 1
-        prefix = min(int(prefix_lens[r]) if prefix_lens is not None else 0, prompt - 1)
-        if prefix > 0:
-            store = prefixes if prefixes is not None else PrefixStore()
-            cache = DynamicCache(ddp_cache_data=store.get(model, tokens[:prefix], step))
-        else:
-            cache, prefix = DynamicCache(), 0
-        for a, b, grad in scored_runs(scored, prefix):
+        prefix = max(min(int(prefix_lens[r]) if prefix_lens is not None else 0, prompt - 1), 0)
+        runs = scored_runs(scored, prefix)
+        if not runs:
+            continue
+        cache = chunked_cache(depth, store.get(model, tokens[:prefix], step) if prefix else None)
+        for a, b, grad in runs:
             positions = torch.arange(a, b, device=ids.device)[None]
             with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
                 output = model(
@@ -429,13 +463,8 @@ def detached_context_logps(
             if grad:
                 logps = torch.log_softmax(output.logits[0].float(), dim=-1)
                 picked = logps.gather(-1, tokens[a + 1 : b + 1, None]).squeeze(-1)
-                out = out.index_put(
-                    (
-                        torch.full((b - a,), r, device=ids.device),
-                        torch.arange(a + 1, b + 1, device=ids.device) - prompt,
-                    ),
-                    picked,
-                )
+                columns = torch.arange(a + 1, b + 1, device=ids.device) - prompt
+                out = out.index_put((torch.full((b - a,), r, device=ids.device), columns), picked)
             del output
     return out.masked_fill(~mask, 0.0), mask
 
@@ -445,12 +474,13 @@ def _trainer_class() -> type:
 
     class AgentTokenSFTTrainer(SFTTrainer):
         """TRL's SFTTrainer whose loss is the mean negative log-likelihood of the
-        agent's tokens, scored by ``agent_token_logps``."""
+        agent's tokens, scored by ``agent_token_logps`` (``detached_context_logps``
+        without ``context_gradient``)."""
 
         prefix_gradient = True
         context_gradient = True
         prompt_groups: list[str] | None = None
-        prefixes = PrefixStore()
+        prefixes: PrefixStore | None = None  # this trainer's shared prompts, for its current step
 
         def _get_train_sampler(self, train_dataset=None):
             if self.prompt_groups is None:
@@ -491,7 +521,9 @@ def _check_out(out: Path, config: SFTTrainingConfig) -> Path | None:
         raise TrainingError(f"nothing to resume in {out}: no checkpoint of an earlier sft run (drop --resume)")
     before = json.loads((out / "run.json").read_text(encoding="utf-8"))["config"]
     now = config.as_dict()
-    changed = sorted(k for k in now if k not in RESUME_IGNORES and before.get(k) != now[k])
+    # a field newer than the run is read at its default: what that run did
+    defaults = SFTTrainingConfig(trajectories=[], out="").as_dict()
+    changed = sorted(k for k in now if k not in RESUME_IGNORES and before.get(k, defaults[k]) != now[k])
     if changed:
         raise TrainingError(
             f"--resume with another config than {out}'s run ({', '.join(changed)} differ); "
@@ -521,6 +553,11 @@ def sft(config: SFTTrainingConfig, *, progress: bool | None = None) -> SFTResult
 
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
+    if not config.context_gradient and not full_attention_only(model.config.get_text_config()):
+        raise TrainingError(
+            f"--no-context-gradient needs a model whose every layer attends to the whole context; {config.model} "
+            "has a sliding window (its cache keeps only the window): drop the option"
+        )
     context = int(getattr(model.config, "max_position_embeddings", 0) or 0) or 8192
     max_tokens = min(config.max_tokens or context, context)
     backend = LocalHF.from_model(model, tokenizer, name=config.model)
@@ -628,6 +665,7 @@ def sft(config: SFTTrainingConfig, *, progress: bool | None = None) -> SFTResult
         )
     trainer.prefix_gradient = config.prefix_gradient
     trainer.context_gradient = config.context_gradient
+    trainer.prefixes = PrefixStore()
     trainer.prompt_groups = [r["prompt_group"] for r in rows]
     with without_checkpointing_deprecations():
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
