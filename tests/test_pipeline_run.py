@@ -53,7 +53,7 @@ def test_a_run_killed_in_training_resumes_there_and_keeps_unchanged_stages(tmp_p
         "--agent",
         "planted",
         "--split",
-        "base",
+        "train",
         "--tasks",
         "40",
         "--deficits",

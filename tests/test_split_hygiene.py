@@ -89,3 +89,40 @@ def test_training_logs_the_tasks_and_seeds_it_played(monkeypatch):
     rollout.play([episode_key(RETAIL, task="12"), episode_key("trace/x-v0", seed=77)], backend=None)
     summary = rollout.records[-1].summary()
     assert summary["played"] == [f"{RETAIL}|task 12", "trace/x-v0|seed 77"]
+
+
+def test_a_config_whose_stages_would_play_a_held_out_task_is_refused_in_one_line(tmp_path):
+    """A rollout or GEPA split that holds a held-out task (the test split, or τ²'s ``base``,
+    every task) and given trajectories with one are refused before any work; the train
+    split and trajectories of train tasks pass."""
+    from conftest import run_cli
+
+    from trace_gym.config import ConfigError
+    from trace_gym.pipeline import config_from_data
+
+    def config(**tables):
+        return config_from_data({"run": {"target": RETAIL, "dir": str(tmp_path / "run")}, **tables})
+
+    for split in ("test", "base"):
+        with pytest.raises(ConfigError, match=rf"\[rollout\] split: '{split}' holds \d+ of .* held-out 'test' tasks"):
+            config(rollout={"split": split})
+    with pytest.raises(ConfigError, match=r"\[gepa\] split: 'base' holds 40 of"):
+        config(
+            run={"target": RETAIL, "dir": str(tmp_path / "run"), "stages": ["rollout", "gepa"]},
+            gepa={"split": "base", "budget": 20},
+        )
+    config(rollout={"split": "train"})
+    config(gepa={"split": "base"})  # (no gepa stage in this run: nothing plays that split)
+
+    mixed = tmp_path / "mixed.jsonl"
+    task = sorted(held_out())[0]
+    made = run_cli("rollout", "--env", RETAIL, "--agent", "oracle", "--task-ids", f"0,{task}", "--out", str(mixed),
+                   "--no-progress")  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    with pytest.raises(ConfigError, match=rf"\[rollout\] trajectories: episode .* plays task {task} of"):
+        config(rollout={"trajectories": str(mixed)})
+    toml = tmp_path / "run.toml"
+    toml.write_text(f'[run]\ntarget = "{RETAIL}"\ndir = "{tmp_path / "run"}"\n\n[rollout]\nsplit = "base"\n')
+    result = run_cli("run", str(toml), "--check")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "only evaluation plays them" in result.stderr

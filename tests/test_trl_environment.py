@@ -61,7 +61,7 @@ def test_the_oracle_played_through_the_methods_scores_one_and_a_stop_is_scored(r
 
 
 def test_the_rows_and_the_env_play_the_train_split_never_the_held_out_one(retail):
-    from trace_gym.training.sft import held_out_tasks
+    from trace_gym.registry import held_out_tasks
 
     rows = dataset(RETAIL, range(40))
     assert rows and not {row["task_id"] for row in rows} & held_out_tasks(RETAIL)

@@ -400,6 +400,26 @@ TRAIN_SPLIT = "train"
 HELD_OUT_SPLIT = "test"  # evaluation's alone: no other stage plays it
 
 
+def split_tasks(env_id: str, split: str | None) -> set[str]:
+    """The task ids of a target's ``split`` (empty for an env without tasks, such as a
+    synthesized env, or a target without that split)."""
+    if get_entry(env_id).kind != EnvKind.TARGET:
+        return set()
+    try:
+        env = make(env_id, split=split)
+    except (TraceGymError, TypeError):  # no such split, or a target that takes no split
+        return set()
+    try:
+        return {str(t) for t in (getattr(env.unwrapped, "task_ids", None) or [])}
+    finally:
+        env.close()
+
+
+def held_out_tasks(env_id: str) -> set[str]:
+    """The task ids of ``env_id``'s held-out split, which only evaluation plays."""
+    return split_tasks(env_id, HELD_OUT_SPLIT)
+
+
 def make_train(env_id: str, **kwargs: Any) -> tuple[Any, str | None]:
     """A target on its train split, as every stage but evaluation must play it
     (training, calibration, the analyst's look at live tool results), and the split

@@ -20,7 +20,8 @@ from ..identification.llm_analyst import unknown_analyst
 from ..identification.stats import SelectionConfig
 from ..llm import LLMError
 from ..llm.registry import check_spec, is_chat_endpoint, is_server, is_token_endpoint, split_spec, with_template
-from ..registry import EnvKind, get_entry, register_all
+from ..registry import HELD_OUT_SPLIT, EnvKind, get_entry, held_out_tasks, register_all, split_tasks
+from ..store import read_trajectories
 from ..synthesis import serving_envs
 from ..synthesis.loop import SynthesisConfig
 from ..training.config import GRPOTrainingConfig, TrainingError
@@ -263,6 +264,33 @@ def config_from_data(data: dict[str, Any]) -> PipelineConfig:
     return config
 
 
+def _check_no_held_out_task(config: PipelineConfig) -> None:
+    """Refuses, in one line, a stage but evaluation that would play or read a task of the
+    target's held-out split: a rollout or GEPA split that holds one, or given trajectories
+    with one."""
+    target = config.run.target
+    held = held_out_tasks(target)
+    if not held:
+        return
+    splits = [("[rollout] split", config.rollout.split)] if "rollout" in config.run.stages else []
+    if "gepa" in config.run.stages:
+        splits.append(("[gepa] split", config.gepa.split))
+    for where, split in splits:
+        overlap = held if split == HELD_OUT_SPLIT else split_tasks(target, split) & held
+        if overlap:
+            raise ConfigError(
+                f"{where}: '{split}' holds {len(overlap)} of {target}'s held-out '{HELD_OUT_SPLIT}' tasks; "
+                "only evaluation plays them (use train)"
+            )
+    if config.rollout.trajectories:
+        for trajectory in read_trajectories(config.rollout.trajectories):
+            if trajectory.env_id == target and trajectory.task_id is not None and str(trajectory.task_id) in held:
+                raise ConfigError(
+                    f"[rollout] trajectories: episode {trajectory.episode_id} plays task {trajectory.task_id} of "
+                    f"{target}'s held-out '{HELD_OUT_SPLIT}' split; only evaluation may see it"
+                )
+
+
 def check_config(config: PipelineConfig) -> None:
     """What can be checked before any work: stage and method names, the target, the models and analysts."""
     bad = [s for s in config.run.stages if s not in STAGES]
@@ -319,6 +347,7 @@ def check_config(config: PipelineConfig) -> None:
         raise ConfigError('[rollout] deficits: only apply with agent = "planted" (or fallback = "planted")')
     if config.rollout.trajectories and not Path(config.rollout.trajectories).is_file():
         raise ConfigError(f"[rollout] trajectories: no file at {config.rollout.trajectories}")
+    _check_no_held_out_task(config)
     for name, value in (
         ("[rollout] samples", config.rollout.samples),
         ("[evaluate] samples", config.evaluate.samples),

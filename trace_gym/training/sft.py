@@ -47,14 +47,13 @@ from pathlib import Path
 from typing import Any
 
 from trace_gym.env import agent_conversation
-from trace_gym.errors import TraceGymError
 from trace_gym.llm.base import TokenEpisode, TokenTurn
 from trace_gym.llm.embedded import merge_adapter
 from trace_gym.llm.local import LocalHF
 from trace_gym.llm.local.lora import without_checkpointing_deprecations
 from trace_gym.llm.local.shared_prefix import full_attention_only
 from trace_gym.llm.registry import local_spec
-from trace_gym.registry import EnvKind, HELD_OUT_SPLIT, get_entry, make
+from trace_gym.registry import HELD_OUT_SPLIT, held_out_tasks, make
 from trace_gym.seeding import derive_seed
 from trace_gym.store import read_trajectories
 
@@ -79,21 +78,6 @@ class SFTResult:
     def policy(self) -> str:
         """The model spec of the warm-started policy."""
         return local_spec(self.model)
-
-
-def held_out_tasks(env_id: str) -> set[str]:
-    """The task ids of ``env_id``'s held-out split (empty for an env without
-    tasks, such as a synthesized env, or a target without a ``test`` split)."""
-    if get_entry(env_id).kind != EnvKind.TARGET:
-        return set()
-    try:
-        env = make(env_id, split=HELD_OUT_SPLIT)
-    except (TraceGymError, TypeError):  # no such split, or a target that takes no split
-        return set()
-    try:
-        return {str(t) for t in (getattr(env.unwrapped, "task_ids", None) or [])}
-    finally:
-        env.close()
 
 
 def load_demonstrations(paths: list[str], min_reward: float) -> tuple[list[Any], dict[str, Any]]:
