@@ -123,6 +123,28 @@ def test_a_field_renamed_in_one_place_fails_every_reader_in_one_line(tmp_path, r
         Identification.load(tmp_path / "id")
 
 
+def test_the_report_gives_each_adapters_calibration_from_its_file_or_says_why_not(tmp_path):
+    """The training table reads calibration.json through its typed loader: the chosen level's
+    mean reward and informative, all-zero and all-success shares; a file whose field was
+    renamed is said to be unreadable, never shown as 0%."""
+    from trace_gym.pipeline.report import _train_section
+    from trace_gym.training.calibration import Calibration, LevelFigures, save_calibrations
+
+    figures = LevelFigures(level=1, groups=[[0.0, 1.0], [0.0, 0.0], [1.0, 1.0], [0.5, 0.5]], episodes=8)
+    path = save_calibrations(
+        tmp_path / "calibration.json",
+        [Calibration("trace/x-v0", "m", [figures], 1, True, "in band", [0.2, 0.6], 0.5)],
+    )
+    AdapterSet([_adapter("precise_arguments", calibration=str(path))]).save(tmp_path)
+    [row] = [line for line in _train_section({"adapters_json": str(tmp_path / "adapters.json")}, tmp_path)
+             if line.startswith("| precise_arguments")]  # fmt: skip
+    assert "| 1 | 0.500, 25% / 25% / 25% |" in row
+    path.write_text(path.read_text().replace('"groups":', '"rewards":'))
+    [row] = [line for line in _train_section({"adapters_json": str(tmp_path / "adapters.json")}, tmp_path)
+             if line.startswith("| precise_arguments")]  # fmt: skip
+    assert "not shown:" in row and "is not a calibration file" in row and "%" not in row
+
+
 def test_another_schema_version_and_damaged_files_are_refused(tmp_path):
     (tmp_path / "adapters.json").write_text(json.dumps({"version": 99, "adapters": []}))
     with pytest.raises(ArtifactError, match="schema version 99"):

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from ..artifacts import AdapterSet, ArtifactError, EnvSet, Identification, UntrainableRecord
+from ..training.calibration import load_calibrations
+from ..training.config import TrainingError
 
 
 def _read_json(path: Path) -> Any:
@@ -201,7 +203,8 @@ def _train_section(outputs: dict[str, Any], run_dir: Path) -> list[str]:
     if not made.adapters and not made.untrainable:
         return out + [outputs.get("summary", "none"), ""]
     out += [
-        "| adapter | trained on | level | calibration: mean reward, informative groups | iterations | rollouts "
+        "| adapter | trained on | level | calibration: mean reward, informative / all-zero / all-success groups "
+        "| iterations | rollouts "
         "| episodes played | informative groups, iteration 1 | first mean reward | last mean reward | wall s |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
@@ -215,14 +218,19 @@ def _train_section(outputs: dict[str, Any], run_dir: Path) -> list[str]:
         last = _fmt(log[-1].get("mean_reward")) if log else "-"
         rollouts = log[-1].get("rollouts", "-") if log else "-"
         wall = f"{log[-1].get('elapsed_s', 0):.0f}" if log else "-"
-        calibrations = (_read_json(Path(row.calibration)) or {}).get("calibrations", []) if row.calibration else []
-        levels = ", ".join("-" if c.get("level") is None else str(c["level"]) for c in calibrations) or "-"
-        chosen = [
-            next((f for f in c.get("figures", []) if f.get("level") == c.get("level")), None) for c in calibrations
-        ]
-        calibrated = (
-            "; ".join(f"{_fmt(f.get('mean_reward'))}, {f.get('informative_groups', 0):.0%}" for f in chosen if f) or "-"
-        )
+        try:
+            calibrations = list(load_calibrations(row.calibration).values()) if row.calibration else []
+            calibrated = (
+                "; ".join(
+                    f"{_fmt(f.mean_reward)}, {f.informative_share:.0%} / {f.all_zero_share:.0%} / "
+                    f"{f.all_success_share:.0%}"
+                    for f in (c.chosen for c in calibrations)
+                )
+                or "-"
+            )
+        except TrainingError as exc:  # a calibration file this trace-gym cannot read: said, not guessed
+            calibrations, calibrated = [], f"not shown: {exc}"
+        levels = ", ".join("-" if c.level is None else str(c.level) for c in calibrations) or "-"
         informative = (
             f"{log[0].get('informative_groups', '-')}/{len(log[0].get('first_draw_groups', [])) or '-'}" if log else "-"
         )
