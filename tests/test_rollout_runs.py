@@ -483,3 +483,32 @@ def test_a_leveled_env_is_played_at_the_level_asked_and_a_bad_level_is_one_line(
         result = run_cli("rollout", "--env", env, "--agent", "oracle", *where, "--level", level,
                          "--out", str(tmp_path / "bad.jsonl"), "--no-progress")  # fmt: skip
         assert result.returncode == 2 and fragment in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_pass_hat_k_is_taus_estimator_over_tasks():
+    """pass^k averages, over tasks, the chance that k of a task's samples all succeed:
+    C(successes, k) / C(trials, k), tau2's own ``pass_hat_k``; k runs up to the fewest
+    samples any task has."""
+    from tau2.metrics.agent_metrics import pass_hat_k
+
+    from trace_gym.rollout import summarize
+    from trace_gym.trajectory import Trajectory
+
+    outcomes = {"a": [1.0, 1.0, 0.0], "b": [1.0, 0.0, 0.0], "c": [1.0, 1.0, 1.0, 0.0]}
+    episodes = []
+    for task, rewards in outcomes.items():
+        for sample, reward in enumerate(rewards):
+            episodes.append(
+                Trajectory(
+                    episode_id=f"trace/x-v0|{task}|{sample}", env_id="trace/x-v0", task_id=task, sample=sample,
+                    agent="oracle", messages=[], reward=reward, terminated=True, truncated=False, steps=1,
+                    started_at="2026-01-01T00:00:00+00:00", wall_s=0.1,
+                )
+            )  # fmt: skip
+    summary = summarize(episodes, env_id="trace/x-v0", agent="oracle")
+    assert sorted(summary.pass_hat_k) == [1, 2, 3]  # task a and b have 3 samples
+    for k in (1, 2, 3):
+        tau2 = sum(pass_hat_k(len(r), int(sum(r)), k) for r in outcomes.values()) / len(outcomes)
+        assert summary.pass_hat_k[k] == pytest.approx(tau2)
+    assert summary.pass_hat_k[2] == pytest.approx((1 / 3 + 0 + 1 / 2) / 3)
+    assert summary.pass_at_1 == pytest.approx((2 / 3 + 1 / 3 + 3 / 4) / 3)
