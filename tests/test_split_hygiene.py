@@ -1,4 +1,4 @@
-"""No stage but evaluation plays a held-out task (issues 28 and 30).
+"""No stage but evaluation plays a held-out task (issues 28 and 30), down to a whole run.
 
 Every τ² episode started in this process is recorded (task id and split) by a
 thin wrapper around the real ``Tau2Env._start``; each stage below then runs for
@@ -126,3 +126,98 @@ def test_a_config_whose_stages_would_play_a_held_out_task_is_refused_in_one_line
     result = run_cli("run", str(toml), "--check")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "only evaluation plays them" in result.stderr
+
+
+WHOLE_RUN = """
+[run]
+target = "trace/tau2-retail-v0"
+dir = "{run}"
+stages = ["rollout", "identify", "synthesize", "train", "gepa", "evaluate"]
+
+[policy]
+model = "hf:{model}"
+max_new_tokens = 8
+batch = 4
+
+[rollout]
+tasks = 3
+max_steps = 16
+fallback = "oracle"
+
+[identify.selection]
+runs = 4
+min_runs = 3
+max_selected = 1
+
+[train]
+grpo_target = true
+
+[train.grpo]
+iterations = 1
+groups = 1
+rollouts_per_group = 2
+max_new_tokens = 8
+max_steps = 2
+calibrate = false
+train_anyway = true
+max_draws = 1
+
+[gepa]
+reflection = "hf:{model}"
+budget = 6
+tasks = 4
+val_tasks = 2
+minibatch = 1
+reflection_max_tokens = 16
+
+[evaluate]
+tasks = 2
+max_steps = 16
+methods = ["base", "trace", "grpo-target", "gepa"]
+"""
+
+
+@pytest.mark.slow
+def test_a_whole_run_plays_held_out_tasks_in_evaluation_only(tmp_path, monkeypatch, started):
+    """Every stage of `trace-gym run` for real (a tiny random model as the policy, so that each
+    stage is fast): each τ² episode any stage starts is recorded with the stage that started
+    it, and only evaluation's are of the test split; it plays its tasks."""
+    from families import tiny_model
+    from transformers import AutoTokenizer
+
+    from trace_gym import pipeline
+    from trace_gym.llm.embedded import ensure_embedded_model
+
+    folder = tmp_path / "tiny"
+    tokenizer = AutoTokenizer.from_pretrained(str(ensure_embedded_model()))
+    tiny_model(tokenizer).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+    stage_of: list[str] = []
+    real = pipeline._run_stage
+
+    def recording(config, state, stage, say):
+        stage_of.append(stage)
+        mark = len(started)
+        try:
+            real(config, state, stage, say)
+        finally:
+            started[mark:] = [(stage, *entry) for entry in started[mark:]]
+
+    monkeypatch.setattr(pipeline, "_run_stage", recording)
+    toml = tmp_path / "run.toml"
+    toml.write_text(WHOLE_RUN.format(run=tmp_path / "run", model=folder))
+    config = pipeline.load_config(toml)
+    pipeline.run_pipeline(config, say=lambda _: None)
+    assert stage_of == ["rollout", "identify", "synthesize", "train", "gepa", "evaluate"]
+    by_stage: dict[str, set[tuple[str, str]]] = {}
+    for entry in started:
+        stage, split, task = entry if len(entry) == 3 else ("(before the stages)", *entry)
+        by_stage.setdefault(stage, set()).add((split, task))
+    held = held_out()
+    assert {"rollout", "train", "gepa", "evaluate"} <= set(by_stage)  # each of them played τ² episodes
+    for stage, played in by_stage.items():
+        if stage == "evaluate":
+            assert played and all(split == "test" and task in held for split, task in played)
+        else:
+            assert all(split == "train" and task not in held for split, task in played), stage
