@@ -237,6 +237,11 @@ def test_merged_is_a_baseline_only_over_two_or_more_capability_envs(tmp_path):
     )
     merged = next(job for job in two if job["name"] == "merged")
     assert merged["envs"] == ["trace/complete-actions-v0", "trace/tool-precision-v0"] and merged["scale"] == 2
+    shared = training_plan(  # two capabilities one env serves: a merged run would be that env alone
+        config,
+        {"valid_tool_arguments": "trace/well-formed-calls-v0", "precise_arguments": "trace/well-formed-calls-v0"},
+    )
+    assert [job["name"] for job in shared] == ["precise_arguments", "valid_tool_arguments", "grpo-target"]
 
 
 def test_a_control_the_cap_left_out_is_refused(tmp_path):

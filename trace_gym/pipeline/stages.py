@@ -329,8 +329,9 @@ def training_plan(config: PipelineConfig, envs: dict[str, str]) -> list[dict[str
     total = baseline_scale(len(plan))  # the baselines get as many rollouts as all capability adapters together
     if config.train.grpo_target and plan:
         plan.append({"name": "grpo-target", "kind": "baseline", "envs": [config.run.target], "scale": total})
-    if config.train.merged and len(envs) > 1:  # one adapter over all capability envs: only a baseline with two or more
-        plan.append({"name": "merged", "kind": "baseline", "envs": sorted(envs.values()), "scale": total})
+    distinct = sorted(set(envs.values()))  # (one env may serve two capabilities)
+    if config.train.merged and len(distinct) > 1:  # one adapter over all capability envs: a baseline with two or more
+        plan.append({"name": "merged", "kind": "baseline", "envs": distinct, "scale": total})
     for cap in config.train.control:
         if cap in envs:
             continue  # selected after all: it is a TRACE adapter, not a control
