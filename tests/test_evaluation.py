@@ -135,14 +135,15 @@ def test_the_report_gives_each_adapters_calibration_from_its_file_or_says_why_no
         tmp_path / "calibration.json",
         [Calibration("trace/x-v0", "m", [figures], 1, True, "in band", [0.2, 0.6], 0.5)],
     )
-    AdapterSet([_adapter("precise_arguments", calibration=str(path))]).save(tmp_path)
-    [row] = [line for line in _train_section({"adapters_json": str(tmp_path / "adapters.json")}, tmp_path)
-             if line.startswith("| precise_arguments")]  # fmt: skip
+    made = AdapterSet([_adapter("precise_arguments", calibration=str(path))])
+    [row] = [line for line in _train_section({}, tmp_path, made) if line.startswith("| precise_arguments")]
     assert "| 1 | 0.500, 25% / 25% / 25% |" in row
     path.write_text(path.read_text().replace('"groups":', '"rewards":'))
-    [row] = [line for line in _train_section({"adapters_json": str(tmp_path / "adapters.json")}, tmp_path)
-             if line.startswith("| precise_arguments")]  # fmt: skip
+    [row] = [line for line in _train_section({}, tmp_path, made) if line.startswith("| precise_arguments")]
     assert "not shown:" in row and "is not a calibration file" in row and "%" not in row
+    path.write_text(path.read_text().replace('"rewards":', '"groups":').replace('"level": 1,', '"level": 3,', 1))
+    [row] = [line for line in _train_section({}, tmp_path, made) if line.startswith("| precise_arguments")]
+    assert "not shown: the calibration of trace/x-v0 chose level" in row  # (a level it never played)
 
 
 def test_another_schema_version_and_damaged_files_are_refused(tmp_path):

@@ -485,7 +485,7 @@ def test_a_leveled_env_is_played_at_the_level_asked_and_a_bad_level_is_one_line(
         assert result.returncode == 2 and fragment in result.stderr and "Traceback" not in result.stderr, result.stderr
 
 
-def test_pass_hat_k_is_taus_estimator_over_tasks():
+def test_pass_hat_k_is_tau2s_estimator_over_tasks():
     """pass^k averages, over tasks, the chance that k of a task's samples all succeed:
     C(successes, k) / C(trials, k), tau2's own ``pass_hat_k``; k runs up to the fewest
     samples any task has."""

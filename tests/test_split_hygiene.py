@@ -98,10 +98,15 @@ def test_a_config_whose_stages_would_play_a_held_out_task_is_refused_in_one_line
     from conftest import run_cli
 
     from trace_gym.config import ConfigError
-    from trace_gym.pipeline import config_from_data
+    from trace_gym.pipeline import check_no_held_out_task, config_from_data
 
     def config(**tables):
-        return config_from_data({"run": {"target": RETAIL, "dir": str(tmp_path / "run")}, **tables})
+        made = config_from_data({"run": {"target": RETAIL, "dir": str(tmp_path / "run")}, **tables})
+        check_no_held_out_task(made)  # (what load_config and run_pipeline do before a run)
+        return made
+
+    # a finished run's config is read without it: evaluate, route and serve play nothing it guards
+    config_from_data({"run": {"target": RETAIL, "dir": str(tmp_path / "old")}, "rollout": {"split": "base"}})
 
     for split in ("test", "base"):
         with pytest.raises(ConfigError, match=rf"\[rollout\] split: '{split}' holds \d+ of .* held-out 'test' tasks"):
@@ -121,6 +126,16 @@ def test_a_config_whose_stages_would_play_a_held_out_task_is_refused_in_one_line
     assert made.returncode == 0, made.stderr
     with pytest.raises(ConfigError, match=rf"\[rollout\] trajectories: episode .* plays task {task} of"):
         config(rollout={"trajectories": str(mixed)})
+    config(
+        rollout={"trajectories": str(mixed)}, run={"target": RETAIL, "dir": str(tmp_path / "r"), "stages": ["identify"]}
+    )
+    odd = tmp_path / "odd.jsonl"
+    odd.write_text("[1, 2]\n\n" + mixed.read_text(encoding="utf-8"), encoding="utf-8")  # not a record: skipped
+    with pytest.raises(ConfigError, match=rf"plays task {task} of"):
+        config(rollout={"trajectories": str(odd)})
+    odd.write_text("{not json\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"line 1 is not JSON"):
+        config(rollout={"trajectories": str(odd)})
     toml = tmp_path / "run.toml"
     toml.write_text(f'[run]\ntarget = "{RETAIL}"\ndir = "{tmp_path / "run"}"\n\n[rollout]\nsplit = "base"\n')
     result = run_cli("run", str(toml), "--check")
@@ -215,9 +230,25 @@ def test_a_whole_run_plays_held_out_tasks_in_evaluation_only(tmp_path, monkeypat
         stage, split, task = entry if len(entry) == 3 else ("(before the stages)", *entry)
         by_stage.setdefault(stage, set()).add((split, task))
     held = held_out()
-    assert {"rollout", "train", "gepa", "evaluate"} <= set(by_stage)  # each of them played τ² episodes
+    # each of them played τ² episodes (training's: GRPO on the target, planned once a capability is selected)
+    assert {"rollout", "train", "gepa", "evaluate"} <= set(by_stage), sorted(by_stage)
     for stage, played in by_stage.items():
         if stage == "evaluate":
             assert played and all(split == "test" and task in held for split, task in played)
         else:
             assert all(split == "train" and task not in held for split, task in played), stage
+
+
+def test_a_target_that_cannot_list_its_splits_is_one_line(tmp_path, monkeypatch):
+    from trace_gym.config import ConfigError
+    from trace_gym.pipeline import check_no_held_out_task, config_from_data
+    from trace_gym.pipeline import config as pipeline_config
+
+    def broken(env_id):
+        raise RuntimeError("data folder missing\nsecond line")
+
+    monkeypatch.setattr(pipeline_config, "held_out_tasks", broken)
+    made = config_from_data({"run": {"target": RETAIL, "dir": str(tmp_path)}, "rollout": {"split": "base"}})
+    with pytest.raises(ConfigError, match=r"^\[run\] target: cannot list .* \(RuntimeError: data folder missing\)$"):
+        check_no_held_out_task(made)
+    check_no_held_out_task(config_from_data({"run": {"target": RETAIL, "dir": str(tmp_path)}}))  # train: not listed

@@ -58,6 +58,7 @@ from .config import (
     SynthesizeStage,
     TrainStage,
     check_config,
+    check_no_held_out_task,
     config_from_data,
     gepa_config,
     grpo_config,
@@ -104,6 +105,7 @@ def run_pipeline(
 ) -> Path:
     """Run the configured stages in order; returns the path of ``report.md``."""
     run_dir = config.run_dir
+    check_no_held_out_task(config)
     if world_size() > 1:
         raise PipelineError(
             f"trace-gym run under a launcher ({world_size()} ranks): every rank would run every stage; run the "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
 import os
 import typing
 from dataclasses import dataclass, field
@@ -20,8 +21,7 @@ from ..identification.llm_analyst import unknown_analyst
 from ..identification.stats import SelectionConfig
 from ..llm import LLMError
 from ..llm.registry import check_spec, is_chat_endpoint, is_server, is_token_endpoint, split_spec, with_template
-from ..registry import HELD_OUT_SPLIT, EnvKind, get_entry, held_out_tasks, register_all, split_tasks
-from ..store import read_trajectories
+from ..registry import HELD_OUT_SPLIT, TRAIN_SPLIT, EnvKind, get_entry, held_out_tasks, register_all, split_tasks
 from ..synthesis import serving_envs
 from ..synthesis.loop import SynthesisConfig
 from ..training.config import GRPOTrainingConfig, TrainingError
@@ -243,8 +243,10 @@ class PipelineConfig:
 
 
 def load_config(path: str | Path) -> PipelineConfig:
-    """Read and check a pipeline config; every mistake is one line naming the field."""
-    return config_from_data(read_toml(path))
+    """Read and check a pipeline config before a run; every mistake is one line naming the field."""
+    config = config_from_data(read_toml(path))
+    check_no_held_out_task(config)
+    return config
 
 
 def config_from_data(data: dict[str, Any]) -> PipelineConfig:
@@ -264,29 +266,51 @@ def config_from_data(data: dict[str, Any]) -> PipelineConfig:
     return config
 
 
-def _check_no_held_out_task(config: PipelineConfig) -> None:
-    """Refuses, in one line, a stage but evaluation that would play or read a task of the
-    target's held-out split: a rollout or GEPA split that holds one, or given trajectories
-    with one."""
-    target = config.run.target
-    held = held_out_tasks(target)
-    if not held:
-        return
-    splits = [("[rollout] split", config.rollout.split)] if "rollout" in config.run.stages else []
-    if "gepa" in config.run.stages:
+def check_no_held_out_task(config: PipelineConfig) -> None:
+    """Refuses, in one line, a run whose stages but evaluation would play or read a task of
+    the target's held-out split: a rollout split (or given trajectories) or a GEPA split
+    that holds one. Checked before a run (``load_config``), not on a finished run's config
+    (``trace-gym evaluate``, ``route`` and ``serve`` play nothing it guards). The train split
+    is the target contract's own and disjoint from the held-out one: it is not listed."""
+    stages = config.run.stages
+    splits = []
+    if "rollout" in stages and not config.rollout.trajectories:
+        splits.append(("[rollout] split", config.rollout.split))
+    if "gepa" in stages:
         splits.append(("[gepa] split", config.gepa.split))
-    for where, split in splits:
-        overlap = held if split == HELD_OUT_SPLIT else split_tasks(target, split) & held
-        if overlap:
-            raise ConfigError(
-                f"{where}: '{split}' holds {len(overlap)} of {target}'s held-out '{HELD_OUT_SPLIT}' tasks; "
-                "only evaluation plays them (use train)"
-            )
-    if config.rollout.trajectories:
-        for trajectory in read_trajectories(config.rollout.trajectories):
-            if trajectory.env_id == target and trajectory.task_id is not None and str(trajectory.task_id) in held:
+    splits = [(where, split) for where, split in splits if split != TRAIN_SPLIT]
+    given = config.rollout.trajectories if "rollout" in stages else None
+    if not splits and not given:
+        return
+    target = config.run.target
+    try:
+        held = held_out_tasks(target)
+        for where, split in splits:
+            overlap = held if split == HELD_OUT_SPLIT else split_tasks(target, split) & held
+            if overlap:
                 raise ConfigError(
-                    f"[rollout] trajectories: episode {trajectory.episode_id} plays task {trajectory.task_id} of "
+                    f"{where}: '{split}' holds {len(overlap)} of {target}'s held-out '{HELD_OUT_SPLIT}' tasks; "
+                    f"only evaluation plays them (use {TRAIN_SPLIT})"
+                )
+    except ConfigError:
+        raise
+    except Exception as exc:  # a target of the user's that cannot list a split: one line, not a traceback
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise ConfigError(
+            f"[run] target: cannot list {target}'s tasks by split ({type(exc).__name__}: {first})"
+        ) from None
+    if given and held:
+        for number, line in enumerate(Path(given).read_text(encoding="utf-8").splitlines(), 1):
+            try:
+                record = json.loads(line) if line.strip() else {}
+            except json.JSONDecodeError:
+                raise ConfigError(f"[rollout] trajectories: {given} line {number} is not JSON") from None
+            if not isinstance(record, dict):
+                continue
+            task = record.get("task_id")
+            if record.get("env_id") == target and task is not None and str(task) in held:
+                raise ConfigError(
+                    f"[rollout] trajectories: episode {record.get('episode_id')} plays task {task} of "
                     f"{target}'s held-out '{HELD_OUT_SPLIT}' split; only evaluation may see it"
                 )
 
@@ -347,7 +371,6 @@ def check_config(config: PipelineConfig) -> None:
         raise ConfigError('[rollout] deficits: only apply with agent = "planted" (or fallback = "planted")')
     if config.rollout.trajectories and not Path(config.rollout.trajectories).is_file():
         raise ConfigError(f"[rollout] trajectories: no file at {config.rollout.trajectories}")
-    _check_no_held_out_task(config)
     for name, value in (
         ("[rollout] samples", config.rollout.samples),
         ("[evaluate] samples", config.evaluate.samples),

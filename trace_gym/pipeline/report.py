@@ -63,7 +63,7 @@ def write_report(config: Any, state: Any) -> Path:
     if "synthesize" in stages:
         out += _envs_section(stages["synthesize"].outputs, run_dir)
     if "train" in stages:
-        out += _train_section(stages["train"].outputs, run_dir)
+        out += _train_section(stages["train"].outputs, run_dir, state.adapters())
     if "gepa" in stages:
         out += _gepa_section(stages["gepa"].outputs, run_dir)
     if "evaluate" in stages:
@@ -195,8 +195,7 @@ def _envs_section(outputs: dict[str, Any], run_dir: Path) -> list[str]:
     return out
 
 
-def _train_section(outputs: dict[str, Any], run_dir: Path) -> list[str]:
-    made = AdapterSet.load(outputs["adapters_json"]) if outputs.get("adapters_json") else AdapterSet()
+def _train_section(outputs: dict[str, Any], run_dir: Path, made: AdapterSet) -> list[str]:
     if not made.untrainable and outputs.get("untrainable"):  # a run from before adapters.json recorded them
         made.untrainable = [UntrainableRecord(**u) for u in outputs["untrainable"]]
     out = ["## 4. Training (GRPO, one LoRA adapter per capability)", ""]

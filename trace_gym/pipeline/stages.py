@@ -465,10 +465,7 @@ def stage_gepa(config: PipelineConfig, state: RunState, say: Callable[[str], Non
 def eval_context(config: PipelineConfig, state: RunState, backend: Any) -> Any:
     """What evaluation's methods build from: this run's artifacts, loaded typed."""
     outputs = {name: record.outputs for name, record in state.stages.items()}
-    adapters = AdapterSet.load(outputs["train"]["adapters_json"]) if "train" in outputs else AdapterSet()
-    for record in adapters.adapters:  # paths inside the file follow a moved run too
-        for name in ("adapter", "train_log", "calibration", "reward_curve"):
-            setattr(record, name, state.path_in(getattr(record, name)))
+    adapters = state.adapters()
     return EvalContext(
         target=config.run.target,
         backend=backend,

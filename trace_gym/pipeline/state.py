@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..artifacts import AdapterSet
 from ..config import to_table
 from ..errors import TraceGymError
 from .config import STAGES, PipelineConfig
@@ -61,6 +62,17 @@ class RunState:
         if isinstance(value, list):
             return [self.path_in(v) for v in value]
         return value
+
+    def adapters(self) -> AdapterSet:
+        """The train stage's adapters (``adapters.json``), their paths under where the run is now."""
+        train = self.stages.get("train")
+        if train is None or not train.outputs.get("adapters_json"):
+            return AdapterSet()
+        adapters = AdapterSet.load(train.outputs["adapters_json"])
+        for record in adapters.adapters:  # paths inside the file follow a moved run too
+            for name in ("adapter", "train_log", "calibration", "reward_curve"):
+                setattr(record, name, self.path_in(getattr(record, name)))
+        return adapters
 
     def save(self) -> None:
         tmp = self.path.with_suffix(".tmp")

@@ -106,7 +106,10 @@ class Calibration:
 
     @property
     def chosen(self) -> LevelFigures:
-        return next(f for f in self.levels if f.level == self.level)
+        for figures in self.levels:
+            if figures.level == self.level:
+                return figures
+        raise TrainingError(f"the calibration of {self.env_id} chose level {self.level}, which it never played")
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -141,7 +144,7 @@ def load_calibrations(path: str | Path) -> dict[str, Calibration]:
         return {c.env_id: c for c in map(Calibration.from_dict, data["calibrations"])}
     except FileNotFoundError:
         raise TrainingError(f"no calibration file at {path}") from None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise TrainingError(f"{path} is not a calibration file ({type(exc).__name__}: {exc})") from None
 
 
