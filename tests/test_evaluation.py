@@ -410,7 +410,10 @@ def test_evaluate_plays_every_method_row_from_an_earlier_runs_artifacts(evaluate
     }
     per_task = run_cli("route", str(run), "--tasks", "2")  # the openings of the evaluation split's first tasks
     assert per_task.returncode == 0 and len(per_task.stdout.splitlines()) == 2, per_task.stderr
-    assert all("(adapter " in line and "scores A " in line for line in per_task.stdout.splitlines())
+    assert all(  # the scores by capability name, not by the router's letters
+        "(adapter " in line and "precise_arguments " in line and "complete_actions " in line and "scores A " not in line
+        for line in per_task.stdout.splitlines()
+    )
 
     # Moved elsewhere, the run is still evaluated from its own files (the folder its files
     # name is gone meanwhile; the fixture's run is put back for the next test); a narrower

@@ -50,6 +50,13 @@ def test_argmax_ties_to_none_and_calibration_subtracts_the_content_free_prior():
     decision = calibrated.route("t1")
     assert decision.label == "B" and decision.adapter == "adapter-b"  # B rose by 1.2 over its prior, A fell
     assert decision.calibrated["B"] == pytest.approx(1.2) and decision.scores["B"] == -1.8
+    assert decision.names["B"] == "complete_actions" and decision.names["none"] == "none"
+    assert decision.named(decision.scores) == {
+        "precise_arguments": -1.5,
+        "complete_actions": -1.8,
+        "communicates_required_info": -3.0,
+        "none": -6.0,
+    }
     calibrated.route("t2")
     assert backend.asked.count("N/A") == 1  # the prior is computed once
 

@@ -59,6 +59,12 @@ class RouteDecision:
     """Each label's log-probability as the router's answer."""
     calibrated: dict[str, float] | None = None
     """With calibration: the scores minus the content-free baseline, which the argmax was taken over."""
+    names: dict[str, str] = field(default_factory=dict)
+    """What each label stands for: a capability's name, or ``none`` for the base model."""
+
+    def named(self, scores: dict[str, float]) -> dict[str, float]:
+        """``scores`` keyed by what each label stands for, for people to read."""
+        return {self.names.get(label, label): value for label, value in scores.items()}
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -144,7 +150,12 @@ class Router:
         label = max(self.labels, key=lambda lab: (decide[lab], lab == NONE_LABEL))  # ties go to the base model
         cap = self.by_label.get(label)
         return RouteDecision(
-            cap.name if cap else None, cap.adapter if cap else None, label, scores, decide if self.calibrate else None
+            cap.name if cap else None,
+            cap.adapter if cap else None,
+            label,
+            scores,
+            decide if self.calibrate else None,
+            names={**{k: c.name for k, c in self.by_label.items()}, NONE_LABEL: NONE_LABEL},
         )
 
 

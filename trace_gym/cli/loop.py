@@ -599,7 +599,7 @@ def cmd_route(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps({"task": task, **decision.as_dict()}))
         else:
-            shown = decision.calibrated or decision.scores
+            shown = decision.named(decision.calibrated or decision.scores)
             scores = ", ".join(f"{k} {v:.2f}" for k, v in shown.items())
             print(
                 f"{str(task)[:60]}: {decision.capability or 'none'} (adapter {decision.adapter or 'none'}; "
