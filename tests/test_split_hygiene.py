@@ -98,6 +98,7 @@ def test_a_config_whose_stages_would_play_a_held_out_task_is_refused_in_one_line
     from conftest import run_cli
 
     from trace_gym.config import ConfigError
+    from trace_gym.errors import TraceGymError
     from trace_gym.pipeline import check_no_held_out_task, config_from_data
 
     def config(**tables):
@@ -130,11 +131,8 @@ def test_a_config_whose_stages_would_play_a_held_out_task_is_refused_in_one_line
         rollout={"trajectories": str(mixed)}, run={"target": RETAIL, "dir": str(tmp_path / "r"), "stages": ["identify"]}
     )
     odd = tmp_path / "odd.jsonl"
-    odd.write_text("[1, 2]\n\n" + mixed.read_text(encoding="utf-8"), encoding="utf-8")  # not a record: skipped
-    with pytest.raises(ConfigError, match=rf"plays task {task} of"):
-        config(rollout={"trajectories": str(odd)})
-    odd.write_text("{not json\n", encoding="utf-8")
-    with pytest.raises(ConfigError, match=r"line 1 is not JSON"):
+    odd.write_text("[1, 2]\n" + mixed.read_text(encoding="utf-8"), encoding="utf-8")
+    with pytest.raises(TraceGymError, match=r"odd.jsonl:1 is not a trajectory record"):  # one line, the store's
         config(rollout={"trajectories": str(odd)})
     toml = tmp_path / "run.toml"
     toml.write_text(f'[run]\ntarget = "{RETAIL}"\ndir = "{tmp_path / "run"}"\n\n[rollout]\nsplit = "base"\n')

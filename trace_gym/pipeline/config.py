@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import json
 import os
 import typing
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from ..identification.stats import SelectionConfig
 from ..llm import LLMError
 from ..llm.registry import check_spec, is_chat_endpoint, is_server, is_token_endpoint, split_spec, with_template
 from ..registry import HELD_OUT_SPLIT, TRAIN_SPLIT, EnvKind, get_entry, held_out_tasks, register_all, split_tasks
+from ..store import read_trajectories
 from ..synthesis import serving_envs
 from ..synthesis.loop import SynthesisConfig
 from ..training.config import GRPOTrainingConfig, TrainingError
@@ -300,17 +300,10 @@ def check_no_held_out_task(config: PipelineConfig) -> None:
             f"[run] target: cannot list {target}'s tasks by split ({type(exc).__name__}: {first})"
         ) from None
     if given and held:
-        for number, line in enumerate(Path(given).read_text(encoding="utf-8").splitlines(), 1):
-            try:
-                record = json.loads(line) if line.strip() else {}
-            except json.JSONDecodeError:
-                raise ConfigError(f"[rollout] trajectories: {given} line {number} is not JSON") from None
-            if not isinstance(record, dict):
-                continue
-            task = record.get("task_id")
-            if record.get("env_id") == target and task is not None and str(task) in held:
+        for trajectory in read_trajectories(given):  # the store's reader: one line on a malformed file
+            if trajectory.env_id == target and trajectory.task_id is not None and str(trajectory.task_id) in held:
                 raise ConfigError(
-                    f"[rollout] trajectories: episode {record.get('episode_id')} plays task {task} of "
+                    f"[rollout] trajectories: episode {trajectory.episode_id} plays task {trajectory.task_id} of "
                     f"{target}'s held-out '{HELD_OUT_SPLIT}' split; only evaluation may see it"
                 )
 
