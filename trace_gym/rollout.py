@@ -500,24 +500,10 @@ def rollout(
     out: str | Path,
     *,
     agent_kwargs: dict[str, Any] | None = None,
-    split: str | None = None,
-    task_ids: list[str] | None = None,
-    limit: int | None = None,
-    samples: int = 1,
-    seed: int = 0,
-    resume: bool = False,
-    overwrite: bool = False,
-    env_kwargs: dict[str, Any] | None = None,
-    executor: str = "local",
-    workers: int = 1,
-    batch: int = 1,
-    progress: bool | None = None,
-    on_episode: Callable[[Trajectory], None] | None = None,
-    seeds: int | None = None,
-    retry_given_up: bool = False,
-    set_aside: Callable[[Path], None] | None = None,
+    **options: Any,
 ) -> RolloutSummary:
-    """Roll agent ``agent`` (a name for ``make_agent``) out over a target's tasks into ``out``.
+    """Roll agent ``agent`` (a name for ``make_agent``) out over a target's tasks into ``out``:
+    ``rollout_players`` with one player, whose keywords ``options`` are.
 
     ``split`` picks the target's task split; ``task_ids`` names tasks
     explicitly; ``limit`` keeps the first N tasks; ``samples`` plays each task
@@ -533,26 +519,7 @@ def rollout(
     ``set_aside(path)`` moves away a file of other settings instead (see ``rollout_players``).
     ``progress=None`` shows a bar only on a terminal.
     """
-    [summary] = rollout_players(
-        env_id,
-        [Player(agent, out, agent_kwargs or {})],
-        split=split,
-        task_ids=task_ids,
-        limit=limit,
-        samples=samples,
-        seed=seed,
-        resume=resume,
-        overwrite=overwrite,
-        env_kwargs=env_kwargs,
-        executor=executor,
-        workers=workers,
-        batch=batch,
-        progress=progress,
-        on_episode=on_episode,
-        seeds=seeds,
-        retry_given_up=retry_given_up,
-        set_aside=set_aside,
-    )
+    [summary] = rollout_players(env_id, [Player(agent, out, agent_kwargs or {})], **options)
     return summary
 
 

@@ -1,8 +1,9 @@
-"""What several verbs share: argparse types, help text, the model spec, the table printer."""
+"""What several verbs share: argparse types, option lists, progress, help text, the model spec, the table printer."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def count(text: str) -> int:
@@ -14,6 +15,18 @@ def count(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def names(text: str | None) -> list[str] | None:
+    """A comma-separated option (``--methods a,b``, ``--task-ids``) as its non-empty items; None stays None."""
+    if text is None:
+        return None
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def say(message: str) -> None:
+    """Progress of a long verb, on stderr (stdout keeps its result)."""
+    print(message, file=sys.stderr, flush=True)
 
 
 TEMPLATE_HELP = (

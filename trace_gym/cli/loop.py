@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import TraceGymError
 from ..targets import UserKind
-from .common import TEMPLATE_HELP, count, format_table, model_spec
+from .common import TEMPLATE_HELP, count, format_table, model_spec, names, say
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -313,7 +313,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     ):
         if value is not None:
             env_kwargs[key] = value
-    task_ids = [t.strip() for t in args.task_ids.split(",") if t.strip()] if args.task_ids else None
+    task_ids = names(args.task_ids) or None
     agent_kwargs = agent_options(args)
     if args.agent not in AGENTS and args.agent not in LAZY_AGENTS:
         make_agent(args.agent)  # one clear error for an unknown agent, before the env is built
@@ -561,7 +561,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         config,
         resume=args.resume,
         from_stage=args.from_stage,
-        say=lambda message: print(message, file=sys.stderr, flush=True),
+        say=say,
     )
     print(f"report: {report} (every figure is read from {config.run_dir}/; under each table, what its figures mean)")
     return 0
@@ -573,7 +573,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     for name in ("tasks", "samples"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise TraceGymError(f"--{name}: must be at least 1, got {getattr(args, name)}")
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
+    methods = names(args.methods) or None
     report = evaluate_run(
         args.run_dir,
         methods=methods,
@@ -581,7 +581,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         tasks=args.tasks,
         samples=args.samples,
         model=args.model,
-        say=lambda message: print(message, file=sys.stderr, flush=True),
+        say=say,
     )
     print(f"report: {report} (the table: {args.run_dir}/eval/results.md)")
     return 0

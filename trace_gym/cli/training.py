@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from ..llm.precision import DTYPES
 from ..training.config import SFTTrainingConfig
-from .common import TEMPLATE_HELP, count, model_spec
+from .common import TEMPLATE_HELP, count, model_spec, names, say
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -257,7 +256,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.train_unvalidated:
         options["train_unvalidated"] = args.train_unvalidated
     config = GRPOTrainingConfig(
-        env_ids=[e.strip() for e in args.env.split(",") if e.strip()],
+        env_ids=names(args.env),
         out=args.out,
         device=args.device,
         use_vllm=args.use_vllm,
@@ -299,7 +298,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
     }
     config = SFTTrainingConfig(
         resume=args.resume,
-        trajectories=[p.strip() for p in args.trajectories.split(",") if p.strip()],
+        trajectories=names(args.trajectories),
         out=args.out,
         device=args.device,
         **{k: v for k, v in options.items() if v is not None},
@@ -343,7 +342,6 @@ def cmd_baseline_gepa(args: argparse.Namespace) -> int:
         reflection_max_tokens=args.reflection_max_tokens,
         seed=args.seed,
     )
-    say = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
     outcome = run_gepa(config, resume=args.resume, say=say, progress=args.progress)
     result = None
     if not args.no_eval:
