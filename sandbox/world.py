@@ -11,7 +11,14 @@ of its own, so it adds nothing to what the language layer must guard.
 τ²-retail (``retail_*``): a customer with payment methods, orders of items, and
 ``retail_answer`` for the read tools, ``calculate``, and the return, cancel and
 modify-address and -payment write tools (``RETAIL_TOOLS``), checked call by
-call against tau2-bench's own ``RetailTools`` by the test suite. A value of the
+call against tau2-bench's own ``RetailTools`` by the test suite.
+
+τ²-airline (``airline_*``): a traveller with payment methods and saved
+passengers, flights with a status per date, reservations of them, and
+``airline_answer`` for the read tools, ``calculate``, the cancel, baggage,
+passenger and certificate write tools (``AIRLINE_TOOLS``), checked against
+``AirlineTools`` the same way; booking and changing flights it leaves to the
+env. For both targets, a value of the
 wrong JSON type gets Python's own error where tau2's pydantic would word it its
 way; so does a malformed expression, which tau2 hands to ``eval`` (the kit
 walks Python's parse of it instead, and refuses ``**``, which tau2 computes).
@@ -66,6 +73,30 @@ def _id(text, n=10):
     return "%0*d" % (n, value)
 
 
+def _payment_methods(rng, payment, sources, funds):
+    """One payment method per source in ``payment`` (each one of ``sources``), keyed by id:
+    a card's brand and last four digits, or what ``funds(rng, source)`` puts on it."""
+    methods = {}
+    for source in payment:
+        if source not in sources:
+            raise ValueError("world: payment sources are %s" % ", ".join(sources))
+        method = {"source": source, "id": "%s_%s" % (source, _digits(rng, 7))}
+        if source == "credit_card":
+            method.update(brand=rng.choice(["visa", "mastercard"]), last_four=_digits(rng, 4))
+        else:
+            method.update(funds(rng, source))
+        methods[method["id"]] = method
+    return methods
+
+
+def _retail_funds(rng, source):
+    return {"balance": round(rng.uniform(0, 200), 2)} if source == "gift_card" else {}
+
+
+def _airline_funds(rng, source):
+    return {"amount": float(rng.choice([50, 100, 150, 250]) if source == "certificate" else rng.randrange(300))}
+
+
 def retail_products():
     """The products the kit sells: {name: (option, [values])}, a fresh copy."""
     return {name: (kind, list(values)) for name, (kind, values) in PRODUCTS.items()}
@@ -95,16 +126,7 @@ def retail_user(seed, payment=PAYMENT_SOURCES):
     ``payment`` (credit_card, paypal, gift_card) and, so far, no orders."""
     rng = _seeded(seed)
     first, last = rng.choice(FIRST), rng.choice(LAST)
-    methods = {}
-    for source in payment:
-        if source not in PAYMENT_SOURCES:
-            raise ValueError("world: payment sources are %s" % ", ".join(PAYMENT_SOURCES))
-        method = {"source": source, "id": "%s_%s" % (source, _digits(rng, 7))}
-        if source == "credit_card":
-            method.update(brand=rng.choice(["visa", "mastercard"]), last_four=_digits(rng, 4))
-        elif source == "gift_card":
-            method["balance"] = round(rng.uniform(0, 200), 2)
-        methods[method["id"]] = method
+    methods = _payment_methods(rng, payment, PAYMENT_SOURCES, _retail_funds)
     return {
         "user_id": "%s_%s_%s" % (first.lower(), last.lower(), _digits(rng, 4)),
         "name": {"first_name": first, "last_name": last},
@@ -218,8 +240,12 @@ def retail_answer(users, orders, name, arguments):
     tau2's words. A write changes the records (an order, a user's address, a gift
     card's balance) as tau2 does. None for a tool the kit does not play
     (``RETAIL_TOOLS`` lists those it does)."""
+    return _answer(_retail_call, (users, orders), name, arguments)
+
+
+def _answer(call, records, name, arguments):
     try:
-        result = _retail_call(users, orders, name, arguments)
+        result = call(*records, name, arguments)
     except ValueError as exc:
         return "Error: %s" % exc
     return result if result is None or isinstance(result, str) else json.dumps(result)
@@ -289,9 +315,7 @@ def retail_play(users, orders, action):
     """A tool-call action ({"type": "tool_call", "name", "arguments"}) played over the records
     as ``retail_answer`` plays it: (name, arguments, answer, ok), where ``ok`` is false
     for an ``Error: ...`` answer and for a tool the kit does not play (answer None)."""
-    name, arguments = action["name"], action.get("arguments") or {}
-    answer = retail_answer(users, orders, name, arguments)
-    return name, arguments, answer, answer is not None and not answer.startswith("Error")
+    return _play(retail_answer, (users, orders), action)
 
 
 def retail_step(log, users, orders, action):
@@ -300,14 +324,24 @@ def retail_step(log, users, orders, action):
     {"name", "arguments", "ok"} before the kit answers, so a call whose value makes the
     kit raise is logged too, its ok left None; ``called`` reads the log. A tool the kit
     does not play gets the observation None: answer that one yourself."""
+    return _step(log, retail_answer, (users, orders), action)
+
+
+def _play(answer, records, action):
+    name, arguments = action["name"], action.get("arguments") or {}
+    text = answer(*records, name, arguments)
+    return name, arguments, text, text is not None and not text.startswith("Error")
+
+
+def _step(log, answer, records, action):
     entry = {"name": action["name"], "arguments": action.get("arguments") or {}, "ok": None}
     log.append(entry)
-    _, _, answer, entry["ok"] = retail_play(users, orders, action)
-    return {"observation": answer, "done": False}
+    _, _, text, entry["ok"] = _play(answer, records, action)
+    return {"observation": text, "done": False}
 
 
 def called(log, *names, ok=True):
-    """The arguments of the calls in ``log`` (kept by ``retail_step``) to any of ``names``
+    """The arguments of the calls in ``log`` (kept by the kit's step function) to any of ``names``
     (to any tool when none is named), in order: with ``ok=True`` the calls that went
     through, with ``ok=False`` those answered with an error, with ``ok=None`` every call
     tried (those the kit raised on too)."""
@@ -411,6 +445,260 @@ def _retail_call(users, orders, name, args):
         return_payment_method_id=args["payment_method_id"],
     )
     return order
+
+
+AIRPORTS = (
+    ("SFO", "San Francisco"), ("JFK", "New York"), ("LAX", "Los Angeles"), ("ORD", "Chicago"), ("DFW", "Dallas"),
+    ("DEN", "Denver"), ("SEA", "Seattle"), ("ATL", "Atlanta"), ("MIA", "Miami"), ("BOS", "Boston"),
+    ("PHX", "Phoenix"), ("IAH", "Houston"), ("LAS", "Las Vegas"), ("MCO", "Orlando"), ("EWR", "Newark"),
+    ("CLT", "Charlotte"), ("MSP", "Minneapolis"), ("DTW", "Detroit"), ("PHL", "Philadelphia"), ("LGA", "LaGuardia"),
+)  # fmt: skip
+CABINS = ("business", "economy", "basic_economy")
+MEMBERSHIPS = ("gold", "silver", "regular")
+AIRLINE_PAYMENT_SOURCES = ("credit_card", "gift_card", "certificate")
+FLIGHT_STATUSES = ("available", "landed", "cancelled", "delayed", "flying", "on time")
+FARES = {"basic_economy": (50, 100), "economy": (100, 200), "business": (200, 500)}  # dollars, whole
+AIRLINE_TODAY = "2024-05-15T15:00:00"  # τ²-airline's clock: every task happens at this time
+AIRLINE_TOOLS = (
+    "get_user_details",
+    "get_reservation_details",
+    "get_flight_status",
+    "search_direct_flight",
+    "list_all_airports",
+    "cancel_reservation",
+    "update_reservation_baggages",
+    "update_reservation_passengers",
+    "send_certificate",
+    "calculate",
+)
+
+
+def _person(rng):
+    return {
+        "first_name": rng.choice(FIRST),
+        "last_name": rng.choice(LAST),
+        "dob": "19%02d-%02d-%02d" % (rng.randrange(40, 100), rng.randrange(1, 13), rng.randrange(1, 29)),
+    }
+
+
+def airline_user(seed, payment=AIRLINE_PAYMENT_SOURCES, membership=None):
+    """A τ²-airline User: name, address, email, dob, one payment method per source in
+    ``payment`` (credit_card, gift_card, certificate; a gift card's and a
+    certificate's ``amount`` in dollars), one or two saved passengers, a membership
+    (gold, silver, regular; drawn when None) and, so far, no reservations."""
+    rng = _seeded(seed)
+    me = _person(rng)
+    methods = _payment_methods(rng, payment, AIRLINE_PAYMENT_SOURCES, _airline_funds)
+    if membership is not None and membership not in MEMBERSHIPS:
+        raise ValueError("world: a membership is one of %s" % ", ".join(MEMBERSHIPS))
+    return {
+        "user_id": "%s_%s_%s" % (me["first_name"].lower(), me["last_name"].lower(), _digits(rng, 4)),
+        "name": {"first_name": me["first_name"], "last_name": me["last_name"]},
+        "address": retail_address(rng.randrange(2**31)),
+        "email": "%s.%s%s@example.com" % (me["first_name"].lower(), me["last_name"].lower(), _digits(rng, 4)),
+        "dob": me["dob"],
+        "payment_methods": methods,
+        "saved_passengers": [_person(rng) for _ in range(rng.randint(1, 2))],
+        "membership": membership if membership is not None else rng.choice(MEMBERSHIPS),
+        "reservations": [],
+    }
+
+
+def airline_flight(seed, origin=None, destination=None, dates=("2024-05-16",), status="available", number=None):
+    """A τ²-airline Flight from ``origin`` to ``destination`` (IATA codes of ``AIRPORTS``,
+    drawn when None) with its scheduled times and, per date in ``dates``, its state as
+    tau2 writes it: ``status`` "available" (seats and whole-dollar prices per cabin),
+    "landed", "flying", "on time", "delayed" (their times) or "cancelled". Its flight
+    number is ``number`` (drawn, "HAT001" to "HAT299", when None): give flights of one
+    env numbers of their own, as tau2 keeps one flight per number."""
+    rng = _seeded(seed)
+    codes = [code for code, _ in AIRPORTS]
+    origin = origin if origin is not None else rng.choice(codes)
+    destination = destination if destination is not None else rng.choice([c for c in codes if c != origin])
+    if origin not in codes or destination not in codes or origin == destination:
+        raise ValueError("world: origin and destination are two of the IATA codes in AIRPORTS")
+    if status not in FLIGHT_STATUSES:
+        raise ValueError("world: a flight's status is one of %s, got %r" % (", ".join(FLIGHT_STATUSES), status))
+    leave, hours = rng.randrange(5, 19), rng.randrange(1, 5)
+    days = {}
+    for date in dates:
+        day = {"status": status}
+        at = lambda hour: "%sT%02d:%02d:00" % (date, hour, rng.randrange(60))  # noqa: E731
+        if status == "available":
+            day["available_seats"] = {cabin: rng.randrange(21) for cabin in CABINS}
+            day["prices"] = {cabin: rng.randint(*FARES[cabin]) for cabin in CABINS}
+        elif status != "cancelled":
+            gone = "actual" if status in ("landed", "flying") else "estimated"
+            day[gone + "_departure_time_est"] = at(leave)
+            day[("actual" if status == "landed" else "estimated") + "_arrival_time_est"] = at(leave + hours)
+        days[date] = day
+    return {
+        "flight_number": number if number is not None else "HAT%03d" % rng.randrange(1, 300),
+        "origin": origin,
+        "destination": destination,
+        "scheduled_departure_time_est": "%02d:00:00" % leave,
+        "scheduled_arrival_time_est": "%02d:00:00" % (leave + hours),
+        "dates": days,
+    }
+
+
+def airline_reservation(seed, user, legs, cabin="economy", passengers=1, insurance="no", bags=(0, 0), paid_with=None):
+    """A τ²-airline Reservation of ``user`` for ``legs`` ((``airline_flight`` record, date)
+    pairs, in order) in ``cabin``, for ``passengers`` people (the user, then their saved
+    passengers, then others), ``bags`` (total, non-free), paid in full with ``paid_with``
+    (a payment method id of the user; their first when None): each leg at its price on
+    that date (drawn for a date with none), $30 a passenger for insurance "yes", $50 a
+    non-free bag. Two legs out and back are a round trip. Its id is added to
+    ``user["reservations"]``; created before ``AIRLINE_TODAY``."""
+    rng = _seeded(seed)
+    if cabin not in CABINS:
+        raise ValueError("world: a cabin is one of %s" % ", ".join(CABINS))
+    paid_with = paid_with if paid_with is not None else sorted(user["payment_methods"])[0]
+    if paid_with not in user["payment_methods"]:
+        raise ValueError("world: %s is not a payment method of the user" % paid_with)
+    flights = []
+    for flight, date in legs:
+        prices = flight["dates"].get(date, {}).get("prices") or {cabin: rng.randint(*FARES[cabin])}
+        flights.append(
+            {
+                "flight_number": flight["flight_number"],
+                "origin": flight["origin"],
+                "destination": flight["destination"],
+                "date": date,
+                "price": prices[cabin],
+            }
+        )
+    if not flights:
+        raise ValueError("world: a reservation has at least one leg")
+    back = len(flights) == 2 and (flights[1]["origin"], flights[1]["destination"]) == (
+        flights[0]["destination"],
+        flights[0]["origin"],
+    )
+    people = [dict(user["name"], dob=user["dob"]), *map(dict, user["saved_passengers"])]
+    people += [_person(rng) for _ in range(passengers - len(people))]
+    total, nonfree = bags
+    amount = sum(f["price"] for f in flights) * passengers + 30 * passengers * (insurance == "yes") + 50 * nonfree
+    reservation = {
+        "reservation_id": "".join(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789") for _ in range(6)),
+        "user_id": user["user_id"],
+        "origin": flights[0]["origin"],
+        "destination": flights[0]["destination"] if back else flights[-1]["destination"],
+        "flight_type": "round_trip" if back else "one_way",
+        "cabin": cabin,
+        "flights": flights,
+        "passengers": people[:passengers],
+        "payment_history": [{"payment_id": paid_with, "amount": amount}],
+        "created_at": "2024-05-%02dT%02d:%02d:%02d"
+        % (rng.randrange(1, 15), rng.randrange(24), rng.randrange(60), rng.randrange(60)),
+        "total_baggages": total,
+        "nonfree_baggages": nonfree,
+        "insurance": insurance,
+        "status": None,
+    }
+    user["reservations"].append(reservation["reservation_id"])
+    return reservation
+
+
+def airline_answer(users, reservations, flights, name, arguments):
+    """τ²-airline's answer to the call ``name(**arguments)`` over ``users``,
+    ``reservations`` and ``flights`` (lists of ``airline_user``, ``airline_reservation``
+    and ``airline_flight`` records), as the target's tool message reads: the record or
+    list as JSON, a status or message, or ``Error: <why>`` in tau2's words. A write
+    changes the records as tau2 does (a cancel refunds every payment and marks the
+    reservation cancelled, a baggage change charges $50 a new non-free bag, a gift
+    card pays from its amount). None for a tool the kit does not play
+    (``AIRLINE_TOOLS`` lists those it does)."""
+    return _answer(_airline_call, (users, reservations, flights), name, arguments)
+
+
+def airline_play(users, reservations, flights, action):
+    """A tool-call action ({"type": "tool_call", "name", "arguments"}) played over the records
+    as ``airline_answer`` plays it: (name, arguments, answer, ok), where ``ok`` is false
+    for an ``Error: ...`` answer and for a tool the kit does not play (answer None)."""
+    return _play(airline_answer, (users, reservations, flights), action)
+
+
+def airline_step(log, users, reservations, flights, action):
+    """``step()``'s result for a tool-call action: the call played over the records as
+    ``airline_play`` plays it, and logged. ``log`` (a list the env keeps) gains
+    {"name", "arguments", "ok"} before the kit answers, so a call whose value makes the
+    kit raise is logged too, its ok left None; ``called`` reads the log. A tool the kit
+    does not play gets the observation None: answer that one yourself."""
+    return _step(log, airline_answer, (users, reservations, flights), action)
+
+
+def _airline_call(users, reservations, flights, name, args):
+    by_user = {u["user_id"]: u for u in users}
+    if name == "calculate":
+        return _calculate(args["expression"])
+    if name == "list_all_airports":
+        return [{"iata": code, "city": city} for code, city in AIRPORTS]
+    if name in ("get_user_details", "send_certificate"):
+        user = _first([by_user.get(args["user_id"])], "User %s not found" % args["user_id"])
+        if name == "get_user_details":
+            return user
+        for number in (3221322, 3221323, 3221324):
+            payment_id = "certificate_%d" % number
+            if payment_id not in user["payment_methods"]:
+                certificate = {"source": "certificate", "id": payment_id, "amount": float(args["amount"])}
+                user["payment_methods"][payment_id] = certificate
+                return "Certificate %s added to user %s with amount %s." % (payment_id, args["user_id"], args["amount"])
+        raise ValueError("Too many certificates")
+    if name in ("get_flight_status", "search_direct_flight"):
+        date = args["date"]
+        if name == "get_flight_status":
+            flight = _first(
+                [f for f in flights if f["flight_number"] == args["flight_number"]],
+                "Flight %s not found" % args["flight_number"],
+            )
+            return _first(
+                [flight["dates"].get(date)], "Flight %s not found on date %s" % (args["flight_number"], date)
+            )["status"]
+        return [
+            dict(
+                {k: f[k] for k in ("flight_number", "origin", "destination")},
+                status="available",
+                scheduled_departure_time_est=f["scheduled_departure_time_est"],
+                scheduled_arrival_time_est=f["scheduled_arrival_time_est"],
+                date=None,
+                available_seats=f["dates"][date]["available_seats"],
+                prices=f["dates"][date]["prices"],
+            )
+            for f in flights
+            if (f["origin"], f["destination"]) == (args["origin"], args["destination"])
+            and f["dates"].get(date, {}).get("status") == "available"
+        ]
+    if name not in AIRLINE_TOOLS:
+        return None
+    if name == "update_reservation_passengers":  # (tau2 reads the passengers before the reservation)
+        passengers = [{k: p[k] for k in ("first_name", "last_name", "dob")} for p in args["passengers"]]
+    found = [r for r in reservations if r["reservation_id"] == args["reservation_id"]]
+    reservation = _first(found, "Reservation %s not found" % args["reservation_id"])
+    if name == "get_reservation_details":
+        return reservation
+    if name == "cancel_reservation":  # every payment refunded; tau2 does not check it was not cancelled already
+        history = reservation["payment_history"]
+        history.extend([{"payment_id": p["payment_id"], "amount": -p["amount"]} for p in list(history)])
+        reservation["status"] = "cancelled"
+        return reservation
+    if name == "update_reservation_passengers":
+        if len(passengers) != len(reservation["passengers"]):
+            raise ValueError("Number of passengers does not match")
+        reservation["passengers"] = passengers
+        return reservation
+    user = _first([by_user.get(reservation["user_id"])], "User %s not found" % reservation["user_id"])
+    price = 50 * max(0, args["nonfree_baggages"] - reservation["nonfree_baggages"])
+    method = _first([user["payment_methods"].get(args["payment_id"])], "Payment method not found")
+    if method["source"] == "certificate":
+        raise ValueError("Certificate cannot be used to update reservation")
+    if method["source"] == "gift_card":
+        if method["amount"] < price:
+            raise ValueError("Gift card balance is not enough")
+        method["amount"] -= price
+    if price:
+        reservation["payment_history"].append({"payment_id": args["payment_id"], "amount": price})
+    reservation.update(total_baggages=args["total_baggages"], nonfree_baggages=args["nonfree_baggages"])
+    return reservation
 
 
 def _change_payment(order, methods, new_id):

@@ -411,7 +411,12 @@ def test_the_prompt_teaches_the_world_kit_from_the_kits_own_functions():
     taught = set(re.findall(r"`world\.(\w+)", text))
     assert taught and taught <= MODULES["world"]  # nothing the prompt teaches is refused by the static gate
     assert "return_delivered_order_items" in text and "_retail_call" not in text
-    assert world_kit_text("trace/tau2-airline-v0").startswith("It has nothing for trace/tau2-airline-v0")
+    airline = world_kit_text("trace/tau2-airline-v0")
+    public = [n for n in vars(world) if n.startswith("airline_") and callable(getattr(world, n))]
+    assert public and all(f"`world.{n}(" in airline for n in public + ["called", "script", "graded"])
+    assert "retail_" not in airline and "logged_in" not in airline  # retail's login calls: not airline's
+    assert set(re.findall(r"`world\.(\w+)", airline)) <= MODULES["world"] and "cancel_reservation" in airline
+    assert world_kit_text("trace/tau2-telecom-v0").startswith("It has nothing for trace/tau2-telecom-v0")
 
 
 def test_an_env_folder_is_named_after_the_capability_id():

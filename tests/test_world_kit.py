@@ -58,6 +58,38 @@ def test_an_env_on_the_kit_runs_in_the_jail_and_gets_plain_data(sandbox_backend)
         assert worker.call("step", action=missing)["observation"] == "Error: Order not found"
 
 
+AIRLINE_KIT_ENV = """
+import random
+import world
+
+
+class Environment:
+    def reset(self, seed, hint=False):
+        rng = random.Random(seed)
+        self.user = world.airline_user(rng.randrange(2**31))
+        self.flight = world.airline_flight(rng.randrange(2**31), "JFK", "LAX", number="HAT001")
+        self.booked = world.airline_reservation(rng.randrange(2**31), self.user, [(self.flight, "2024-05-16")])
+        self.log = []
+        return {"system_prompt": "s", "user_message": "cancel " + self.booked["reservation_id"]}
+
+    def step(self, action):
+        return world.airline_step(self.log, [self.user], [self.booked], [self.flight], action)
+
+    def reward(self):
+        done = world.called(self.log, "cancel_reservation")
+        return {"reward": float(bool(done)), "components": {}, "reason": ""}
+"""
+
+
+def test_an_env_on_the_airline_kit_runs_in_the_jail(sandbox_backend):
+    assert check_source(AIRLINE_KIT_ENV) == []
+    with SandboxWorker(AIRLINE_KIT_ENV, backend=sandbox_backend) as worker:
+        booked = worker.call("reset", seed=5, hint=False)["user_message"].split()[-1]
+        cancel = {"type": "tool_call", "name": "cancel_reservation", "arguments": {"reservation_id": booked}}
+        assert json.loads(worker.call("step", action=cancel)["observation"])["status"] == "cancelled"
+        assert worker.call("reward")["reward"] == 1.0
+
+
 @pytest.mark.parametrize(
     "line, refused_by",
     [
@@ -416,3 +448,130 @@ def test_every_reference_env_on_the_kit_keeps_to_sixty_lines():
     lengths = {p.parent.name: len(p.read_text(encoding="utf-8").splitlines()) for p in envs}
     assert len(envs) >= 7 and all("import world" in p.read_text(encoding="utf-8") for p in envs)
     assert {name: n for name, n in lengths.items() if n > 60} == {}
+
+
+def trip(seed: int, passengers: int = 2, cabin: str = "economy"):
+    """A traveller with a round trip booked, and flights on sale beside it (each its own number)."""
+    rng = random.Random(seed)
+    user = world.airline_user(rng.randrange(2**31))
+    out = world.airline_flight(rng.randrange(2**31), "JFK", "LAX", dates=("2024-05-20", "2024-05-21"), number="HAT010")
+    back = world.airline_flight(rng.randrange(2**31), "LAX", "JFK", dates=("2024-05-24",), number="HAT011")
+    gone = world.airline_flight(rng.randrange(2**31), "JFK", "LAX", ("2024-05-10",), status="landed", number="HAT012")
+    flights = [out, back, gone]
+    flights += [
+        world.airline_flight(rng.randrange(2**31), "JFK", "LAX", ("2024-05-20",), status, number="HAT%03d" % (20 + i))
+        for i, status in enumerate(world.FLIGHT_STATUSES)
+    ]
+    legs = [(out, "2024-05-20"), (back, "2024-05-24")]
+    booked = world.airline_reservation(rng.randrange(2**31), user, legs, cabin, passengers, "yes", (3, 1))
+    past = world.airline_reservation(rng.randrange(2**31), user, [(gone, "2024-05-10")], "business")
+    return user, [booked, past], flights
+
+
+def tau2_airline(users: list, reservations: list, flights: list):
+    from tau2.domains.airline.data_model import FlightDB
+    from tau2.domains.airline.tools import AirlineTools
+
+    data = json.loads(json.dumps({"users": users, "reservations": reservations, "flights": flights}))
+    by = {"users": "user_id", "reservations": "reservation_id", "flights": "flight_number"}
+    return AirlineTools(FlightDB.model_validate({k: {r[by[k]]: r for r in v} for k, v in data.items()}))
+
+
+def airline_calls(user: dict, reservations: list, rng: random.Random) -> list[tuple[str, dict]]:
+    booked, past = (r["reservation_id"] for r in reservations)
+    methods = sorted(user["payment_methods"])
+    [gift] = [m for m in methods if m.startswith("gift_card")]  # $350 of bags: more than any gift card holds
+    people = [dict(p, first_name=p["first_name"] + "e") for p in reservations[0]["passengers"]]
+    return [
+        ("get_user_details", {"user_id": user["user_id"]}),
+        ("get_user_details", {"user_id": "nobody_1"}),
+        ("get_reservation_details", {"reservation_id": booked}),
+        ("get_reservation_details", {"reservation_id": "ZZZZZZ"}),
+        ("list_all_airports", {}),
+        *[("get_flight_status", {"flight_number": "HAT%03d" % n, "date": "2024-05-20"}) for n in range(20, 26)],
+        ("get_flight_status", {"flight_number": "HAT012", "date": "2024-05-20"}),  # not on that date
+        ("get_flight_status", {"flight_number": "HAT999", "date": "2024-05-20"}),
+        ("search_direct_flight", {"origin": "JFK", "destination": "LAX", "date": "2024-05-20"}),
+        ("search_direct_flight", {"origin": "LAX", "destination": "JFK", "date": "2024-05-24"}),
+        ("search_direct_flight", {"origin": "BOS", "destination": "LAX", "date": "2024-05-20"}),
+        ("update_reservation_passengers", {"reservation_id": booked, "passengers": people[:1]}),
+        ("update_reservation_passengers", {"reservation_id": booked, "passengers": people}),
+        ("update_reservation_passengers", {"reservation_id": "ZZZZZZ", "passengers": people}),
+        *[
+            (
+                "update_reservation_baggages",
+                {"reservation_id": booked, "total_baggages": t, "nonfree_baggages": n, "payment_id": m},
+            )
+            for t, n, m in [
+                (9, 9, gift),
+                *[(4, 2, m) for m in rng.sample(methods, len(methods))],
+                (5, 3, "paypal_0"),
+                (1, 0, methods[0]),
+            ]
+        ],
+        ("send_certificate", {"user_id": user["user_id"], "amount": 150}),
+        ("send_certificate", {"user_id": user["user_id"], "amount": 50}),
+        ("send_certificate", {"user_id": "nobody_1", "amount": 50}),
+        ("cancel_reservation", {"reservation_id": booked}),
+        ("cancel_reservation", {"reservation_id": booked}),  # tau2 refunds again: so does the kit
+        ("cancel_reservation", {"reservation_id": "ZZZZZZ"}),
+        ("get_reservation_details", {"reservation_id": past}),
+        ("get_user_details", {"user_id": user["user_id"]}),
+        ("calculate", {"expression": "(883 + 779) * 3 - 100"}),
+    ]
+
+
+@pytest.mark.parametrize("cabin", world.CABINS)
+def test_the_kit_answers_every_airline_call_as_tau2_bench_does(cabin):
+    from tau2.environment.environment import Environment
+
+    for seed in range(12):
+        user, reservations, flights = trip(seed, passengers=1 + seed % 3, cabin=cabin)
+        tools = tau2_airline([user], reservations, flights)
+        for name, args in airline_calls(user, reservations, random.Random(seed)):
+            ours = world.airline_answer([user], reservations, flights, name, args)
+            try:
+                theirs = Environment.to_json_str(getattr(tools, name)(**args))
+            except ValueError as exc:
+                theirs = f"Error: {exc}"
+            if theirs.startswith(("{", "[")):  # a record or a list: the same fields and values
+                assert json.loads(ours) == json.loads(theirs), (name, args)
+            else:  # a status, a message or an error, word for word
+                assert ours == theirs, (name, args)
+    assert world.airline_answer([user], reservations, flights, "book_reservation", {}) is None  # left to the env
+
+
+def test_airline_records_and_answers_have_the_targets_frozen_shapes():
+    shapes = load_result_shapes(REPO / "env_registry" / "tau2-airline")
+    for seed in range(10):
+        user, reservations, flights = trip(seed)
+        for name, args in airline_calls(user, reservations, random.Random(seed)):
+            answer = world.airline_answer([user], reservations, flights, name, args)
+            assert result_problems(shapes, name, answer) == [], (name, answer)
+
+
+def test_airline_records_refuse_what_tau2_would_not_hold():
+    user = world.airline_user(1)
+    with pytest.raises(ValueError, match="payment sources are"):
+        world.airline_user(1, payment=("paypal",))  # retail's, not airline's
+    with pytest.raises(ValueError, match="a membership is one of"):
+        world.airline_user(1, membership="platinum")
+    with pytest.raises(ValueError, match="two of the IATA codes"):
+        world.airline_flight(1, "JFK", "JFK")
+    with pytest.raises(ValueError, match="a flight's status is one of"):
+        world.airline_flight(1, status="boarding")
+    flight = world.airline_flight(2)
+    with pytest.raises(ValueError, match="a cabin is one of"):
+        world.airline_reservation(3, user, [(flight, "2024-05-16")], cabin="first")
+    with pytest.raises(ValueError, match="not a payment method of the user"):
+        world.airline_reservation(3, user, [(flight, "2024-05-16")], paid_with="credit_card_0")
+    with pytest.raises(ValueError, match="at least one leg"):
+        world.airline_reservation(3, user, [])
+    log: list = []
+    read = {"type": "tool_call", "name": "get_user_details", "arguments": {"user_id": user["user_id"]}}
+    assert json.loads(world.airline_step(log, [user], [], [flight], read)["observation"]) == user
+    assert world.airline_play([user], [], [flight], dict(read, arguments={"user_id": "x"}))[2:] == (
+        "Error: User x not found",
+        False,
+    )
+    assert world.called(log, "get_user_details") == [{"user_id": user["user_id"]}]

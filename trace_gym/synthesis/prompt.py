@@ -175,24 +175,36 @@ def _from_live_target(entry: EnvEntry, samples: int, per_result: int) -> tuple[s
     return policy, results, ""
 
 
-WORLD_KITS = {"trace/tau2-retail-v0": ("retail_", ("CANCEL_REASONS", "CANCEL_SAID", "ADDRESS_FIELDS"))}
+WORLD_KITS = {
+    "trace/tau2-retail-v0": (
+        "retail_",
+        ("CANCEL_REASONS", "CANCEL_SAID", "ADDRESS_FIELDS"),
+        ("called", "logged_in", "read_ids", "script", "graded"),
+    ),
+    "trace/tau2-airline-v0": (
+        "airline_",
+        ("CABINS", "MEMBERSHIPS", "FLIGHT_STATUSES", "AIRLINE_TODAY", "AIRPORTS"),
+        ("called", "script", "graded"),
+    ),
+}
 """The targets the world kit (``sandbox/world.py``) builds records for: the prefix of their
-functions and the names of the kit's data about them."""
+functions, the names of the kit's data about them, and the kit's other functions that
+serve their envs (``logged_in`` reads retail's login calls: not airline's)."""
 
 
 def world_kit_text(target: str) -> str:
     """What the generation prompt says about the world kit for ``target``: each of its
-    functions (the target's and those for any env: ``script``, ``graded``) with its
-    signature and docstring, read from the kit itself, and the kit's data about the target."""
+    functions (the target's and the others it serves, such as ``script`` and ``graded``)
+    with its signature and docstring, read from the kit itself, and the kit's data about
+    the target."""
     if target not in WORLD_KITS:
         return f"It has nothing for {target} yet: build the records yourself, with every field the results above show."
-    prefix, data = WORLD_KITS[target]
-    others = tuple(p for p, _ in WORLD_KITS.values() if p != prefix)
+    prefix, data, shared = WORLD_KITS[target]
     lines = [f"For {target} (each `seed` an int drawn from your rng: `rng.randrange(2**31)`):"]
     for name in sorted(vars(world), key=lambda n: (not n.startswith(prefix), n)):
         value = getattr(world, name)
         mine = inspect.isfunction(value) and value.__module__ == world.__name__
-        if mine and not name.startswith(("_", *others)):
+        if mine and (name.startswith(prefix) or name in shared):
             doc = " ".join((inspect.getdoc(value) or "").split())
             lines.append(f"   - `world.{name}{inspect.signature(value)}`: {doc}")
     shown = {n: dict(v) if isinstance(v := getattr(world, n), Mapping) else v for n in data}  # (not mappingproxy(...))
