@@ -7,6 +7,15 @@ have (token for token in float32; a local model in bf16 rounds by batch,
 and its file records the dtype so that a resume never mixes the two). What
 must not happen here: scoring (the env scores), or keeping episodes only in
 memory (each is stored as soon as it ends).
+
+An agent plays an episode in one place, ``play_batched`` (``run_episode`` is
+its one-episode case): rollout, training, validation and evaluation all come
+through it. Three loops step an env with no agent, on purpose: ``replay_oracle``
+here (the env's own reference actions, each step's info kept, which a
+trajectory does not hold: freezing result shapes, the synthesis prompt's sample
+results, the fidelity check), and the termination and determinism checks of
+``validation/checks/episodes.py``, which talk to the sandbox worker itself (a
+step after the end, every raw answer compared across two workers).
 """
 
 from __future__ import annotations
