@@ -25,7 +25,8 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal, TypeVar
+from enum import StrEnum
+from typing import Any, ClassVar, TypeVar
 
 from .errors import TraceGymError
 from .identification.stats import LACKING, Label, SelectedCapability
@@ -222,7 +223,14 @@ class EnvSet:
 
 # --- adapters ----------------------------------------------------------------------------------
 
-AdapterKind = Literal["capability", "baseline", "control"]
+
+class AdapterKind(StrEnum):
+    """What an adapter was trained for: a selected capability, a baseline (GRPO on the
+    target, merged) or the causal control (unselected capabilities)."""
+
+    CAPABILITY = "capability"
+    BASELINE = "baseline"
+    CONTROL = "control"
 
 
 @dataclass
@@ -261,7 +269,7 @@ class AdapterSet:
     """``adapters.json``: every adapter the train stage made, and those it could not."""
 
     FILE: ClassVar[str] = "adapters.json"
-    KINDS: ClassVar[tuple[str, ...]] = ("capability", "baseline", "control")
+    KINDS: ClassVar[tuple[str, ...]] = tuple(AdapterKind)
 
     adapters: list[AdapterRecord] = field(default_factory=list)
     untrainable: list[UntrainableRecord] = field(default_factory=list)
@@ -295,6 +303,7 @@ class AdapterSet:
         for a in adapters:
             if a.kind not in cls.KINDS:
                 raise ArtifactError(f"{path}: adapter '{a.name}' has kind '{a.kind}' (one of {', '.join(cls.KINDS)})")
+            a.kind = AdapterKind(a.kind)
         untrainable = [
             from_row(UntrainableRecord, row, f"{path} untrainable {i}")
             for i, row in enumerate(payload.get("untrainable") or [])

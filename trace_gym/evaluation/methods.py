@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
-from ..artifacts import AdapterRecord, AdapterSet, Identification
+from ..artifacts import AdapterKind, AdapterRecord, AdapterSet, Identification
 from ..errors import TraceGymError
 from ..identification.gold import GOLD_CAPABILITIES
 from ..llm import make_backend
@@ -49,7 +49,7 @@ class Unavailable(TraceGymError):
 def trace_budget(adapters: AdapterSet) -> int:
     """The update rollouts behind TRACE: all capability adapters' together. Every
     baseline trained to compare with TRACE is given this many (GEPA plays as many)."""
-    return sum(a.rollouts for a in adapters.of_kind("capability"))
+    return sum(a.rollouts for a in adapters.of_kind(AdapterKind.CAPABILITY))
 
 
 def baseline_scale(capability_envs: int) -> int:
@@ -164,16 +164,16 @@ class Base(Method):
 class RoutedAdapters(Method):
     """Adapters of one kind, one picked per task by the base model's router."""
 
-    kind: ClassVar[str] = "capability"
+    kind: ClassVar[AdapterKind] = AdapterKind.CAPABILITY
     missing: ClassVar[str] = ""
 
     def build(self, ctx: EvalContext) -> BuiltAgent:
-        records = ctx.adapters.of_kind(self.kind)  # type: ignore[arg-type]
+        records = ctx.adapters.of_kind(self.kind)
         if not records:
             raise Unavailable(self.missing)
         names = [a.capability or a.name for a in records]
         return BuiltAgent(
-            "routed", {"router": build_router(ctx, records, control=self.kind == "control")}, names, names
+            "routed", {"router": build_router(ctx, records, control=self.kind is AdapterKind.CONTROL)}, names, names
         )
 
     def cost(self, ctx: EvalContext) -> dict[str, Any]:
@@ -188,7 +188,9 @@ class Trace(RoutedAdapters):
 
     def cost(self, ctx: EvalContext) -> dict[str, Any]:
         return _adapter_cost(
-            ctx.adapters.of_kind("capability"), analyst_calls=ctx.analyst_calls, extra_wall_s=ctx.pre_training_wall_s
+            ctx.adapters.of_kind(AdapterKind.CAPABILITY),
+            analyst_calls=ctx.analyst_calls,
+            extra_wall_s=ctx.pre_training_wall_s,
         )
 
 
@@ -225,7 +227,7 @@ class Merged(TrainedBaseline):
     description = "one adapter over every capability env"
 
     def targets(self, ctx: EvalContext) -> list[str]:
-        return [a.name for a in ctx.adapters.of_kind("capability")]
+        return [a.name for a in ctx.adapters.of_kind(AdapterKind.CAPABILITY)]
 
     def cost(self, ctx: EvalContext) -> dict[str, Any]:  # it needed identification and synthesis too
         record = ctx.adapters.named(self.name)
@@ -240,7 +242,7 @@ class Summed(Method):
     description = "the capability adapters' weights added"
 
     def build(self, ctx: EvalContext) -> BuiltAgent:
-        records = ctx.adapters.of_kind("capability")
+        records = ctx.adapters.of_kind(AdapterKind.CAPABILITY)
         if len(records) < 2:
             raise Unavailable("summing needs two or more capability adapters")
         if not isinstance(ctx.backend, SumsAdapters):
@@ -260,7 +262,7 @@ class Summed(Method):
 class Control(RoutedAdapters):
     name = "control"
     description = "adapters of unselected capabilities, routed alike"
-    kind = "control"
+    kind = AdapterKind.CONTROL
     missing = "no control adapter was trained ([train] control)"
 
 

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable
 
-from ..artifacts import AdapterRecord, AdapterSet, EnvRecord, EnvSet, Identification, UntrainableRecord
+from ..artifacts import AdapterKind, AdapterRecord, AdapterSet, EnvRecord, EnvSet, Identification, UntrainableRecord
 from ..errors import TraceGymError
 from ..evaluation import (
     EvalContext,
@@ -325,20 +325,23 @@ def stage_synthesize(config: PipelineConfig, state: RunState, say: Callable[[str
 def training_plan(config: PipelineConfig, envs: dict[str, str]) -> list[dict[str, Any]]:
     """The training runs of the train stage: one adapter per capability env, then the
     baselines at the same total rollout budget, then the causal control."""
-    plan = [{"name": cap, "kind": "capability", "envs": [env_id], "scale": 1} for cap, env_id in sorted(envs.items())]
+    plan = [
+        {"name": cap, "kind": AdapterKind.CAPABILITY, "envs": [env_id], "scale": 1}
+        for cap, env_id in sorted(envs.items())
+    ]
     total = baseline_scale(len(plan))  # the baselines get as many rollouts as all capability adapters together
     if config.train.grpo_target and plan:
-        plan.append({"name": "grpo-target", "kind": "baseline", "envs": [config.run.target], "scale": total})
+        plan.append({"name": "grpo-target", "kind": AdapterKind.BASELINE, "envs": [config.run.target], "scale": total})
     distinct = sorted(set(envs.values()))  # (one env may serve two capabilities)
     if config.train.merged and len(distinct) > 1:  # one adapter over all capability envs: a baseline with two or more
-        plan.append({"name": "merged", "kind": "baseline", "envs": distinct, "scale": total})
+        plan.append({"name": "merged", "kind": AdapterKind.BASELINE, "envs": distinct, "scale": total})
     for cap in config.train.control:
         if cap in envs:
             continue  # selected after all: it is a TRACE adapter, not a control
         plan.append(
             {
                 "name": f"control-{cap}",
-                "kind": "control",
+                "kind": AdapterKind.CONTROL,
                 "capability": cap,
                 "envs": [serving_envs(cap, config.run.target)[0].id],
                 "scale": 1,
