@@ -9,6 +9,7 @@ import pytest
 from conftest import capability, run_cli
 from trace_gym.artifacts import (
     AdapterRecord,
+    AdapterKind,
     AdapterSet,
     ArtifactError,
     EnvRecord,
@@ -86,7 +87,14 @@ def test_each_artifact_round_trips_through_its_file(tmp_path):
         [_adapter("precise_arguments"), _adapter("merged", "baseline", 32)],
         [UntrainableRecord("complete_actions", ["trace/complete-actions-v0"], "out of band")],
     )
-    assert AdapterSet.load(adapters.save(tmp_path / "adapters")) == adapters
+    loaded = AdapterSet.load(adapters.save(tmp_path / "adapters"))
+    assert loaded == adapters and loaded.of_kind(AdapterKind.BASELINE)[0].kind is AdapterKind.BASELINE
+    saved = tmp_path / "adapters" / "adapters.json"
+    saved.write_text(saved.read_text().replace('"kind": "baseline"', '"kind": "baselin"'))
+    with pytest.raises(
+        ArtifactError, match="adapter 'merged' has kind 'baselin' \\(one of capability, baseline, control\\)"
+    ):
+        AdapterSet.load(saved)
     results = [
         MethodResult(
             "base",
