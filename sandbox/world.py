@@ -508,29 +508,35 @@ def airline_flight(seed, origin=None, destination=None, dates=("2024-05-16",), s
     """A τ²-airline Flight from ``origin`` to ``destination`` (IATA codes of ``AIRPORTS``,
     drawn when None) with its scheduled times and, per date in ``dates``, its state as
     tau2 writes it: ``status`` "available" (seats and whole-dollar prices per cabin),
-    "landed", "flying", "on time", "delayed" (their times) or "cancelled". Its flight
-    number is ``number`` (drawn, "HAT001" to "HAT299", when None): give flights of one
-    env numbers of their own, as tau2 keeps one flight per number."""
+    "landed", "flying", "on time", "delayed" (their times) or "cancelled", for every
+    date, or a dict of a status per date (its dates join ``dates``, which are available). Its
+    flight number is ``number`` (drawn, "HAT001" to "HAT299", when None): give flights
+    of one env numbers of their own, as tau2 keeps one flight per number."""
     rng = _seeded(seed)
     codes = [code for code, _ in AIRPORTS]
     origin = origin if origin is not None else rng.choice(codes)
     destination = destination if destination is not None else rng.choice([c for c in codes if c != origin])
     if origin not in codes or destination not in codes or origin == destination:
         raise ValueError("world: origin and destination are two of the IATA codes in AIRPORTS")
-    if status not in FLIGHT_STATUSES:
-        raise ValueError("world: a flight's status is one of %s, got %r" % (", ".join(FLIGHT_STATUSES), status))
+    if isinstance(status, dict):
+        statuses = dict(sorted({**{d: "available" for d in dates}, **status}.items()))
+    else:
+        statuses = {d: status for d in dates}
+    for value in statuses.values():
+        if value not in FLIGHT_STATUSES:
+            raise ValueError("world: a flight's status is one of %s, got %r" % (", ".join(FLIGHT_STATUSES), value))
     leave, hours = rng.randrange(5, 19), rng.randrange(1, 5)
     days = {}
-    for date in dates:
-        day = {"status": status}
+    for date, state in statuses.items():
+        day = {"status": state}
         at = lambda hour: "%sT%02d:%02d:00" % (date, hour, rng.randrange(60))  # noqa: E731
-        if status == "available":
+        if state == "available":
             day["available_seats"] = {cabin: rng.randrange(21) for cabin in CABINS}
             day["prices"] = {cabin: rng.randint(*FARES[cabin]) for cabin in CABINS}
-        elif status != "cancelled":
-            gone = "actual" if status in ("landed", "flying") else "estimated"
+        elif state != "cancelled":
+            gone = "actual" if state in ("landed", "flying") else "estimated"
             day[gone + "_departure_time_est"] = at(leave)
-            day[("actual" if status == "landed" else "estimated") + "_arrival_time_est"] = at(leave + hours)
+            day[("actual" if state == "landed" else "estimated") + "_arrival_time_est"] = at(leave + hours)
         days[date] = day
     return {
         "flight_number": number if number is not None else "HAT%03d" % rng.randrange(1, 300),
@@ -542,19 +548,30 @@ def airline_flight(seed, origin=None, destination=None, dates=("2024-05-16",), s
     }
 
 
-def airline_reservation(seed, user, legs, cabin="economy", passengers=1, insurance="no", bags=(0, 0), paid_with=None):
+def airline_reservation(
+    seed, user, legs, cabin="economy", passengers=1, insurance="no", bags=(0, 0), paid_with=None, back=None
+):
     """A τ²-airline Reservation of ``user`` for ``legs`` ((``airline_flight`` record, date)
     pairs, in order) in ``cabin``, for ``passengers`` people (the user, then their saved
     passengers, then others), ``bags`` (total, non-free), paid in full with ``paid_with``
-    (a payment method id of the user; their first when None): each leg at its price on
-    that date (drawn for a date with none), $30 a passenger for insurance "yes", $50 a
-    non-free bag. Two legs out and back are a round trip. Its id is added to
-    ``user["reservations"]``; created before ``AIRLINE_TODAY``."""
+    (a payment method id of the user; when None their first card or gift card, as
+    tau2's bookings are paid): each leg at its price on that date (drawn for a date
+    with none), $30 a passenger for insurance "yes", $50 a non-free bag. Legs that end
+    where the first began are a round trip whose way back starts at leg ``back``
+    (half of the legs when None), its destination where the way out ends. Its id is
+    added to ``user["reservations"]``; created before ``AIRLINE_TODAY``."""
     rng = _seeded(seed)
     if cabin not in CABINS:
         raise ValueError("world: a cabin is one of %s" % ", ".join(CABINS))
-    paid_with = paid_with if paid_with is not None else sorted(user["payment_methods"])[0]
-    if paid_with not in user["payment_methods"]:
+    if insurance not in ("yes", "no"):
+        raise ValueError("world: insurance is 'yes' or 'no'")
+    total, nonfree = bags
+    if type(passengers) is not int or passengers < 1 or not 0 <= nonfree <= total:
+        raise ValueError("world: passengers is at least 1, and bags is (total, non-free) with non-free <= total")
+    methods = user["payment_methods"]
+    if paid_with is None:
+        paid_with = next((i for i, m in methods.items() if m["source"] != "certificate"), None)
+    if paid_with not in methods:
         raise ValueError("world: %s is not a payment method of the user" % paid_with)
     flights = []
     for flight, date in legs:
@@ -570,20 +587,19 @@ def airline_reservation(seed, user, legs, cabin="economy", passengers=1, insuran
         )
     if not flights:
         raise ValueError("world: a reservation has at least one leg")
-    back = len(flights) == 2 and (flights[1]["origin"], flights[1]["destination"]) == (
-        flights[0]["destination"],
-        flights[0]["origin"],
-    )
+    round_trip = len(flights) > 1 and flights[-1]["destination"] == flights[0]["origin"]
+    if back is not None and not (round_trip and 1 <= back < len(flights)):
+        raise ValueError("world: back is the index of a round trip's first leg home, 1 to its legs less one")
+    back = back if back is not None else max(1, len(flights) // 2)
     people = [dict(user["name"], dob=user["dob"]), *map(dict, user["saved_passengers"])]
     people += [_person(rng) for _ in range(passengers - len(people))]
-    total, nonfree = bags
     amount = sum(f["price"] for f in flights) * passengers + 30 * passengers * (insurance == "yes") + 50 * nonfree
     reservation = {
         "reservation_id": "".join(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789") for _ in range(6)),
         "user_id": user["user_id"],
         "origin": flights[0]["origin"],
-        "destination": flights[0]["destination"] if back else flights[-1]["destination"],
-        "flight_type": "round_trip" if back else "one_way",
+        "destination": flights[back - 1]["destination"] if round_trip else flights[-1]["destination"],
+        "flight_type": "round_trip" if round_trip else "one_way",
         "cabin": cabin,
         "flights": flights,
         "passengers": people[:passengers],
@@ -665,13 +681,14 @@ def _airline_call(users, reservations, flights, name, args):
                 prices=f["dates"][date]["prices"],
             )
             for f in flights
-            if (f["origin"], f["destination"]) == (args["origin"], args["destination"])
+            if args["origin"] in (None, f["origin"])  # (None: any airport, as tau2 reads it)
+            and args["destination"] in (None, f["destination"])
             and f["dates"].get(date, {}).get("status") == "available"
         ]
     if name not in AIRLINE_TOOLS:
         return None
     if name == "update_reservation_passengers":  # (tau2 reads the passengers before the reservation)
-        passengers = [{k: p[k] for k in ("first_name", "last_name", "dob")} for p in args["passengers"]]
+        passengers = [_passenger(p) for p in args["passengers"]]
     found = [r for r in reservations if r["reservation_id"] == args["reservation_id"]]
     reservation = _first(found, "Reservation %s not found" % args["reservation_id"])
     if name == "get_reservation_details":
@@ -699,6 +716,14 @@ def _airline_call(users, reservations, flights, name, args):
         reservation["payment_history"].append({"payment_id": args["payment_id"], "amount": price})
     reservation.update(total_baggages=args["total_baggages"], nonfree_baggages=args["nonfree_baggages"])
     return reservation
+
+
+def _passenger(given):
+    """A Passenger as tau2's pydantic takes it (its words are pydantic's; the kit's are its own)."""
+    fields = ("first_name", "last_name", "dob")
+    if not isinstance(given, dict) or not all(isinstance(given.get(k), str) for k in fields):
+        raise ValueError("a passenger has first_name, last_name and dob, each a string")
+    return {k: given[k] for k in fields}
 
 
 def _change_payment(order, methods, new_id):
