@@ -90,6 +90,11 @@ CASES = [
     (("rollout",), ["--env", "trace/nope-v0", "--agent", "oracle", "--out", "{root}/r.jsonl"], "unknown env id"),
     (
         ("rollout",),
+        ["--env", "trace/tau2-retail-v0", "--agent", "oracle", "--task-ids", " , ", "--out", "{root}/r.jsonl"],
+        "--task-ids: names nothing",
+    ),
+    (
+        ("rollout",),
         ["--env", "trace/tau2-retail-v0", "--agent", "oracle", "--tasks", "many", "--out", "{root}/r.jsonl"],
         "argument --tasks: invalid",
     ),
@@ -274,6 +279,7 @@ CASES = [
     ),
     (("evaluate",), ["{dir}"], "holds no run of trace-gym run"),
     (("evaluate",), ["{dir}", "--tasks", "0"], "--tasks: must be at least 1"),
+    (("evaluate",), ["{dir}", "--methods", ","], "--methods: names nothing"),
     (("route",), ["{dir}", "--message", "hi", "--tasks", "2"], "not both"),
     (("route",), ["{missing}"], "holds no run of trace-gym run"),
     (("serve",), ["{missing}"], "holds no run of trace-gym run"),

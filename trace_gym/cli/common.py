@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..errors import TraceGymError
+
 
 def count(text: str) -> int:
     """An argparse type: a whole number of at least 1 (episodes, workers, runs...)."""
@@ -17,11 +19,15 @@ def count(text: str) -> int:
     return value
 
 
-def names(text: str | None) -> list[str] | None:
-    """A comma-separated option (``--methods a,b``, ``--task-ids``) as its non-empty items; None stays None."""
+def names(text: str | None, option: str) -> list[str] | None:
+    """A comma-separated option (``--methods a,b``, ``--task-ids``) as its non-empty items;
+    None (not given) stays None, and one that names nothing (``--methods ,``) is refused."""
     if text is None:
         return None
-    return [item.strip() for item in text.split(",") if item.strip()]
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items:
+        raise TraceGymError(f"{option}: names nothing (give comma-separated names, or leave it out)")
+    return items
 
 
 def say(message: str) -> None:

@@ -313,7 +313,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     ):
         if value is not None:
             env_kwargs[key] = value
-    task_ids = names(args.task_ids) or None
+    task_ids = names(args.task_ids, "--task-ids")
     agent_kwargs = agent_options(args)
     if args.agent not in AGENTS and args.agent not in LAZY_AGENTS:
         make_agent(args.agent)  # one clear error for an unknown agent, before the env is built
@@ -573,7 +573,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     for name in ("tasks", "samples"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise TraceGymError(f"--{name}: must be at least 1, got {getattr(args, name)}")
-    methods = names(args.methods) or None
+    methods = names(args.methods, "--methods")
     report = evaluate_run(
         args.run_dir,
         methods=methods,

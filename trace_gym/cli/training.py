@@ -256,7 +256,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.train_unvalidated:
         options["train_unvalidated"] = args.train_unvalidated
     config = GRPOTrainingConfig(
-        env_ids=names(args.env),
+        env_ids=names(args.env, "--env"),
         out=args.out,
         device=args.device,
         use_vllm=args.use_vllm,
@@ -298,7 +298,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
     }
     config = SFTTrainingConfig(
         resume=args.resume,
-        trajectories=names(args.trajectories),
+        trajectories=names(args.trajectories, "--trajectories"),
         out=args.out,
         device=args.device,
         **{k: v for k, v in options.items() if v is not None},
