@@ -15,7 +15,10 @@ here (the env's own reference actions, each step's info kept, which a
 trajectory does not hold: freezing result shapes, the synthesis prompt's sample
 results, the fidelity check), and the termination and determinism checks of
 ``validation/checks/episodes.py``, which talk to the sandbox worker itself (a
-step after the end, every raw answer compared across two workers).
+step after the end, every raw answer compared across two workers). Other
+``step`` calls are single probes (validation's robustness and fidelity probes,
+``freeze``'s refusal text), or serve an env to a loop that is not ours (TRL's
+``environment_factory``, the OpenEnv server).
 """
 
 from __future__ import annotations
