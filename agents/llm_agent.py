@@ -34,7 +34,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from trace_gym.actions import parse_action
+from trace_gym.actions import ActionKind, parse_action
 from trace_gym.env import opening_messages, turn_messages
 from trace_gym.errors import AgentGaveUp, TraceGymError
 from trace_gym.llm import EMBEDDED_DEFAULT, GenerationRequest, TokenEpisode, make_backend
@@ -179,7 +179,7 @@ class LLMAgent:
         self._seen = len(self._conversation)  # the env's messages for this action come next, its own turn first
         text = completion.text
         self._last_action = text
-        if parse_action(text).kind == "malformed":
+        if parse_action(text).kind == ActionKind.MALFORMED:
             self._malformed += 1
             if self._malformed >= self.max_malformed:
                 raise AgentGaveUp(

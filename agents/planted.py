@@ -30,7 +30,7 @@ import random
 import re
 from typing import Any
 
-from trace_gym.actions import format_tool_call, parse_action
+from trace_gym.actions import ActionKind, format_tool_call, parse_action
 from trace_gym.errors import TraceGymError
 from trace_gym.tools import changes_state, is_read
 
@@ -114,7 +114,7 @@ def apply_deficits(
         applied.append("skip_reads")
     if "omit_info" in drawn and info_strings:
         for i, p in enumerate(parsed):
-            if p.kind == "message" and all(s in p.content for s in info_strings):
+            if p.kind == ActionKind.MESSAGE and all(s in p.content for s in info_strings):
                 content = p.content
                 for s in info_strings:
                     content = content.replace(s, "(details on request)")

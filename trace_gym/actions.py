@@ -11,7 +11,7 @@ agent means and what an env hears never differ. Accepted tool-call forms:
 - the same JSON inside a single fenced code block.
 
 Anything else is a message to the user. Text that clearly tries to be a tool
-call but is not valid becomes ``kind="malformed"`` with an explanation that
+call but is not valid becomes ``ActionKind.MALFORMED`` with an explanation that
 the env returns as the observation: never an exception.
 """
 
@@ -20,10 +20,19 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Any
 
 _TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 _FENCED = re.compile(r"^```(?:json|tool_call)?\s*\n?(.*?)\n?```$", re.DOTALL)
+
+
+class ActionKind(StrEnum):
+    """What an agent's text is; equal to its string."""
+
+    TOOL_CALLS = "tool_calls"
+    MESSAGE = "message"
+    MALFORMED = "malformed"
 
 
 @dataclass(frozen=True)
@@ -34,7 +43,7 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class ParsedAction:
-    kind: Literal["tool_calls", "message", "malformed"]
+    kind: ActionKind
     tool_calls: tuple[ToolCall, ...] = ()
     content: str = ""
     error: str | None = None
@@ -42,7 +51,7 @@ class ParsedAction:
 
     @property
     def is_tool_call(self) -> bool:
-        return self.kind == "tool_calls"
+        return self.kind == ActionKind.TOOL_CALLS
 
 
 class _Malformed(ValueError):
@@ -52,7 +61,7 @@ class _Malformed(ValueError):
 def parse_action(text: str) -> ParsedAction:
     """Parse one agent turn. Never raises for any string input."""
     if not isinstance(text, str):
-        return ParsedAction(kind="malformed", error=f"an action must be text, got {type(text).__name__}")
+        return ParsedAction(kind=ActionKind.MALFORMED, error=f"an action must be text, got {type(text).__name__}")
     stripped = text.strip()
     if "<tool_call>" in stripped:
         blocks = _TOOL_CALL_BLOCK.findall(stripped)
@@ -60,10 +69,10 @@ def parse_action(text: str) -> ParsedAction:
         try:
             calls = [call for block in blocks for call in _calls_from_json_text(_cut_close(block.strip()))]
         except _Malformed as exc:
-            return ParsedAction(kind="malformed", error=f"invalid <tool_call> block: {exc}", thought=thought)
+            return ParsedAction(kind=ActionKind.MALFORMED, error=f"invalid <tool_call> block: {exc}", thought=thought)
         if not calls:
-            return ParsedAction(kind="malformed", error="empty <tool_call> block", thought=thought)
-        return ParsedAction(kind="tool_calls", tool_calls=tuple(calls), thought=thought)
+            return ParsedAction(kind=ActionKind.MALFORMED, error="empty <tool_call> block", thought=thought)
+        return ParsedAction(kind=ActionKind.TOOL_CALLS, tool_calls=tuple(calls), thought=thought)
 
     candidate = stripped
     fenced = _FENCED.match(stripped)
@@ -73,12 +82,12 @@ def parse_action(text: str) -> ParsedAction:
         try:
             calls = _calls_from_json_text(candidate)
         except _Malformed as exc:
-            return ParsedAction(kind="malformed", error=f"invalid tool call: {exc}")
+            return ParsedAction(kind=ActionKind.MALFORMED, error=f"invalid tool call: {exc}")
         if calls:
-            return ParsedAction(kind="tool_calls", tool_calls=tuple(calls))
+            return ParsedAction(kind=ActionKind.TOOL_CALLS, tool_calls=tuple(calls))
     if not stripped:
-        return ParsedAction(kind="malformed", error="empty action: send a message or a tool call")
-    return ParsedAction(kind="message", content=stripped)
+        return ParsedAction(kind=ActionKind.MALFORMED, error="empty action: send a message or a tool call")
+    return ParsedAction(kind=ActionKind.MESSAGE, content=stripped)
 
 
 _CLOSE = "</tool_call>"

@@ -26,7 +26,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector.utils import shared_memory
 
-from .actions import ParsedAction, ToolCall, parse_action
+from .actions import ActionKind, ParsedAction, ToolCall, parse_action
 from .errors import EpisodeStateError, TargetContractError
 from .tools import ToolSchema, schemas_problem, tool_name
 from .trajectory import Message, ToolCallRecord
@@ -231,12 +231,12 @@ class TextEnv(gym.Env[str, str]):
         parsed = parse_action(action)
         info: dict[str, Any] = {"action_kind": parsed.kind}
         reply: Reply | None
-        if parsed.kind == "malformed":
+        if parsed.kind == ActionKind.MALFORMED:
             observation = self._malformed_observation(parsed)
             self.messages.append(Message(role="assistant", content=action, raw=action, error=True))
             self.messages.append(Message(role="user", name=ENV_FEEDBACK, content=observation))
             reply = None
-        elif parsed.kind == "tool_calls":
+        elif parsed.kind == ActionKind.TOOL_CALLS:
             observation, results = self._run_tool_calls(parsed, action)
             info["tool_results"] = results
             ended = next((r for r in results if r["done"]), None)
@@ -411,7 +411,7 @@ def turn_messages(action: str, observation: str, info: dict[str, Any]) -> list[d
     if isinstance(info.get("messages"), list):
         return [dict(m) for m in info["messages"]]
     parsed = parse_action(action)
-    if parsed.kind == "tool_calls":
+    if parsed.kind == ActionKind.TOOL_CALLS:
         stem = f"call_{zlib.crc32(action.encode()):08x}"
         records = [
             ToolCallRecord(id=f"{stem}_{n}", name=c.name, arguments=c.arguments)

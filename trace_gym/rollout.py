@@ -34,7 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from .actions import ParsedAction, parse_action
+from .actions import ActionKind, ParsedAction, parse_action
 from trace_gym.agents import make_agent
 from .agents.base import LockStepAgent, Meters, Observes, Reports
 from .env import TextEnv, check_target_reset, check_target_reward, opening_messages, turn_messages
@@ -284,7 +284,7 @@ def transcript_messages(transcript: list[dict[str, Any]]) -> list[Message]:
         if (
             message.role == "assistant"
             and not message.tool_calls
-            and parse_action(message.content or "").kind == "malformed"
+            and parse_action(message.content or "").kind == ActionKind.MALFORMED
         ):
             message.error = True
         out.append(message)

@@ -21,7 +21,7 @@ import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -32,7 +32,7 @@ from trace_gym.registry import agent_words
 from trace_gym.seeding import derive_seed
 from trace_gym.trajectory import Trajectory
 
-from .stats import Label
+from .stats import Label, Verdict
 
 PROMPTS = Path(__file__).with_name("prompts")
 PROMPT_VERSION = "v1"
@@ -62,7 +62,7 @@ class Evidence(BaseModel):
 
 
 class PairLabel(BaseModel):
-    label: Literal["PRESENT", "LACKING", "NOT_APPLICABLE"]
+    label: Verdict
     evidence: Evidence = Field(default_factory=Evidence)
 
 

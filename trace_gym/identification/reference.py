@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trace_gym.actions import parse_action
+from trace_gym.actions import ActionKind, parse_action
 from trace_gym.errors import TraceGymError
 from trace_gym.registry import make
 from trace_gym.trajectory import Trajectory
@@ -54,9 +54,9 @@ class ReferenceAnalyst:
             calls, messages = [], []
             for text in actions:
                 parsed = parse_action(text)
-                if parsed.kind == "tool_calls":
+                if parsed.kind == ActionKind.TOOL_CALLS:
                     calls += [(c.name, dict(c.arguments)) for c in parsed.tool_calls]
-                elif parsed.kind == "message":
+                elif parsed.kind == ActionKind.MESSAGE:
                     messages.append(parsed.content)
             self._solutions[key] = (calls, messages)
         return self._solutions[key]

@@ -36,7 +36,7 @@ from trace_gym.errors import TraceGymError
 from trace_gym.hashing import code_hash
 from trace_gym.identification.llm_analyst import snake
 from trace_gym.registry import EnvEntry, EnvKind, ValidationStatus, discover, read_manifest
-from trace_gym.sandbox import check_source
+from trace_gym.sandbox import Layer, check_source
 from trace_gym.validation import CheckResult, ValidationConfig, ValidationReport, validate
 
 from .prompt import TEMPLATE_VERSION, Capability, TargetContext, generation_prompt, render, template_hash
@@ -96,6 +96,14 @@ class Status(StrEnum):
     """Nothing valid came of it; nothing was registered."""
 
 
+class Refusal(StrEnum):
+    """What refused an attempt other than a sandbox layer (``Layer``); equal to its string."""
+
+    ANSWER = "answer (no code)"
+    STATIC_GATE = "static gate"
+    VALIDATION = "validation"
+
+
 @dataclass
 class Attempt:
     """One answer of the analyst and what became of it."""
@@ -105,8 +113,8 @@ class Attempt:
     passed: bool
     failing_checks: list[str]
     evidence: dict[str, str]
-    stopped_by: str | None
-    """The layer that refused it: answer, static gate, sandbox ..., validation; None when it passed."""
+    stopped_by: Refusal | Layer | None
+    """What refused it: the answer, the static gate, a sandbox layer, validation; None when it passed."""
     code_sha256: str | None = None
     calibration: dict[str, Any] | None = None
 
@@ -307,12 +315,12 @@ class Synthesizer:
         try:
             code = extract_code(answer)
         except SynthesisError as exc:
-            return Attempt(number, kind, False, ["answer"], {"answer": str(exc)}, "answer (no code)"), None, None
+            return Attempt(number, kind, False, ["answer"], {"answer": str(exc)}, Refusal.ANSWER), None, None
         sha = hashlib.sha256(code.encode()).hexdigest()
         findings = check_source(code)
         if findings:
             evidence = {"static_gate": "; ".join(str(f) for f in findings[:8])}
-            return Attempt(number, kind, False, ["static_gate"], evidence, "static gate", sha), code, None
+            return Attempt(number, kind, False, ["static_gate"], evidence, Refusal.STATIC_GATE, sha), code, None
         (staging / "env.py").write_text(code, encoding="utf-8")
         (staging / "manifest.toml").write_text(
             manifest_text(env_id, self.target.id, capability, None), encoding="utf-8"
@@ -514,10 +522,10 @@ def _calibration_figures(calibration: dict[str, Any] | None) -> dict[str, Any]:
 
 
 # --- evidence and layers -------------------------------------------------------------
-def stopping_layer(failed: list[CheckResult]) -> str:
+def stopping_layer(failed: list[CheckResult]) -> Refusal | Layer:
     """Which layer refused a candidate that passed the gate: the sandbox layer a failed
     check met (its typed error's ``layer``), else the validator's checks."""
-    return next((c.sandbox_layer for c in failed if c.sandbox_layer), "validation")
+    return next((c.sandbox_layer for c in failed if c.sandbox_layer), Refusal.VALIDATION)
 
 
 def _evidence_text(evidence: dict[str, str]) -> str:

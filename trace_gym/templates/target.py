@@ -14,7 +14,7 @@ import random
 
 import gymnasium as gym
 
-from trace_gym.actions import parse_action  # optional: the parser the agents' formats follow
+from trace_gym.actions import ActionKind, parse_action  # optional: the parser the agents' formats follow
 from trace_gym.env import AnyText  # optional: any text, async vector envs included
 
 TOOLS = [
@@ -55,10 +55,10 @@ class TargetEnv(gym.Env):
     def step(self, action):
         self.steps += 1
         parsed = parse_action(action)
-        done = parsed.kind == "message"  # a message to the user ends the episode; a malformed turn is answered
-        if parsed.kind == "malformed":
+        done = parsed.kind == ActionKind.MESSAGE  # a message to the user ends the episode; a malformed turn is answered
+        if parsed.kind == ActionKind.MALFORMED:
             observation = f"Error: {parsed.error}"
-        elif parsed.kind == "tool_calls":
+        elif parsed.kind == ActionKind.TOOL_CALLS:
             observation = "\n".join(self._call(call.name, call.arguments) for call in parsed.tool_calls)
         else:
             observation = "Thanks, bye."

@@ -21,7 +21,7 @@ from ..result_shapes import load_result_shapes
 from ..rollout import Episode as Planned, episode_seed, run_episode
 from trace_gym.sandbox.backends import Limits
 from trace_gym.sandbox.env import SandboxedEnv
-from ..sandbox.errors import SandboxError
+from ..sandbox.errors import Layer, SandboxError
 from ..tools import load_frozen_tools
 from .report import ValidationConfig
 
@@ -55,7 +55,7 @@ class CheckStopped(Exception):
 
 
 @contextlib.contextmanager
-def noting_layer(layers: list[str]) -> Iterator[None]:
+def noting_layer(layers: list[Layer]) -> Iterator[None]:
     """Note in ``layers`` the sandbox layer that stopped env code (a ``SandboxError``'s
     ``layer``) and let the error go on."""
     try:
@@ -70,7 +70,7 @@ class BudgetedWorker:
     """A sandbox worker whose every call is bounded by what is left of the budget,
     and whose refusals (a ``SandboxError`` with a ``layer``) are noted in ``layers``."""
 
-    def __init__(self, worker: Any, deadline: float, layers: list[str]):
+    def __init__(self, worker: Any, deadline: float, layers: list[Layer]):
         self._worker = worker
         self._deadline = deadline
         self._layers = layers
@@ -117,7 +117,7 @@ class Context:
         self.deadline = time.monotonic() + config.time_budget_s
         self.run_seed = config.seed if config.seed is not None else secrets.randbits(31)
         self.env = None
-        self.layers: list[str] = []  # sandbox layers that refused env code during the running check
+        self.layers: list[Layer] = []  # sandbox layers that refused env code during the running check
         # what checks leave for later ones (checks.NEEDS says which reads what)
         self.openings: dict[int, str] = {}  # seed -> system prompt and first observation (reset_every_seed)
         self.episodes: list[Episode] = []  # every recorded episode played so far

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import TraceGymError
+from ..sandbox import Layer
 from ..sandbox.backends import Limits
 from ..text import printable
 
@@ -80,7 +81,7 @@ class CheckResult:
     evidence: str
     details: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
-    sandbox_layer: str | None = None  # a failed check: the sandbox layer that stopped the env code, if one did
+    sandbox_layer: Layer | None = None  # a failed check: the sandbox layer that stopped the env code, if one did
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from trace_gym.actions import format_tool_call
+from trace_gym.actions import ActionKind, format_tool_call
 from ...errors import EnvContractError, TraceGymError
 from ...result_shapes import result_problems
 from trace_gym.rollout import replay_oracle
@@ -50,7 +50,7 @@ def check_interface_fidelity(ctx: Context) -> CheckResult:
         try:
             env.reset(seed=seed)
             for parsed, _, info in replay_oracle(env, limit=env.max_steps):
-                if parsed.kind == "malformed":
+                if parsed.kind == ActionKind.MALFORMED:
                     bad_oracle_calls.append(f"seed {seed}: an oracle action does not parse: {parsed.error}")
                 for call in parsed.tool_calls:
                     if call.name not in names:
