@@ -250,8 +250,8 @@ def _finish(
         seed=run.episode.reset_seed,
         sample=run.episode.sample,
         agent=agent.name,
-        model=getattr(agent, "model", None),
-        adapter=getattr(agent, "adapter", None),
+        model=agent.model,
+        adapter=agent.adapter,
         messages=list(core.messages) if own else transcript_messages(run.transcript),
         reward=check_target_reward(core, reward),
         reward_info=step_info.get("reward_info") or {},
@@ -374,7 +374,7 @@ def play_batched(
         return _start(envs[i], agents[i], episode)
 
     def done(i: int, trajectory: Trajectory) -> PlayedEpisode:
-        played = PlayedEpisode(trajectory, getattr(agents[i], "tokens", None), slots[i].episode)
+        played = PlayedEpisode(trajectory, agents[i].tokens if lock_step[i] else None, slots[i].episode)
         slots[i] = None
         if lock_step[i]:
             agents[i].end_episode()
@@ -474,7 +474,7 @@ def play_episodes(
         if tokenizer is None:
             raise TraceGymError("play_episodes with a model object needs its tokenizer")
         backend = LocalHF.from_model(policy, tokenizer)
-    if not getattr(backend, "token_level", False):
+    if not backend.token_level:
         raise TraceGymError(f"{backend.name} is not a local token-level model; play_episodes needs one")
     if not isinstance(policy, (str, LocalHF)):
         backend.clear_cache()
@@ -798,7 +798,7 @@ def _with_local_adapter(
 
     backend = _shared_backend({} if backends is None else backends, agent_kwargs)
     if not isinstance(backend, LoadsAdapters):
-        raise TraceGymError(f"model {getattr(backend, 'name', backend)} cannot load LoRA adapters")
+        raise TraceGymError(f"model {backend.name} cannot load LoRA adapters")
     backend.load_adapter(adapter, str(path))
     return {**agent_kwargs, "model": backend}
 

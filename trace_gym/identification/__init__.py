@@ -98,7 +98,7 @@ class IdentificationResult:
         return [c.name for c in self.capabilities if c.selected]
 
 
-def make_analyst(spec: str, **llm_options: Any):
+def make_analyst(spec: str, **llm_options: Any) -> RuleAnalyst | DiscoveringAnalyst:
     """``gold`` (τ²'s gold actions), ``milestone`` (ToolSandbox's milestones), ``reference``
     (any target's reference solutions, ``oracle_actions()``) or ``openai:<model>``.
     ``llm_options`` (``cache_dir``, ``per_trajectory``, ...) are the LLM analyst's; an
