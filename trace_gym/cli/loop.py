@@ -267,8 +267,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "base, trace, grpo-target, merged, summed, control, gepa",
     )
     evaluate.add_argument("--split", default=None, help="the held-out split (default: the run's, test)")
-    evaluate.add_argument("--tasks", type=int, default=None, help="only the first N tasks of the split")
-    evaluate.add_argument("--samples", type=int, default=None, help="episodes per task (pass^k up to this)")
+    evaluate.add_argument("--tasks", type=count, default=None, help="only the first N tasks of the split")
+    evaluate.add_argument("--samples", type=count, default=None, help="episodes per task (pass^k up to this)")
     evaluate.add_argument(
         "--model",
         default=None,
@@ -287,7 +287,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     route.add_argument(
         "--split", default=None, help="route the tasks of this split (default: the run's evaluation split)"
     )
-    route.add_argument("--tasks", type=int, default=None, help="only the first N tasks of the split")
+    route.add_argument("--tasks", type=count, default=None, help="only the first N tasks of the split")
     route.add_argument("--json", action="store_true", help="print the decisions as JSON lines")
     route.set_defaults(func=cmd_route)
 
@@ -570,9 +570,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from ..pipeline import evaluate_run
 
-    for name in ("tasks", "samples"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise TraceGymError(f"--{name}: must be at least 1, got {getattr(args, name)}")
     methods = names(args.methods, "--methods")
     report = evaluate_run(
         args.run_dir,
@@ -592,8 +589,6 @@ def cmd_route(args: argparse.Namespace) -> int:
 
     if args.message and (args.split or args.tasks):
         raise TraceGymError("give --message, or --split/--tasks, not both")
-    if args.tasks is not None and args.tasks < 1:
-        raise TraceGymError(f"--tasks: must be at least 1, got {args.tasks}")
     decisions = route_run(args.run_dir, messages=args.message, split=args.split, tasks=args.tasks)
     for task, decision in decisions:
         if args.json:
