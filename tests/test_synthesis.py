@@ -420,11 +420,11 @@ def test_the_prompt_teaches_the_world_kit_from_the_kits_own_functions():
 
 
 def test_an_env_folder_is_named_after_the_capability_id():
-    from trace_gym.identification.llm_analyst import snake
+    from trace_gym.identification.stats import capability_id
     from trace_gym.synthesis.loop import env_name
 
     for name in ["precise_arguments", "Tool-call precision!", "verify  preconditions"]:
-        assert env_name(name) == snake(name).replace("_", "-")  # one normaliser, two spellings
+        assert env_name(name) == capability_id(name).replace("_", "-")  # one normaliser, two spellings
     assert env_name("9 lives") == "env-9-lives"  # a folder name starts with a letter
     assert len(env_name("x" * 80)) == 48
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -32,7 +31,7 @@ from trace_gym.registry import agent_words
 from trace_gym.seeding import derive_seed
 from trace_gym.trajectory import Trajectory
 
-from .stats import Label, Verdict
+from .stats import Label, Verdict, capability_id
 
 PROMPTS = Path(__file__).with_name("prompts")
 PROMPT_VERSION = "v1"
@@ -92,11 +91,6 @@ def compact(trajectory: Trajectory, budget: int = 4000, per_message: int = 400) 
     """A trajectory as the analyst reads it: its id and reward, then its transcript."""
     head = f"episode {trajectory.episode_id}, reward {trajectory.reward:.2f}\n"
     return head + trajectory.transcript(budget - len(head), per_message=per_message)
-
-
-def snake(name: str) -> str:
-    """A capability's id, from identification to the report: lower case, runs of other characters as ``_``."""
-    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")[:60] or "capability"
 
 
 class AnswerCache:
@@ -186,16 +180,16 @@ class LLMAnalyst:
         return self.merge(pooled)
 
     def merge(self, pooled: list[Candidate]) -> dict[str, str]:
-        unique = list({snake(c.name): c for c in pooled}.values())
+        unique = list({capability_id(c.name): c for c in pooled}.values())
         if len(unique) <= 1:
-            return {snake(c.name): c.description for c in unique}
+            return {capability_id(c.name): c.description for c in unique}
         listing = "\n".join(f"{i}. {c.name}: {c.description}" for i, c in enumerate(unique))
         answer = self.ask(
             render("merge", candidates=listing),
             MergeAnswer,
             check=lambda a: sorted(m for g in a.groups for m in g.members) == list(range(len(unique))),
         )
-        return {snake(g.name): g.description for g in answer.groups}
+        return {capability_id(g.name): g.description for g in answer.groups}
 
     # --- labelling ----------------------------------------------------------------------
     def label_all(self, trajectories: list[Trajectory], candidates: dict[str, str]) -> list[Label]:

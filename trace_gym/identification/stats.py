@@ -17,6 +17,7 @@ error that says so.
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
@@ -31,6 +32,11 @@ class Verdict(StrEnum):
     PRESENT = "PRESENT"
     LACKING = "LACKING"
     NOT_APPLICABLE = "NOT_APPLICABLE"
+
+
+def capability_id(name: str) -> str:
+    """A capability's id, from identification to the report: lower case, runs of other characters as ``_``."""
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")[:60] or "capability"
 
 
 PRESENT, LACKING, NOT_APPLICABLE = Verdict.PRESENT, Verdict.LACKING, Verdict.NOT_APPLICABLE

@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 from trace_gym.errors import TraceGymError
 from trace_gym.hashing import code_hash
-from trace_gym.identification.llm_analyst import snake
+from trace_gym.identification.stats import capability_id
 from trace_gym.registry import EnvEntry, EnvKind, ValidationStatus, discover, read_manifest
 from trace_gym.sandbox import Layer, check_source
 from trace_gym.validation import CheckResult, ValidationConfig, ValidationReport, validate
@@ -534,8 +534,8 @@ def _evidence_text(evidence: dict[str, str]) -> str:
 
 # --- files -------------------------------------------------------------------------
 def env_name(capability: str) -> str:
-    """The env folder a capability's env is written to: its id (``snake``) in dashes."""
-    name = snake(capability).replace("_", "-")[:48].strip("-")
+    """The env folder a capability's env is written to: its id (``capability_id``) in dashes."""
+    name = capability_id(capability).replace("_", "-")[:48].strip("-")
     if len(name) < 3 or not name[0].isalpha():
         name = f"env-{name}".strip("-")
     return name
