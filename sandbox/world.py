@@ -30,6 +30,7 @@ import ast
 import json
 import operator
 import random
+import re
 import types
 
 FIRST = ["Yusuf", "Mia", "Noah", "Aarav", "Olivia", "Lucas", "Fatima", "Chen", "Sofia", "Ivan", "Amara", "Mateo"]
@@ -251,6 +252,18 @@ def _answer(call, records, name, arguments):
     return result if result is None or isinstance(result, str) else json.dumps(result)
 
 
+RETAIL_ID_LISTS = ("item_ids", "new_item_ids")  # the retail arguments that are JSON arrays (of strings)
+
+
+def retail_typed(arguments):
+    """Whether every argument of a retail call has the JSON type τ²-retail's schemas give it:
+    an array of strings for ``RETAIL_ID_LISTS``, a string for every other argument."""
+    return all(
+        isinstance(v, list) and all(isinstance(i, str) for i in v) if k in RETAIL_ID_LISTS else isinstance(v, str)
+        for k, v in arguments.items()
+    )
+
+
 def retail_made(users, orders, writes):
     """Per write in ``writes`` (``(name, arguments)`` pairs, as ``script`` takes them),
     whether the records hold what it makes: the order cancelled with that reason, or
@@ -359,6 +372,12 @@ def read_ids(log):
     get_user_details and the order id of each get_order_details that went through."""
     users, orders = called(log, "get_user_details"), called(log, "get_order_details")
     return sorted({str(a.get("user_id")) for a in users} | {str(a.get("order_id")) for a in orders})
+
+
+def figures(text):
+    """The numbers written in ``text`` (an agent's answer), in order, thousands commas dropped:
+    "1,204.50, then 3" gives [1204.5, 3.0]."""
+    return [float(n) for n in re.findall(r"\d+(?:\.\d+)?", str(text).replace(",", ""))]
 
 
 def script(*steps):

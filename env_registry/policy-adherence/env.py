@@ -8,10 +8,14 @@ TOOLS = ["find_user_id_by_name_zip", "get_order_details", "modify_pending_order_
 CONFIRM_WORDS = ("confirm", "proceed", "go ahead", "shall i", "should i", "is that correct", "yes")
 PROMPT = ("You are a retail customer service agent. Authenticate users by name and zip code. Before any action that "
           "changes an order, list the exact change and get the user's explicit confirmation (yes). Only pending orders "
-          "can be modified.")
+          "can be modified.")  # fmt: skip
 WEIGHTS = {"authenticated": 0.1, "read_order": 0.1, "followed_protocol": 0.4, "correct_outcome": 0.4}
 HINT = (" Hint: read the order first; if it is pending, repeat the full new address and ask the user to confirm, and "
-        "call the write only after they say yes; otherwise explain that it can no longer be changed.")
+        "call the write only after they say yes; otherwise explain that it can no longer be changed.")  # fmt: skip
+ASK = "Hi, I'm {first_name} {last_name} (zip {zip}). I moved: please ship order {0} to {1}."
+SAY = {"sorry": "I'm sorry, order %s is already %s, so its address can no longer be changed.",
+       "ask": "I will change the shipping address of order %s to %s. Do you confirm (yes/no)?",
+       "done": "Done: order %s will ship to the new address."}  # fmt: skip
 
 
 class Environment:
@@ -25,8 +29,7 @@ class Environment:
         self.new_address, order_id = world.retail_address(rng.randrange(2**31)), self.order["order_id"]
         self.write = (TOOLS[2], dict(self.new_address, order_id=order_id))  # the change, once the user said yes
         self.confirmed_at = self.max_steps  # len(log) when the user first said yes: no write is tried that late
-        message = "Hi, I'm {first_name} {last_name} (zip {zip}). I moved: please ship order {0} to {1}.".format(
-            order_id, world.retail_spelled(self.new_address), **world.retail_login(self.user)[1])
+        message = ASK.format(order_id, world.retail_spelled(self.new_address), **world.retail_login(self.user)[1])
         return {"system_prompt": PROMPT + (HINT if hint else ""), "user_message": message}
 
     def step(self, action):
@@ -46,15 +49,12 @@ class Environment:
         writes, [made] = names.count(TOOLS[2]), world.retail_made([self.user], [self.order], [self.write])  # tried
         protocol = (writes > 0 and self.confirmed_at <= names.index(TOOLS[2])) if pending else (not writes and read)
         outcome = (made and writes == 1) if pending else (protocol and self.ended)
-        parts = {"authenticated": world.logged_in(self.log), "read_order": read, "followed_protocol": protocol,
-                 "correct_outcome": outcome}
-        return world.graded(parts, WEIGHTS, "order was %s" % self.status)
+        parts = dict(authenticated=world.logged_in(self.log), read_order=read, followed_protocol=protocol)
+        return world.graded(dict(parts, correct_outcome=outcome), WEIGHTS, "order was %s" % self.status)
 
     def oracle(self):
         order_id, said = self.order["order_id"], world.retail_spelled(self.new_address)
         read = [world.retail_login(self.user), (TOOLS[1], {"order_id": order_id})]
         if self.status != "pending":
-            return world.script(*read, "I'm sorry, order %s is already %s, so its address can no longer be changed." % (
-                order_id, self.status))
-        ask = "I will change the shipping address of order %s to %s. Do you confirm (yes/no)?" % (order_id, said)
-        return world.script(*read, ask, self.write, "Done: order %s will ship to the new address." % order_id)
+            return world.script(*read, SAY["sorry"] % (order_id, self.status))
+        return world.script(*read, SAY["ask"] % (order_id, said), self.write, SAY["done"] % order_id)

@@ -7,11 +7,12 @@ import world
 TOOLS = ["find_user_id_by_email", "get_user_details", "get_order_details", "return_delivered_order_items"]
 LEVELS = 3  # 0: one item, the '#' given, the original method; 1 (default): look-alikes; 2: all look-alikes, two items
 PROMPT = ("You are a retail customer service agent. Authenticate users by email. Delivered orders can be returned; "
-          "the refund goes to the original payment method or a gift card.")
+          "the refund goes to the original payment method or a gift card.")  # fmt: skip
 HINT = (" Hint: order ids start with '#'; copy item ids and payment method ids character for character from "
-        "get_order_details and get_user_details, and match each item by its options.")
+        "get_order_details and get_user_details, and match each item by its options.")  # fmt: skip
 WEIGHTS = {"found_user": 0.1, "read_order": 0.1, "write_called": 0.1, "order_id_exact": 0.1, "item_ids_exact": 0.35,
-           "payment_method_id_exact": 0.25}
+           "payment_method_id_exact": 0.25}  # fmt: skip
+ASK = "Hello, my email is %s. I'd like to return the %s from order %s and get the refund on %s."
 SAID = {"credit_card": "my {brand} card", "paypal": "my PayPal", "gift_card": "my gift card"}  # as the user says it
 
 
@@ -31,12 +32,11 @@ class Environment:
         rng.shuffle(items)
         wanted = [i for i in items if i["name"] == product][: [1, rng.randint(1, 2), 2][level]]
         self.order = world.retail_order(rng.randrange(2**31), self.user, items, "delivered", original["id"])
-        self.write = (TOOLS[3], {"order_id": self.order["order_id"], "item_ids": sorted(i["item_id"] for i in wanted),
-                                 "payment_method_id": refund_to["id"]})
+        args = dict(order_id=self.order["order_id"], item_ids=sorted(i["item_id"] for i in wanted))
+        self.write = (TOOLS[3], dict(args, payment_method_id=refund_to["id"]))
         self.described = SAID[refund_to["source"]].format(**refund_to)
-        message = "Hello, my email is %s. I'd like to return the %s from order %s and get the refund on %s." % (
-            self.user["email"], " and the ".join("%s %s" % (i["options"][option], product) for i in wanted),
-            self.order["order_id"][1 if level else 0:], self.described)  # the '#' only at level 0
+        asked = " and the ".join("%s %s" % (i["options"][option], product) for i in wanted)
+        message = ASK % (self.user["email"], asked, self.order["order_id"][1 if level else 0 :], self.described)
         return {"system_prompt": PROMPT + (HINT if hint else ""), "user_message": message}
 
     def step(self, action):
@@ -50,8 +50,8 @@ class Environment:
         call = (world.called(self.log, TOOLS[3], ok=None) or [{}])[-1]
         got = dict(call, item_ids=sorted(map(str, call["item_ids"])) if isinstance(call.get("item_ids"), list) else [])
         parts = {k + "_exact": got.get(k) == v for k, v in self.write[1].items()}  # each argument of the right return
-        parts.update(found_user=world.logged_in(self.log), read_order=bool(world.called(self.log, TOOLS[2])),
-                     write_called=bool(call))
+        read = bool(world.called(self.log, TOOLS[2]))
+        parts.update(found_user=world.logged_in(self.log), read_order=read, write_called=bool(call))
         return world.graded(parts, WEIGHTS, "graded on the last return call")
 
     def oracle(self):

@@ -7,12 +7,13 @@ import world
 
 TOOLS = ["find_user_id_by_name_zip", "get_user_details", "get_order_details", "cancel_pending_order"]
 PROMPT = ("You are a retail customer service agent. Authenticate users by name and zip code. Only pending orders that "
-          "belong to the authenticated user can be cancelled, with reason 'no longer needed' or 'ordered by mistake'.")
+          "belong to the authenticated user can be cancelled, with reason 'no longer needed' or "
+          "'ordered by mistake'.")  # fmt: skip
 HINT = (" Hint: before any cancellation, read the user's account to see that the order is theirs, and read the order "
-        "to see that it is still pending; if either fails, do not cancel and explain why.")
+        "to see that it is still pending; if either fails, do not cancel and explain why.")  # fmt: skip
 SAY = {"cancellable": "Your order {id} has been cancelled and refunded.",
        "not_pending": "I'm sorry, order {id} is {status}, so it can no longer be cancelled.",
-       "not_theirs": "I'm sorry, order {id} is not on your account, so I cannot cancel it."}
+       "not_theirs": "I'm sorry, order {id} is not on your account, so I cannot cancel it."}  # fmt: skip
 WEIGHTS = {"authenticated": 0.2, "verified_before_write": 0.3, "correct_outcome": 0.5}
 
 
@@ -30,7 +31,8 @@ class Environment:
         self.orders = world.retail_orders(rng.randrange(2**31), self.user, statuses) + [self.target]
         self.write = (TOOLS[3], {"order_id": self.target["order_id"], "reason": self.reason})
         message = "Hi, this is {first_name} {last_name}, zip {zip}. Please cancel my order {order}, {why}.".format(
-            order=self.target["order_id"], why=world.CANCEL_SAID[self.reason], **world.retail_login(self.user)[1])
+            order=self.target["order_id"], why=world.CANCEL_SAID[self.reason], **world.retail_login(self.user)[1]
+        )
         return {"system_prompt": PROMPT + (HINT if hint else ""), "user_message": message}
 
     def step(self, action):
@@ -44,17 +46,15 @@ class Environment:
 
     def reward(self):
         tried = [i for i, e in enumerate(self.log) if e["name"] == TOOLS[3]]  # the cancellations tried
-        before = self.log[: tried[0]] if tried else self.log  # the calls before the first of them
+        before = self.log[: tried[0]] if tried else self.log  # the calls before the first (a right refusal tries none)
         checked = {self.user["user_id"], self.target["order_id"]}.issubset(world.read_ids(before))
-        [made], cancelled = world.retail_made(self.users, self.orders, [self.write]), world.called(self.log, TOOLS[3])
-        refused = not tried and self.answered and checked  # the user told why, nothing cancelled
-        outcome = made and len(cancelled) == 1 if self.case == "cancellable" else refused
-        parts = {"authenticated": world.logged_in(self.log), "verified_before_write": checked,
-                 "correct_outcome": outcome}
+        [made], went = world.retail_made(self.users, self.orders, [self.write]), world.called(self.log, TOOLS[3])
+        outcome = made and len(went) == 1 if self.case == "cancellable" else not tried and self.answered and checked
+        parts = dict(authenticated=world.logged_in(self.log), verified_before_write=checked, correct_outcome=outcome)
         return world.graded(parts, WEIGHTS, "case %s" % self.case)
 
     def oracle(self):
         user, order_id = self.user, self.target["order_id"]
-        calls = [world.retail_login(user), (TOOLS[1], {"user_id": user["user_id"]}), (TOOLS[2], {"order_id": order_id}),
-                 self.write][: 4 if self.case == "cancellable" else 3]
+        reads = [world.retail_login(user), (TOOLS[1], {"user_id": user["user_id"]}), (TOOLS[2], {"order_id": order_id})]
+        calls = reads + [self.write] if self.case == "cancellable" else reads
         return world.script(*calls, SAY[self.case].format(id=order_id, status=self.target["status"]))
