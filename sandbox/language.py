@@ -89,7 +89,7 @@ MODULES: dict[str, frozenset[str]] = {
         # the world kit (world.py beside the worker): plain data in, plain data out
         "world": "retail_address retail_user retail_item retail_order retail_orders retail_answer retail_made "
         "retail_typed retail_products retail_stock retail_login retail_spelled retail_play retail_step "
-        "called logged_in read_ids figures script graded "
+        "called before logged_in read_ids figures script graded "
         "RETAIL_TOOLS RETAIL_ID_LISTS PAYMENT_SOURCES ADDRESS_FIELDS CANCEL_REASONS CANCEL_SAID "
         "airline_user airline_flight airline_reservation airline_answer airline_play airline_step "
         "AIRLINE_TOOLS AIRLINE_PAYMENT_SOURCES AIRPORTS CABINS MEMBERSHIPS FLIGHT_STATUSES AIRLINE_TODAY",

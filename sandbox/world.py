@@ -361,6 +361,13 @@ def called(log, *names, ok=True):
     return [e["arguments"] for e in log if (not names or e["name"] in names) and (ok is None or e["ok"] is ok)]
 
 
+def before(log, *names):
+    """The calls in ``log`` before the first call tried to any of ``names``, gone through or
+    not (every call when none was tried): what an agent had done before it first wrote."""
+    first = next((n for n, e in enumerate(log) if e["name"] in names), len(log))
+    return log[:first]
+
+
 def logged_in(log):
     """Whether a call in ``log`` authenticated a user: find_user_id_by_email or
     find_user_id_by_name_zip went through."""
@@ -375,8 +382,9 @@ def read_ids(log):
 
 
 def figures(text):
-    """The numbers written in ``text`` (an agent's answer), in order, thousands commas dropped:
-    "1,204.50, then 3" gives [1204.5, 3.0]."""
+    """The numbers written in ``text`` (an agent's answer), in order, read after every comma is
+    dropped (a thousands separator, as answers write them): "1,204.50, then 3" gives
+    [1204.5, 3.0], and "2,5" gives [25.0]: a decimal comma is not read as one."""
     return [float(n) for n in re.findall(r"\d+(?:\.\d+)?", str(text).replace(",", ""))]
 
 

@@ -442,6 +442,8 @@ def test_logged_in_and_read_ids_read_only_the_calls_that_went_through():
     call("get_user_details", user_id=user["user_id"])
     call("get_order_details", order_id=order["order_id"])  # read twice, listed once
     assert world.read_ids(log) == sorted([order["order_id"], user["user_id"]])
+    assert world.before(log, "get_user_details") == log[:2] and world.before(log, "cancel_pending_order") == log
+    assert world.before(log, "get_order_details", "get_user_details") == log[:1]  # the first call to any of them
 
 
 def test_every_reference_env_on_the_kit_keeps_to_sixty_formatted_lines():
@@ -465,6 +467,7 @@ def test_every_reference_env_on_the_kit_keeps_to_sixty_formatted_lines():
 def test_figures_reads_the_numbers_of_an_answer():
     assert world.figures("You paid 1,204.50 in total, over 3 orders.") == [1204.5, 3.0]
     assert world.figures("Order #W0000007: the lamp.") == [7.0] and world.figures(None) == []
+    assert world.figures("2,5") == [25.0]  # every comma is a thousands separator to it
 
 
 def test_retail_typed_follows_the_frozen_schemas():

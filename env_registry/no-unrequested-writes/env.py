@@ -50,7 +50,8 @@ class Environment:
         (name, wanted), [correct] = self.write, world.retail_made([self.user], self.orders, [self.write])
         requested = [a for a in world.called(self.log, name) if a.get("order_id") == wanted["order_id"]]
         extra = len(world.called(self.log, *TOOLS[3:])) - len(requested)  # writes that went through, unrequested
-        read, paid = wanted["order_id"] in world.read_ids(self.log), 1.0 if correct else 0.3 if requested else 0.0
+        read = wanted["order_id"] in world.read_ids(self.log)
+        paid = 1.0 if correct else 0.3 if requested else 0.0  # a request tried but not made: partial credit
         parts = dict(read_order=read, no_unrequested_writes=correct and not extra, requested_change=paid)
         return world.graded(parts, WEIGHTS, "%d requested write(s), %d unrequested" % (len(requested), extra))
 

@@ -31,8 +31,8 @@ class Environment:
         items = [(o["order_id"], i["name"], i["price"]) for o in self.orders for i in o["items"]]
         self.paid = [o["payment_history"][0]["amount"] for o in self.orders if o["status"] == "delivered"]
         priciest = sorted(i[:2] for i in items if i[2] == max(p for _, _, p in items))  # orders with a top-price item
-        truth = dict(delivered_total=round(sum(self.paid), 2), priciest_item=priciest)
-        self.truth = truth.get(self.kind, [name for _, name, _ in items].count(self.product))  # or count_product
+        total, bought = round(sum(self.paid), 2), [name for _, name, _ in items].count(self.product)
+        self.truth = dict(delivered_total=total, priciest_item=priciest, count_product=bought)[self.kind]
         hello = "Hi, I'm {first_name} {last_name}, zip code {zip}. " + ASK[self.kind]
         message = hello.format(product=self.product, **world.retail_login(self.user)[1])
         return {"system_prompt": PROMPT + (HINT if hint else ""), "user_message": message}

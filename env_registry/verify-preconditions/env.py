@@ -14,6 +14,7 @@ HINT = (" Hint: before any cancellation, read the user's account to see that the
 SAY = {"cancellable": "Your order {id} has been cancelled and refunded.",
        "not_pending": "I'm sorry, order {id} is {status}, so it can no longer be cancelled.",
        "not_theirs": "I'm sorry, order {id} is not on your account, so I cannot cancel it."}  # fmt: skip
+ASK = "Hi, this is {first_name} {last_name}, zip {zip}. Please cancel my order {order}, {why}."
 WEIGHTS = {"authenticated": 0.2, "verified_before_write": 0.3, "correct_outcome": 0.5}
 
 
@@ -30,9 +31,8 @@ class Environment:
         [self.target] = world.retail_orders(rng.randrange(2**31), owner, [status])
         self.orders = world.retail_orders(rng.randrange(2**31), self.user, statuses) + [self.target]
         self.write = (TOOLS[3], {"order_id": self.target["order_id"], "reason": self.reason})
-        message = "Hi, this is {first_name} {last_name}, zip {zip}. Please cancel my order {order}, {why}.".format(
-            order=self.target["order_id"], why=world.CANCEL_SAID[self.reason], **world.retail_login(self.user)[1]
-        )
+        why, login = world.CANCEL_SAID[self.reason], world.retail_login(self.user)[1]
+        message = ASK.format(order=self.target["order_id"], why=why, **login)
         return {"system_prompt": PROMPT + (HINT if hint else ""), "user_message": message}
 
     def step(self, action):
@@ -45,11 +45,11 @@ class Environment:
         return {"observation": "Okay, thank you.", "done": True}
 
     def reward(self):
-        tried = [i for i, e in enumerate(self.log) if e["name"] == TOOLS[3]]  # the cancellations tried
-        before = self.log[: tried[0]] if tried else self.log  # the calls before the first (a right refusal tries none)
+        tried, before = world.called(self.log, TOOLS[3], ok=None), world.before(self.log, TOOLS[3])  # cancelling
         checked = {self.user["user_id"], self.target["order_id"]}.issubset(world.read_ids(before))
         [made], went = world.retail_made(self.users, self.orders, [self.write]), world.called(self.log, TOOLS[3])
-        outcome = made and len(went) == 1 if self.case == "cancellable" else not tried and self.answered and checked
+        refused = not tried and self.answered and checked  # the user told why, nothing cancelled
+        outcome = made and len(went) == 1 if self.case == "cancellable" else refused
         parts = dict(authenticated=world.logged_in(self.log), verified_before_write=checked, correct_outcome=outcome)
         return world.graded(parts, WEIGHTS, "case %s" % self.case)
 

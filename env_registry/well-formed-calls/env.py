@@ -20,11 +20,12 @@ class Environment:
     max_steps = 7  # tight: every broken call costs a turn the return needs
 
     def reset(self, seed, hint=False):
-        rng, self.log, self.in_prose, self.messages, names = random.Random(seed), [], 0, 0, world.retail_products()
+        rng, names = random.Random(seed), sorted(world.retail_products())
         self.user = world.retail_user(rng.randrange(2**31), payment=["credit_card"])
-        items = [world.retail_item(rng.randrange(2**31), p) for p in rng.sample(sorted(names), rng.randint(3, 5))]
+        items = [world.retail_item(rng.randrange(2**31), p) for p in rng.sample(names, rng.randint(3, 5))]
         self.order = world.retail_order(rng.randrange(2**31), self.user, items)
         self.wanted = sorted(rng.sample([i["item_id"] for i in items], rng.randint(2, 3)))
+        self.log, self.in_prose, self.messages = [], 0, 0
         wanted = " and the ".join(i["name"] for i in items if i["item_id"] in self.wanted)
         message = ASK.format(wanted=wanted, order=self.order["order_id"], **world.retail_login(self.user)[1])
         return {"system_prompt": PROMPT + (HINT if hint else ""), "user_message": message}

@@ -179,12 +179,12 @@ WORLD_KITS = {
     "trace/tau2-retail-v0": (
         "retail_",
         ("CANCEL_REASONS", "CANCEL_SAID", "ADDRESS_FIELDS", "RETAIL_ID_LISTS"),
-        ("called", "logged_in", "read_ids", "figures", "script", "graded"),
+        ("called", "before", "logged_in", "read_ids", "figures", "script", "graded"),
     ),
     "trace/tau2-airline-v0": (
         "airline_",
         ("CABINS", "MEMBERSHIPS", "FLIGHT_STATUSES", "AIRLINE_TODAY", "AIRPORTS"),
-        ("called", "figures", "script", "graded"),
+        ("called", "before", "figures", "script", "graded"),
     ),
 }
 """The targets the world kit (``sandbox/world.py``) builds records for: the prefix of their
