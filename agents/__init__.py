@@ -1,6 +1,7 @@
 """Agent policies (installed as ``trace_gym.agents``).
 
-An agent is anything with ``reset(observation, info, env)`` and
+An agent (``agents.base.Agent``) has ``name``, ``model`` and ``adapter`` (None
+where it has no model), ``reset(observation, info, env)`` and
 ``act(observation) -> str``: it reads text and writes the raw text of its next
 action, exactly what a model would write. ``make_agent`` builds one by name.
 """

@@ -86,7 +86,7 @@ class LLMAgent:
 
     @property
     def token_level(self) -> bool:
-        return bool(getattr(self.backend, "token_level", False))
+        return bool(self.backend.token_level)
 
     def reset(self, observation: str, info: dict[str, Any], env: Any = None) -> None:
         self.end_episode()

@@ -324,6 +324,30 @@ def test_one_loop_plays_lock_step_agents_and_agents_that_act_side_by_side():
             env.close()
 
 
+def test_an_agent_without_the_protocols_members_is_refused_before_it_plays():
+    """agents.base.Agent declares name, model and adapter beside reset and act: an agent
+    written without model is refused in one line before its episode, not after it."""
+    import gymnasium as gym
+
+    from trace_gym.rollout import Episode, run_episode
+
+    class Modelless:
+        name = "modelless"
+
+        def reset(self, observation, info, env=None):
+            raise AssertionError("never started")
+
+        def act(self, observation):
+            return "hello"
+
+    env = gym.make("trace/tau2-mock-v0")
+    try:
+        with pytest.raises(TraceGymError, match="Modelless is not an agent: it needs name, model and adapter"):
+            run_episode(env, Modelless(), "trace/tau2-mock-v0", Episode("create_task_1", 0, 0))
+    finally:
+        env.close()
+
+
 def test_a_lock_step_batch_is_generated_in_one_pass_whatever_the_models_default(tmp_path):
     """`[policy] batch = 32` played as four generations of 8 rows, the local model's default:
     the rollout's batch now reaches the model, so each turn is one batched generation."""

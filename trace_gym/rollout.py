@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from .actions import ActionKind, ParsedAction, parse_action
 from trace_gym.agents import make_agent
-from .agents.base import LockStepAgent, Meters, Observes, Reports
+from .agents.base import Agent, LockStepAgent, Meters, Observes, Reports
 from .env import TextEnv, check_target_reset, check_target_reward, opening_messages, turn_messages
 from .errors import AgentGaveUp, OtherRunError, TraceGymError
 from trace_gym.llm import EMBEDDED_DEFAULT, make_backend
@@ -366,6 +366,11 @@ def play_batched(
         nonlocal backend
         if agent_for is not None:
             agents[i] = agent_for(i, episode)
+        if not isinstance(agents[i], Agent):  # refused before its episode is played, not after
+            raise TraceGymError(
+                f"{type(agents[i]).__name__} is not an agent: it needs name, model and adapter attributes "
+                "(None where it has no model) and reset() and act() (agents.base.Agent)"
+            )
         lock_step[i] = isinstance(agents[i], LockStepAgent)
         if lock_step[i]:
             backend = agents[i].backend if backend is None else backend
