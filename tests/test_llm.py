@@ -355,6 +355,8 @@ def test_what_a_backend_can_do_besides_generating_is_a_declared_protocol(tmp_pat
     chat = OpenAICompatible("m", base_url="http://127.0.0.1:9/v1", api_key="x")
     with pytest.raises(TraceGymError, match="cannot load LoRA adapters"):
         _with_local_adapter("llm", {"adapter": str(tmp_path), "model": chat}, "local")
+    with pytest.raises(TraceGymError, match="model object cannot load LoRA adapters"):  # not a backend: one line
+        _with_local_adapter("llm", {"adapter": str(tmp_path), "model": object()}, "local")
 
 
 def test_a_local_model_runs_in_the_dtype_asked_and_refuses_others(monkeypatch):

@@ -803,7 +803,8 @@ def _with_local_adapter(
 
     backend = _shared_backend({} if backends is None else backends, agent_kwargs)
     if not isinstance(backend, LoadsAdapters):
-        raise TraceGymError(f"model {backend.name} cannot load LoRA adapters")
+        name = getattr(backend, "name", type(backend).__name__)  # a user's object need not be a backend at all
+        raise TraceGymError(f"model {name} cannot load LoRA adapters")
     backend.load_adapter(adapter, str(path))
     return {**agent_kwargs, "model": backend}
 
