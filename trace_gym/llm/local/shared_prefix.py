@@ -36,6 +36,7 @@ _registered = False
 CPU_KERNEL = True  # False: the matrix-product path on CPU too (the tests compare both)
 _switch_lock = threading.Lock()
 _switched: dict[int, list] = {}  # id(config) -> [blocks inside, the setting to restore]
+_kernel_masks = threading.local()  # .last: the kernel mask of this thread's latest forward (``_kernel_mask``)
 
 
 def shared_prefix_attention(
@@ -112,11 +113,9 @@ def _attend_cpu(
     kv_heads = key.shape[1]
     n = heads // kv_heads * q_len
     q = query.reshape(batch, kv_heads, n, dim)  # the query heads that share one key head, side by side
-    mask, seen = None, None
-    if attention_mask is not None:
-        visible = _grouped_visible(attention_mask, batch, n, q_len)
-        mask = torch.zeros(visible.shape, dtype=query.dtype, device=query.device).masked_fill_(~visible, float("-inf"))
-        seen = visible.any(dim=-1)  # [B, 1, n]
+    mask, seen = (
+        _kernel_mask(attention_mask, batch, n, q_len, query.dtype) if attention_mask is not None else (None, None)
+    )
     out, lse = flash(q, key.to(query.dtype), value.to(query.dtype), 0.0, False, attn_mask=mask, scale=scale)[:2]
     out, lse = out.float(), lse.float()
     if seen is not None:  # a query that sees none of its own tokens gets 0 from its own part, and no weight in the join
@@ -143,6 +142,28 @@ def _attend_cpu(
         own_w, part_w = torch.exp(own_lse - top), torch.exp(part_lse - top)
         out[index] = (out[index] * own_w[..., None] + part * part_w[..., None]) / (own_w + part_w)[..., None]
     return out.reshape(batch, heads, q_len, dim).to(query.dtype)
+
+
+def _kernel_mask(attention_mask: Any, batch: int, n: int, q_len: int, dtype: Any) -> tuple[Any, Any]:
+    """The fused kernel's additive mask [B, 1, G*Q, S] (0 visible, -inf not) for
+    ``attention_mask`` and which queries see any own token [B, 1, G*Q]. Every layer
+    of a forward is handed the same mask tensor, so this is built in the first layer
+    and reused by the rest: inside ``use_shared_prefix``'s block, one entry per
+    thread, reused only for the very mask object it was built from and dropped when
+    the block ends (the callers build a mask afresh per forward and never change it
+    in place)."""
+    import torch
+
+    key = (n, q_len, dtype)
+    held = getattr(_kernel_masks, "last", None)
+    if held is not None and held[0] is attention_mask and held[1] == key:
+        return held[2], held[3]
+    visible = _grouped_visible(attention_mask, batch, n, q_len)
+    mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, float("-inf"))
+    seen = visible.any(dim=-1)  # [B, 1, n]
+    if getattr(_kernel_masks, "depth", 0):  # (outside a block nothing would drop it)
+        _kernel_masks.last = (attention_mask, key, mask, seen)
+    return mask, seen
 
 
 def _grouped_visible(attention_mask: Any, batch: int, n: int, q_len: int) -> Any:
@@ -252,9 +273,13 @@ def use_shared_prefix(config: Any) -> Iterator[None]:
             held = _switched[id(config)] = [0, config._attn_implementation]
             config._attn_implementation = NAME
         held[0] += 1
+    _kernel_masks.depth = getattr(_kernel_masks, "depth", 0) + 1  # (this thread's blocks: its kernel masks are kept)
     try:
         yield
     finally:
+        _kernel_masks.depth -= 1
+        if not _kernel_masks.depth:
+            _kernel_masks.last = None  # (a prefill's mask can be large; it is not kept past the block)
         with _switch_lock:
             held[0] -= 1
             if held[0] == 0:
