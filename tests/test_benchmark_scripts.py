@@ -53,8 +53,14 @@ def test_a_count_that_is_not_a_positive_number_is_refused(name: str, value: str,
 
 
 def test_an_option_count_below_one_is_refused():
-    refused = call(BENCHMARKS / "grpo_iteration.py", "--groups", "0")
-    assert refused.returncode == 2 and "must be at least 1, got 0" in refused.stderr.strip().splitlines()[-1]
+    for script, option in (("grpo_iteration.py", "--groups"), ("decode_step.py", "--rows")):
+        refused = call(BENCHMARKS / script, option, "0")
+        assert refused.returncode == 2 and "must be at least 1, got 0" in refused.stderr.strip().splitlines()[-1]
+
+
+def test_decode_step_refuses_a_smallest_budget_above_the_largest():
+    refused = call(BENCHMARKS / "decode_step.py", "--min-new", "9", "--max-new", "3")
+    assert refused.returncode == 2 and "--min-new (9) is above --max-new (3)" in refused.stderr.strip().splitlines()[-1]
 
 
 def test_validation_time_refuses_an_env_with_hostile():

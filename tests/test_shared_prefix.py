@@ -169,6 +169,32 @@ def chats_of(questions: list[str]) -> list[list[dict]]:
     return [[{"role": "system", "content": system}, {"role": "user", "content": q}] for q in questions]
 
 
+def next_turns(backend, first, replies, *, max_new_tokens: int, seed: int):
+    """Each episode's second turn: its prompt, the reply, and a user's "Go on."."""
+    from trace_gym.llm import GenerationRequest
+
+    return [
+        GenerationRequest(
+            r.messages,
+            max_new_tokens=max_new_tokens,
+            temperature=1.0,
+            seed=seed,
+            session=r.session,
+            prefix_len=r.prefix_len,
+            prompt_ids=[
+                *c.tokens.prompt_ids,
+                *c.tokens.completion_ids,
+                *backend.encode_continuation(
+                    {"role": "assistant", "content": c.text},
+                    [{"role": "user", "content": "Go on."}],
+                    c.tokens.completion_ids,
+                ),
+            ],
+        )
+        for r, c in zip(first, replies)
+    ]
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_a_batch_decodes_the_same_tokens_with_and_without_shared_prefix_attention(family, monkeypatch):
     """Tiny random models of both families behind LocalHF: four episodes of one
@@ -207,26 +233,7 @@ def test_a_batch_decodes_the_same_tokens_with_and_without_shared_prefix_attentio
             len(p) - prefix for p in map(list, {tuple(p) for p in prompts})
         )
         assert backend.last_stats["prefill_tokens"] + backend.last_stats["cached_tokens"] == sum(map(len, prompts))
-        second = [
-            GenerationRequest(
-                r.messages,
-                max_new_tokens=6,
-                temperature=1.0,
-                seed=9,
-                session=r.session,
-                prefix_len=r.prefix_len,
-                prompt_ids=[
-                    *c.tokens.prompt_ids,
-                    *c.tokens.completion_ids,
-                    *backend.encode_continuation(
-                        {"role": "assistant", "content": c.text},
-                        [{"role": "user", "content": "Go on."}],
-                        c.tokens.completion_ids,
-                    ),
-                ],
-            )
-            for r, c in zip(first, turn1)
-        ]
+        second = next_turns(backend, first, turn1, max_new_tokens=6, seed=9)
         turn2 = backend.complete(second)
         assert backend.last_stats["prefill_tokens"] < 20 * len(second)  # turn 2 extended each episode's cache
         runs[mode] = [(c.tokens.completion_ids, c.tokens.logprobs) for c in [*turn1, *turn2]]
@@ -337,6 +344,99 @@ def test_a_plain_forward_during_the_switch_keeps_its_padding_mask_and_overlappin
             during = model(input_ids=ids, attention_mask=padding).logits
     assert model.config._attn_implementation == "sdpa"
     torch.testing.assert_close(during[:, 3:], plain[:, 3:], rtol=1e-5, atol=1e-5)
+
+
+def test_the_kernel_mask_is_built_once_per_forward_and_only_for_its_own_mask(monkeypatch):
+    """Every layer of a forward gets the same mask; its kernel form is built in the
+    first and reused by the rest, inside the switch only, and never for another mask
+    of the same shape (which would hand one step's visibility to the next)."""
+    builds = []
+    grouped = shared_prefix._grouped_visible
+    monkeypatch.setattr(shared_prefix, "_grouped_visible", lambda *a: builds.append(1) or grouped(*a))
+    (query, key, value, mask, spec), expected = case(1, [4, 7, 5], [0, 0, 1])
+    other = shared_prefix.own_mask(3, 1, 7, [5, 0, 1], [6, 6, 6], "cpu")  # the next step's: other rows visible
+    assert other.shape == mask.shape and not torch.equal(other, mask)
+    fresh = attend(query, key, value, other, spec)  # (outside the switch: built afresh)
+    assert not torch.allclose(fresh, expected, atol=1e-3)
+    builds.clear()
+    with shared_prefix.use_shared_prefix(SimpleNamespace(_attn_implementation="sdpa")):
+        for _ in range(3):  # three layers of one forward
+            torch.testing.assert_close(attend(query, key, value, mask, spec), expected, rtol=1e-5, atol=1e-5)
+        assert len(builds) == 1
+        torch.testing.assert_close(attend(query, key, value, other, spec), fresh)  # the next forward's mask
+        assert len(builds) == 2
+    assert shared_prefix._kernel_masks.last is None  # dropped with the block
+    attend(query, key, value, mask, spec)
+    attend(query, key, value, mask, spec)
+    assert len(builds) == 4 and shared_prefix._kernel_masks.last is None  # outside the switch: built every time
+
+
+def test_a_decode_step_builds_its_kernel_mask_once_for_all_layers(monkeypatch):
+    """Through the model's own layers (transformers hands each the caller's mask)."""
+    from trace_gym.llm import GenerationRequest
+    from trace_gym.llm.local import LocalHF
+
+    model, tokenizer = tiny_model("llama")
+    assert model.config.num_hidden_layers == 2
+    backend = LocalHF.from_model(model, tokenizer)
+    builds, forwards = [], []
+    grouped = shared_prefix._grouped_visible
+    monkeypatch.setattr(shared_prefix, "_grouped_visible", lambda *a: builds.append(1) or grouped(*a))
+    forward = backend._forward
+    backend._forward = lambda adapters, **inputs: (
+        forwards.append("shared_prefix" in inputs) or forward(adapters, **inputs)
+    )
+    chats = chats_of(["Hi.", "Where is order 7?", "Cancel #W1 now."])
+    backend.stop_ids = set()
+    backend.complete([GenerationRequest(c, max_new_tokens=5) for c in chats])
+    in_place = sum(forwards)
+    assert in_place >= 4 and len(builds) == in_place  # (the prompts' prefill forward and four decode steps)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_rows_that_stop_leave_the_decode_batch_and_nothing_they_or_the_rest_sample_changes(shared, monkeypatch):
+    """Six episodes with budgets 1 to 12 tokens, sampled, two turns: dropping the rows
+    that have stopped from the batch (each time they are a quarter of it, or never)
+    gives the same ids and logprobs, and the next turn, which extends each episode's
+    cache by the tokens it fed, the same too (a row's fed tokens read from the wrong
+    place in the shrunken cache would change it)."""
+    from trace_gym.llm import GenerationRequest
+    from trace_gym.llm.local import LocalHF
+    from trace_gym.llm.local import model as local_model
+
+    model, tokenizer = tiny_model("llama")
+    chats = chats_of(["Hi.", "Where is order 7?", "Cancel #W1 now.", "Refund it.", "Hello?", "Bye."])
+    budgets = [12, 1, 5, 3, 9, 12]
+    runs, batches = {}, {}
+    for drop in (0.25, 2.0):  # (2.0: never)
+        monkeypatch.setattr(local_model, "DROP_FINISHED", drop)
+        backend = LocalHF.from_model(model, tokenizer, shared_prefix_attention=shared)
+        backend.stop_ids = set()
+        forward = backend._forward
+        batches[drop] = []
+
+        def spy(adapters, forward=forward, seen=batches[drop], **inputs):
+            if inputs["input_ids"].shape[1] == 1:
+                seen.append(inputs["input_ids"].shape[0])  # rows of a decode step
+            return forward(adapters, **inputs)
+
+        backend._forward = spy
+        first = [
+            GenerationRequest(c, max_new_tokens=n, temperature=1.0, seed=i, session=f"{i}")
+            for i, (c, n) in enumerate(zip(chats, budgets))
+        ]
+        turn1 = backend.complete(first)
+        second = next_turns(backend, first, turn1, max_new_tokens=4, seed=7)
+        turn2 = backend.complete(second)
+        assert backend.last_stats["cached_tokens"] > 0 and backend.last_stats["prefill_tokens"] < 20 * len(second)
+        runs[drop] = [(c.tokens.completion_ids, c.tokens.logprobs) for c in [*turn1, *turn2]]
+    assert [len(ids) for ids, _ in runs[0.25][:6]] == budgets
+    assert batches[2.0][:11] == [6] * 11  # every row in every step of turn 1
+    # stopped rows leave once they are a quarter of the batch: 2 of 6 (budgets 1 and 3), 1 of 4, 1 of 3
+    assert batches[0.25][:11] == [6, 6, 4, 4, 3, 3, 3, 3, 2, 2, 2]
+    assert [ids for ids, _ in runs[0.25]] == [ids for ids, _ in runs[2.0]]
+    for (_, got), (_, kept) in zip(runs[0.25], runs[2.0]):
+        assert max(abs(a - b) for a, b in zip(got, kept)) < 1e-4
 
 
 def test_non_finite_logits_are_an_error_not_a_sample():

@@ -47,6 +47,8 @@ from ..registry import load_local
 from .sampling import RowSampler
 from ..token_template import TokenTemplate
 
+DROP_FINISHED = 0.25  # rows that have stopped leave the decode batch once they are this share of it
+
 
 class LocalHF(CachedPrefill, LoraAdapters, TokenTemplate, Generates):
     """Args:
@@ -256,7 +258,7 @@ class LocalHF(CachedPrefill, LoraAdapters, TokenTemplate, Generates):
         completions = []
         for i, (request, ids) in enumerate(zip(requests, prompts)):
             if request.session is not None and self.kv_cache:
-                self._keep_session(request.session, ids, rows[i][0], sampler.sampled[i], decoded, i)
+                self._keep_session(request.session, ids, rows[i][0], sampler.sampled[i], decoded[i])
             completions.append(self._completion(ids, sampler.sampled[i], sampler.logprobs[i]))
         stats["total_s"] += time.perf_counter() - t0
         return completions
@@ -268,15 +270,19 @@ class LocalHF(CachedPrefill, LoraAdapters, TokenTemplate, Generates):
         lengths: list[int],
         sampler: RowSampler,
         tokens: list[int],
-    ) -> tuple[list[tuple[Any, Any]], int]:
+    ) -> list[list[tuple[Any, Any]]]:
         """Decode every row after its first token, over one static cache: each row's
         own tokens right-aligned at ``longest`` (left padding masked out), then one
-        slot per step. Returns the decode cache's layers and ``longest`` (empty
-        layers when every row finished at its first token).
+        slot per step. Returns, per row, the keys and values of the tokens it fed
+        (per layer ``[1, kv_heads, fed, head_dim]``; none for a row that finished at
+        its first token).
 
         Rows that extend a shared prefix attend to it in place; the decode cache
         holds their own tokens only (for a prefix that only one row extends, plain
-        attention over a copy is as fast)."""
+        attention over a copy is as fast). Rows that have stopped leave the batch
+        once they are ``DROP_FINISHED`` of it (their fed tokens kept aside): a batch
+        decodes until its longest reply ends, and each row left in costs a step
+        its share of the attention."""
         from transformers import StaticCache
 
         torch = self.torch
@@ -284,14 +290,15 @@ class LocalHF(CachedPrefill, LoraAdapters, TokenTemplate, Generates):
         bases = [entry.base if self.shared_prefix else None for entry, _ in rows]
         sharing = Counter(id(b) for b in bases if b is not None)
         bases = [b if b is not None and sharing[id(b)] > 1 else None for b in bases]
-        extra = in_place_groups(bases)
         held = [n - (len(b.ids) if b is not None else 0) for n, b in zip(lengths, bases)]  # tokens in the decode cache
         longest = max(held)
+        fed: list[list[tuple[Any, Any]]] = [[] for _ in rows]
         if sampler.done:
-            return [], longest
+            return fed
         cache = StaticCache(config=self.model.config, max_cache_len=longest + steps)
         n_layers = len(rows[0][0].layers)
-        for layer_index, layer in enumerate(cache.layers[:n_layers]):
+        layers = cache.layers[:n_layers]
+        for layer_index, layer in enumerate(layers):
             k0, v0 = rows[0][0].layers[layer_index]
             layer.lazy_initialization(
                 k0.new_zeros((len(rows), k0.shape[1], 1, k0.shape[3])),
@@ -302,50 +309,67 @@ class LocalHF(CachedPrefill, LoraAdapters, TokenTemplate, Generates):
                     layer.keys, layer.values, i, own_segments(entry, bases[i] is not None, layer_index), longest
                 )
             layer.cumulative_length.fill_(longest)
-        first = [longest - n for n in held]
+
+        def own(position: int, row: int) -> list[tuple[Any, Any]]:  # the tokens row fed, at its place in the cache
+            n = len(sampler.sampled[row]) - 1
+            cut = slice(longest, longest + n)
+            return [
+                (layer.keys[position : position + 1, :, cut], layer.values[position : position + 1, :, cut])
+                for layer in layers
+            ]
+
+        active = list(range(len(rows)))  # the rows in the decode cache, in its order
+        extra = in_place_groups(bases)
         with shared_prefix.use_shared_prefix(self.model.config) if extra else contextlib.nullcontext():
             for step in range(steps):
                 if sampler.done:
                     break
+                stopped = [p for p, i in enumerate(active) if sampler.finished[i]]
+                if stopped and len(stopped) >= DROP_FINISHED * len(active):
+                    for p in stopped:
+                        fed[active[p]] = [(k.clone(), v.clone()) for k, v in own(p, active[p])]
+                    keep = [p for p, i in enumerate(active) if not sampler.finished[i]]
+                    at = torch.tensor(keep, device=self.device)
+                    for layer in layers:
+                        layer.keys, layer.values = layer.keys.index_select(0, at), layer.values.index_select(0, at)
+                        layer.batch_size = len(keep)
+                    active = [active[p] for p in keep]
+                    extra = in_place_groups([bases[i] for i in active])
                 # this step's token is written at slot longest + step; nothing after it is visible
                 mask = shared_prefix.own_mask(
-                    len(rows), 1, longest + steps, first, [longest + step] * len(rows), self.device
+                    len(active),
+                    1,
+                    longest + steps,
+                    [longest - held[i] for i in active],
+                    [longest + step] * len(active),
+                    self.device,
                 )
                 output = self._forward(
-                    adapters,
-                    input_ids=torch.tensor([[t] for t in tokens], device=self.device),
+                    [adapters[i] for i in active],
+                    input_ids=torch.tensor([[tokens[i]] for i in active], device=self.device),
                     attention_mask=mask,
-                    position_ids=torch.tensor([[n + step] for n in lengths], device=self.device),
+                    position_ids=torch.tensor([[lengths[i] + step] for i in active], device=self.device),
                     past_key_values=cache,
                     logits_to_keep=1,
                     **extra,
                 )
-                tokens = sampler(output.logits[:, -1])
-        return [(layer.keys, layer.values) for layer in cache.layers[:n_layers]], longest
+                tokens = sampler(output.logits[:, -1], rows=active)
+        for p, i in enumerate(active):
+            fed[i] = own(p, i)
+        return fed
 
     def _keep_session(
-        self,
-        session: str,
-        ids: list[int],
-        entry: KVEntry,
-        sampled: list[int],
-        decoded: tuple[list[tuple[Any, Any]], int],
-        row: int,
+        self, session: str, ids: list[int], entry: KVEntry, sampled: list[int], fed: list[tuple[Any, Any]]
     ) -> None:
         """Store a session's cache for its next turn: its prompt's entry extended by
-        the tokens it decoded (the last sampled token has not been through the model)."""
-        layers, longest = decoded
-        fed = len(sampled) - 1
-        if fed > 0 and layers:
+        the tokens it fed while decoding (``fed``, per layer; the last sampled token
+        has not been through the model)."""
+        if fed and fed[0][0].shape[2] > 0:
             torch = self.torch
             extended = [
-                (
-                    torch.cat([k, dk[row : row + 1, :, longest : longest + fed]], dim=2),
-                    torch.cat([v, dv[row : row + 1, :, longest : longest + fed]], dim=2),
-                )
-                for (k, v), (dk, dv) in zip(entry.layers, layers)
+                (torch.cat([k, dk], dim=2), torch.cat([v, dv], dim=2)) for (k, v), (dk, dv) in zip(entry.layers, fed)
             ]
-            entry = KVEntry([*ids, *sampled[:fed]], entry.adapter, extended, base=entry.base)
+            entry = KVEntry([*ids, *sampled[: fed[0][0].shape[2]]], entry.adapter, extended, base=entry.base)
         self.store.put(("session", session), entry)
 
     # --- label scoring --------------------------------------------------------------

@@ -49,15 +49,17 @@ class RowSampler:
     def done(self) -> bool:
         return all(self.finished)
 
-    def __call__(self, step_logits: Any) -> list[int]:
+    def __call__(self, step_logits: Any, rows: list[int] | None = None) -> list[int]:
         """The next token of every row (the pad token for finished ones), given
-        the step's logits [rows, vocabulary]."""
+        the step's logits [rows, vocabulary]; ``rows``: which row each line of
+        ``step_logits`` is (a batch that has dropped rows), else every row in order."""
         torch = self.torch
-        live = [i for i, f in enumerate(self.finished) if not f]
+        line = {i: j for j, i in enumerate(rows if rows is not None else range(len(self.finished)))}
+        live = [i for i in line if not self.finished[i]]
         tokens = [self.pad_id] * len(self.finished)
         if not live:
             return tokens
-        logits = step_logits[live].float()
+        logits = step_logits[[line[i] for i in live]].float()
         t = torch.tensor(
             [self.temperatures[i] if self.temperatures[i] > 0 else 1.0 for i in live], device=logits.device
         )
