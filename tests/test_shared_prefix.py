@@ -439,6 +439,107 @@ def test_rows_that_stop_leave_the_decode_batch_and_nothing_they_or_the_rest_samp
         assert max(abs(a - b) for a, b in zip(got, kept)) < 1e-4
 
 
+def greedy_episodes(backend, chats, *, adapter=None, tag="", budget=8):
+    from trace_gym.llm import GenerationRequest
+
+    requests = [
+        GenerationRequest(c, max_new_tokens=budget, temperature=0.0, adapter=adapter, session=f"{tag}{i}")
+        for i, c in enumerate(chats)
+    ]
+    return requests, backend.complete(requests)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_a_greedy_reply_from_a_draft_is_the_reply_decoded_without_one(shared):
+    """Base plays four greedy episodes; then base again (its drafts whole), an
+    adapter (its own choices), and base against a draft altered at its fourth
+    token (kept up to there, then decoded on), each with a sampled next turn that
+    reads the episode's cache. Every token, logprob and cached prefix equals the
+    same requests played with no drafts at all."""
+    from peft import LoraConfig, get_peft_model
+
+    from trace_gym.llm import GenerationRequest
+    from trace_gym.llm.local import LocalHF
+
+    model, tokenizer = tiny_model("llama")
+    torch.manual_seed(1)
+    lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    model = get_peft_model(model, lora, adapter_name="x")
+    model.eval()
+    chats = chats_of(["Hi.", "Where is order 7?", "Cancel #W1 now.", "Refund it."])
+    runs, stats, decode_rows = {}, {}, {}
+    for drafts in (True, False):
+        backend = LocalHF.from_model(model, tokenizer, shared_prefix_attention=shared, greedy_drafts=drafts)
+        backend.stop_ids = set()  # every reply its whole budget
+        forward, decode_rows[drafts] = backend._forward, []
+
+        def spy(adapters, forward=forward, seen=decode_rows[drafts], **inputs):
+            if inputs["input_ids"].shape[1] == 1:
+                seen.append(inputs["input_ids"].shape[0])
+            return forward(adapters, **inputs)
+
+        backend._forward = spy
+        _, played = greedy_episodes(backend, chats, tag="a")
+        assert not drafts or backend.last_stats["draft_tokens"] == 0  # nothing recorded yet
+        decode_rows[drafts].clear()
+        _, replayed = greedy_episodes(backend, chats, tag="b")
+        if drafts:
+            assert backend.last_stats["draft_accepted"] == 4 * 8 and decode_rows[drafts] == []  # no decode step
+        tampered = list(played[2].tokens.completion_ids)
+        tampered[3] = (tampered[3] + 1) % len(tokenizer)
+        if drafts:
+            backend.drafts.record(played[2].tokens.prompt_ids, tampered)
+        mixed_requests = [
+            GenerationRequest(c, max_new_tokens=8, temperature=0.0, adapter=a, session=f"c{i}")
+            for i, (c, a) in enumerate(zip(chats, ["x", "x", None, None]))
+        ]
+        decode_rows[drafts].clear()
+        mixed = backend.complete(mixed_requests)
+        if drafts:  # the altered draft kept to its 4th token, base's own whole, the adapter's as it chose
+            assert backend.last_stats["draft_accepted"] >= 3 + 8 and decode_rows[drafts]
+        turn2 = backend.complete(next_turns(backend, mixed_requests, mixed, max_new_tokens=4, seed=5))
+        stats[drafts] = backend.last_stats["cached_tokens"]
+        runs[drafts] = [(c.tokens.completion_ids, c.tokens.logprobs) for c in [*played, *replayed, *mixed, *turn2]]
+    assert [ids for ids, _ in runs[True]] == [ids for ids, _ in runs[False]]
+    for (_, got), (_, plain) in zip(runs[True], runs[False]):
+        assert max(abs(a - b) for a, b in zip(got, plain)) < 1e-4
+    assert stats[True] == stats[False]  # each next turn started from its episode's cache in both
+
+
+def test_a_draft_is_kept_up_to_the_rows_first_own_choice_and_sampled_rows_take_none():
+    from trace_gym.llm.local import LocalHF
+    from trace_gym.llm.local.drafts import DraftBook, verify
+
+    logits = torch.full((4, 10), -5.0)
+    for position, token in enumerate([3, 1, 7, 2]):
+        logits[position, token] = 5.0
+    assert verify(torch, logits, [3, 1, 7, 2])[0] == [3, 1, 7, 2]
+    kept, logprobs = verify(torch, logits, [3, 1, 4, 2])
+    assert kept == [3, 1, 7] and len(logprobs) == 3 and all(-0.01 < lp < 0 for lp in logprobs)
+    assert verify(torch, logits, [9, 1])[0] == [3]
+
+    book = DraftBook(max_entries=2)
+    book.record([1, 2], [5])  # one token: nothing to verify
+    assert book.draft([1, 2], 8) == []
+    book.record([1, 2], [5, 6, 7])
+    assert book.draft([1, 2], 2) == [5, 6] and book.draft([1, 2], 1) == [] and book.draft([1, 3], 8) == []
+    book.record([2], [8, 9])
+    assert book.draft([1, 2], 8) == [5, 6, 7]  # now [2] is the least recently used
+    book.record([3], [8, 9])
+    assert book.draft([2], 8) == [] and book.draft([1, 2], 8) == [5, 6, 7]
+
+    model, tokenizer = tiny_model("llama")
+    backend = LocalHF.from_model(model, tokenizer)
+    chats = chats_of(["Hi.", "Bye."])
+    greedy_episodes(backend, chats, tag="g")
+    from trace_gym.llm import GenerationRequest
+
+    backend.complete([GenerationRequest(c, max_new_tokens=8, temperature=1.0, seed=0) for c in chats])
+    assert backend.last_stats["draft_tokens"] == 0
+    greedy_episodes(backend, chats, tag="h")
+    assert backend.last_stats["draft_tokens"] > 0
+
+
 def test_non_finite_logits_are_an_error_not_a_sample():
     """A model whose logits overflow (here: a NaN in its output head) cannot be
     sampled from; the backend says so instead of recording a NaN logprob."""

@@ -21,6 +21,10 @@ token in, token out.
   copied into the decode cache; at τ²'s 5k-token prefix this, not the weights,
   is what a decode step costs. Exact attention; Llama-family models only (others
   take the plain path).
+- Greedy drafts (``drafts.py``): a greedy request on a prompt some earlier
+  greedy request already answered (evaluation plays every method on the same
+  tasks) feeds that reply in its prefill and keeps it up to its own first
+  different choice, then decodes on. The reply is the request's own greedy one.
 - ``score(conversation, labels)``: each label's full token sequence logprob as
   the next reply.
 
@@ -39,6 +43,7 @@ from typing import Any
 
 from . import shared_prefix
 from ..base import Completion, GenerationRequest, Generates, LLMError
+from .drafts import DraftBook, verify
 from .kv_cache import KVEntry, KVStore, cache_budget, in_place_groups, own_segments, write_right_aligned
 from .lora import LoraAdapters
 from .prefill import CachedPrefill
@@ -67,6 +72,9 @@ class LocalHF(CachedPrefill, LoraAdapters, TokenTemplate, Generates):
         (bfloat16 on CUDA and on a CPU with bf16 matrix instructions, float32
         elsewhere: ``precision``). A model object keeps its own.
     chat_template: replaces the tokenizer's own.
+    greedy_drafts: verify the last greedy reply to the same prompt as a draft
+        for a greedy request (``drafts.py``; off: every greedy reply is decoded
+        token by token).
     template: which template to play with (``templates.choose``): ``auto`` keeps
         one that appends turn for turn, else takes TRL's training template for the
         family; ``stock`` keeps the tokenizer's; or a template's name (ours or
@@ -91,6 +99,7 @@ class LocalHF(CachedPrefill, LoraAdapters, TokenTemplate, Generates):
         tokenizer: Any = None,
         shared_prefix_attention: bool = True,
         dtype: str | None = None,
+        greedy_drafts: bool = True,
     ):
         try:
             import torch
@@ -129,6 +138,7 @@ class LocalHF(CachedPrefill, LoraAdapters, TokenTemplate, Generates):
             free = torch.cuda.mem_get_info(self.device)[0] if alone else None
             cache_bytes = cache_budget(self.device, free)
         self.store = KVStore(cache_bytes)
+        self.drafts = DraftBook() if greedy_drafts else None
         self._set_template(
             chat_template, template, getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
         )
@@ -186,6 +196,8 @@ class LocalHF(CachedPrefill, LoraAdapters, TokenTemplate, Generates):
             "prefix_tokens": 0,
             "cached_tokens": 0,
             "decode_tokens": 0,
+            "draft_tokens": 0,  # tokens of drafts fed to verify them
+            "draft_accepted": 0,  # of which the rows' own choices
             "ttft_s": 0.0,
             "total_s": 0.0,
         }
@@ -242,7 +254,16 @@ class LocalHF(CachedPrefill, LoraAdapters, TokenTemplate, Generates):
                 r.prefix_len = r.prefix_len or prefix_len
                 prompts.append(ids)
         starts = [self._find_start(r, ids, stats) for r, ids in zip(requests, prompts)]
-        rows = self._prefill_rows([(ids, start, r.adapter) for r, ids, start in zip(requests, prompts, starts)], stats)
+        drafts = [
+            self.drafts.draft(ids, r.max_new_tokens) if self.drafts is not None and r.temperature <= 0 else []
+            for r, ids in zip(requests, prompts)
+        ]
+        fed = [[*ids, *draft[:-1]] for ids, draft in zip(prompts, drafts)]
+        rows = self._prefill_rows(
+            [(ids, start, r.adapter) for r, ids, start in zip(requests, fed, starts)],
+            stats,
+            keep=[max(len(d), 1) for d in drafts],
+        )
         sampler = RowSampler(
             self.torch,
             requests,
@@ -251,27 +272,58 @@ class LocalHF(CachedPrefill, LoraAdapters, TokenTemplate, Generates):
             pad_id=self.tokenizer.pad_token_id,
             model_name=self.name,
         )
-        tokens = sampler(self.torch.stack([row[1] for row in rows]))
+        plain = [i for i, d in enumerate(drafts) if not d]
+        tokens = [self.tokenizer.pad_token_id] * len(requests)
+        if plain:
+            tokens = sampler(self.torch.stack([rows[i][1][-1] for i in plain]), rows=plain)
+        for i, draft in enumerate(drafts):
+            if draft:
+                rows[i], tokens[i] = self._take_draft(sampler, i, rows[i], draft, stats)
         stats["ttft_s"] += time.perf_counter() - t0
-        decoded = self._decode(rows, [r.adapter for r in requests], [len(ids) for ids in prompts], sampler, tokens)
+        decoded = self._decode([(entry, None) for entry, _ in rows], [r.adapter for r in requests], sampler, tokens)
         stats["decode_tokens"] += sum(len(s) for s in sampler.sampled)
         completions = []
         for i, (request, ids) in enumerate(zip(requests, prompts)):
             if request.session is not None and self.kv_cache:
                 self._keep_session(request.session, ids, rows[i][0], sampler.sampled[i], decoded[i])
             completions.append(self._completion(ids, sampler.sampled[i], sampler.logprobs[i]))
+            if self.drafts is not None and request.temperature <= 0:
+                self.drafts.record(ids, sampler.sampled[i])
         stats["total_s"] += time.perf_counter() - t0
         return completions
+
+    def _take_draft(
+        self, sampler: RowSampler, row: int, prefilled: tuple[KVEntry, Any], draft: list[int], stats: dict[str, Any]
+    ) -> tuple[tuple[KVEntry, Any], int]:
+        """Verify a greedy row's draft from its prefill (``drafts.verify``), record
+        the tokens kept in ``sampler``, and cut the row's cache to the tokens fed
+        before its last kept one. Returns the cut row and the token it decodes
+        from (the pad token once it has finished)."""
+        entry, logits = prefilled
+        kept, logprobs = verify(self.torch, logits, draft)
+        taken = sampler.accept(row, kept, logprobs)
+        stats["draft_tokens"] += len(draft) - 1
+        stats["draft_accepted"] += sum(1 for a, b in zip(kept[:taken], draft) if a == b)
+        extra = (len(draft) - 1) - (taken - 1)  # draft tokens fed after the last kept one
+        if extra:
+            entry = KVEntry(
+                entry.ids[: len(entry.ids) - extra],
+                entry.adapter,
+                [(k[:, :, : k.shape[2] - extra], v[:, :, : v.shape[2] - extra]) for k, v in entry.layers],
+                base=entry.base,
+            )
+        token = self.tokenizer.pad_token_id if sampler.finished[row] else sampler.sampled[row][-1]
+        return (entry, None), token
 
     def _decode(
         self,
         rows: list[tuple[KVEntry, Any]],
         adapters: list[str | None],
-        lengths: list[int],
         sampler: RowSampler,
         tokens: list[int],
     ) -> list[list[tuple[Any, Any]]]:
-        """Decode every row after its first token, over one static cache: each row's
+        """Decode every row after the tokens it has (its first, or a draft's), over
+        one static cache, from ``tokens`` (each row's last, not yet fed): each row's
         own tokens right-aligned at ``longest`` (left padding masked out), then one
         slot per step. Returns, per row, the keys and values of the tokens it fed
         (per layer ``[1, kv_heads, fed, head_dim]``; none for a row that finished at
@@ -287,6 +339,8 @@ class LocalHF(CachedPrefill, LoraAdapters, TokenTemplate, Generates):
 
         torch = self.torch
         steps = max(sampler.budget) - 1
+        lengths = [len(entry.ids) for entry, _ in rows]  # each row's tokens in its cache
+        first = [len(s) for s in sampler.sampled]  # tokens each row had before decoding
         bases = [entry.base if self.shared_prefix else None for entry, _ in rows]
         sharing = Counter(id(b) for b in bases if b is not None)
         bases = [b if b is not None and sharing[id(b)] > 1 else None for b in bases]
@@ -311,7 +365,7 @@ class LocalHF(CachedPrefill, LoraAdapters, TokenTemplate, Generates):
             layer.cumulative_length.fill_(longest)
 
         def own(position: int, row: int) -> list[tuple[Any, Any]]:  # the tokens row fed, at its place in the cache
-            n = len(sampler.sampled[row]) - 1
+            n = len(sampler.sampled[row]) - first[row]
             cut = slice(longest, longest + n)
             return [
                 (layer.keys[position : position + 1, :, cut], layer.values[position : position + 1, :, cut])
@@ -361,15 +415,19 @@ class LocalHF(CachedPrefill, LoraAdapters, TokenTemplate, Generates):
     def _keep_session(
         self, session: str, ids: list[int], entry: KVEntry, sampled: list[int], fed: list[tuple[Any, Any]]
     ) -> None:
-        """Store a session's cache for its next turn: its prompt's entry extended by
-        the tokens it fed while decoding (``fed``, per layer; the last sampled token
-        has not been through the model)."""
+        """Store a session's cache for its next turn: its entry (the prompt, and the
+        reply's tokens fed with it: a draft's) extended by the tokens it fed while
+        decoding (``fed``, per layer; the last sampled token has not been through
+        the model)."""
         if fed and fed[0][0].shape[2] > 0:
             torch = self.torch
+            done = len(entry.ids) - len(ids)
             extended = [
                 (torch.cat([k, dk], dim=2), torch.cat([v, dv], dim=2)) for (k, v), (dk, dv) in zip(entry.layers, fed)
             ]
-            entry = KVEntry([*ids, *sampled[: fed[0][0].shape[2]]], entry.adapter, extended, base=entry.base)
+            entry = KVEntry(
+                [*entry.ids, *sampled[done : done + fed[0][0].shape[2]]], entry.adapter, extended, base=entry.base
+            )
         self.store.put(("session", session), entry)
 
     # --- label scoring --------------------------------------------------------------

@@ -44,9 +44,14 @@ class CachedPrefill:
         return self._prefill_rows([(ids, start, adapter)])[0]
 
     def _prefill_rows(
-        self, items: list[tuple[list[int], KVEntry | None, str | None]], stats: dict[str, Any] | None = None
+        self,
+        items: list[tuple[list[int], KVEntry | None, str | None]],
+        stats: dict[str, Any] | None = None,
+        keep: list[int] | None = None,
     ) -> list[tuple[KVEntry, Any]]:
-        """``_prefill`` for each (ids, start, adapter). Rows that continue a cached
+        """``_prefill`` for each (ids, start, adapter); with ``keep``, each row's
+        logits at its last ``keep[i]`` positions (``[keep[i], vocabulary]``: a draft
+        to verify) instead of the last position's. Rows that continue a cached
         entry run together, up to ``PREFILL_TOKENS`` new tokens and
         ``PREFILL_SLOTS`` key slots (padded) per forward (a row larger than that
         runs alone), attending to their shared prefixes in place; identical rows
@@ -54,7 +59,8 @@ class CachedPrefill:
         entry, and ``stats`` (counted per request by ``_find_start``) then count
         the repeats' tokens as cached. A row with nothing cached, or a model
         without shared-prefix attention, runs alone under the model's own masks."""
-        keys = [(adapter, id(start), tuple(ids)) for ids, start, adapter in items]
+        tails = keep or [1] * len(items)
+        keys = [(adapter, id(start), tuple(ids), n) for (ids, start, adapter), n in zip(items, tails)]
         firsts: dict[tuple, tuple[list[int], KVEntry | None, str | None]] = {}
         for key, (ids, start, adapter) in zip(keys, items):
             if key in firsts and stats is not None:
@@ -68,7 +74,7 @@ class CachedPrefill:
             if self.shared_prefix and start is not None:
                 batched.append(key)
             else:
-                results[key] = self._prefill_whole(ids, start, adapter)
+                results[key] = self._prefill_whole(ids, start, adapter, key[-1])
 
         def new_tokens(key: tuple) -> int:
             return len(firsts[key][0]) - len(firsts[key][1].ids)
@@ -86,14 +92,18 @@ class CachedPrefill:
         chunk: list[tuple] = []
         for key in [*batched, None]:
             if chunk and (key is None or not fits([*chunk, key])):
-                results.update(zip(chunk, self._prefill_batch([firsts[k] for k in chunk])))
+                results.update(zip(chunk, self._prefill_batch([firsts[k] for k in chunk], [k[-1] for k in chunk])))
                 chunk = []
             if key is not None:
                 chunk.append(key)
-        return [results[key] for key in keys]
+        out = [results[key] for key in keys]
+        return out if keep is not None else [(entry, logits[-1]) for entry, logits in out]
 
-    def _prefill_whole(self, ids: list[int], start: KVEntry | None, adapter: str | None) -> tuple[KVEntry, Any]:
-        """One row, its whole cache (prefix included) copied in front of it."""
+    def _prefill_whole(
+        self, ids: list[int], start: KVEntry | None, adapter: str | None, keep: int = 1
+    ) -> tuple[KVEntry, Any]:
+        """One row, its whole cache (prefix included) copied in front of it; the
+        logits of its last ``keep`` positions."""
         from transformers import DynamicCache
 
         torch = self.torch
@@ -111,7 +121,7 @@ class CachedPrefill:
             attention_mask=mask,
             position_ids=positions,
             past_key_values=cache,
-            logits_to_keep=1,
+            logits_to_keep=keep,
         )
         layers = [(layer.keys, layer.values) for layer in output.past_key_values.layers]
         entry = KVEntry(list(ids), adapter, layers)
@@ -123,10 +133,13 @@ class CachedPrefill:
                 [(k[:, :, cut:].contiguous(), v[:, :, cut:].contiguous()) for k, v in layers],
                 base=base,
             )
-        return entry, output.logits[0, -1].float()
+        return entry, output.logits[0, -keep:].float()
 
-    def _prefill_batch(self, items: list[tuple[list[int], KVEntry, str | None]]) -> list[tuple[KVEntry, Any]]:
-        """Rows that each continue a cached entry, in one forward. Layout of row i's
+    def _prefill_batch(
+        self, items: list[tuple[list[int], KVEntry, str | None]], keep: list[int]
+    ) -> list[tuple[KVEntry, Any]]:
+        """Rows that each continue a cached entry, in one forward (row i's logits
+        at its last ``keep[i]`` positions). Layout of row i's
         key slots: its own cached tokens right-aligned in the first ``H`` slots (the
         shared prefix, if any, is attended to in place), then its new tokens
         right-aligned in the last ``Q``, so every row's last token is the last
@@ -174,7 +187,7 @@ class CachedPrefill:
                 attention_mask=mask,
                 position_ids=positions,
                 past_key_values=cache,
-                logits_to_keep=1,
+                logits_to_keep=max(keep),
                 **extra,
             )
         out_layers = [(layer.keys, layer.values) for layer in output.past_key_values.layers]
@@ -183,7 +196,8 @@ class CachedPrefill:
             mine = [*range(h - held[i], h), *range(h + lead[i], h + q)]  # the row's own and new slots
             index = torch.tensor(mine, device=self.device)
             layers = [(k[i : i + 1].index_select(2, index), v[i : i + 1].index_select(2, index)) for k, v in out_layers]
-            results.append((KVEntry(list(ids), adapter, layers, base=bases[i]), output.logits[i, -1].float()))
+            logits = output.logits[i, output.logits.shape[1] - keep[i] :].float()
+            results.append((KVEntry(list(ids), adapter, layers, base=bases[i]), logits))
         return results
 
     def _find_start(self, request: GenerationRequest, ids: list[int], stats: dict[str, Any]) -> KVEntry | None:

@@ -81,9 +81,23 @@ class RowSampler:
             chosen[at] = drawn.clamp(max=logp.shape[-1] - 1)
         picked = logp.gather(1, chosen[:, None]).squeeze(1).tolist()
         for j, (i, token) in enumerate(zip(live, chosen.tolist())):
-            self.sampled[i].append(token)
-            self.logprobs[i].append(picked[j])
-            if token in self.stop_ids or len(self.sampled[i]) >= self.budget[i]:
-                self.finished[i] = True
+            self._append(i, token, picked[j])
             tokens[i] = token
         return tokens
+
+    def accept(self, row: int, tokens: list[int], logprobs: list[float]) -> int:
+        """Record tokens chosen elsewhere (a verified draft) for ``row``, up to its
+        first stop token or its budget; returns how many were taken."""
+        taken = 0
+        for token, logprob in zip(tokens, logprobs):
+            if self.finished[row]:
+                break
+            self._append(row, token, logprob)
+            taken += 1
+        return taken
+
+    def _append(self, row: int, token: int, logprob: float) -> None:
+        self.sampled[row].append(token)
+        self.logprobs[row].append(logprob)
+        if token in self.stop_ids or len(self.sampled[row]) >= self.budget[row]:
+            self.finished[row] = True
