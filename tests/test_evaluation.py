@@ -519,7 +519,7 @@ def test_evaluate_plays_the_same_episodes_through_a_vllm_server_of_the_policy(ev
             "base,trace",
             "--model",
             "vllm:smollm2-135m-instruct",
-            env={"OPENAI_BASE_URL": url},
+            env={"OPENAI_BASE_URL": url, "TRACE_GYM_REQUEST_TIMEOUT": "600"},  # a slow CPU day took over 120 s
             timeout=900,
         )
     assert served.returncode == 0, served.stderr

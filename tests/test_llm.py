@@ -142,6 +142,34 @@ def test_transient_errors_are_retried_with_backoff():
     assert completion.text == "hello" and backend.calls == 3
 
 
+def test_a_remote_model_waits_as_long_as_trace_gym_request_timeout_says(monkeypatch):
+    """A slow server times out at TRACE_GYM_REQUEST_TIMEOUT's seconds (an argument wins over it);
+    a value that is no positive number is refused in one line."""
+    import time
+
+    from trace_gym.llm.vllm_tokens import VLLMTokens
+
+    def slow(body):
+        time.sleep(1.5)
+        return {"content": "late"}
+
+    monkeypatch.setenv("TRACE_GYM_REQUEST_TIMEOUT", "0.3")
+    with OpenAIDouble(slow) as server:
+        backend = make_backend("openai:double", base_url=server.base_url, api_key="test-key", max_retries=0)
+        with pytest.raises(LLMError):
+            backend.generate([[{"role": "user", "content": "hi"}]])
+        patient = make_backend("openai:double", base_url=server.base_url, api_key="test-key", timeout=10.0)
+        assert patient.generate([[{"role": "user", "content": "hi"}]])[0].text == "late"
+    monkeypatch.setenv("TRACE_GYM_REQUEST_TIMEOUT", "600")
+    assert VLLMTokens("smollm2-135m-instruct").timeout == 600.0
+    for bad in ("soon", "0", "-5"):
+        monkeypatch.setenv("TRACE_GYM_REQUEST_TIMEOUT", bad)
+        with pytest.raises(LLMError, match="TRACE_GYM_REQUEST_TIMEOUT=.*above 0"):
+            VLLMTokens("smollm2-135m-instruct")
+    monkeypatch.delenv("TRACE_GYM_REQUEST_TIMEOUT")
+    assert VLLMTokens("smollm2-135m-instruct").timeout == 120.0
+
+
 @pytest.mark.slow
 def test_ray_and_local_executors_give_the_same_trajectories(tmp_path):
     kwargs = dict(

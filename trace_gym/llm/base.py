@@ -15,6 +15,7 @@ Nothing here runs a model.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -286,6 +287,27 @@ class Generates:
                 adapter=adapter,
             )
         )
+
+
+REQUEST_TIMEOUT_ENV = "TRACE_GYM_REQUEST_TIMEOUT"
+
+
+def request_timeout(given: float | None, default: float) -> float:
+    """Seconds a remote backend waits for one answer: ``given``, else
+    ``TRACE_GYM_REQUEST_TIMEOUT``, else ``default`` (a CPU server answering a
+    batch of long prompts can need more than a GPU's default)."""
+    if given is not None:
+        return given
+    raw = os.environ.get(REQUEST_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return default
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise LLMError(f"{REQUEST_TIMEOUT_ENV}={raw!r}: give a number of seconds above 0")
+    return seconds
 
 
 class RemoteRequests(Generates):

@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any
 
-from .base import Completion, GenerationRequest, LLMError, RemoteRequests, plain_messages
+from .base import Completion, GenerationRequest, LLMError, RemoteRequests, plain_messages, request_timeout
 
 
 class OpenAICompatible(RemoteRequests):
@@ -36,7 +36,7 @@ class OpenAICompatible(RemoteRequests):
         *,
         base_url: str | None = None,
         api_key: str | None = None,
-        timeout: float = 60.0,
+        timeout: float | None = None,
         max_retries: int = 3,
         backoff_s: float = 0.5,
         concurrency: int = 8,
@@ -52,7 +52,7 @@ class OpenAICompatible(RemoteRequests):
         self.client = openai.OpenAI(
             base_url=self.base_url,
             api_key=api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY",
-            timeout=timeout,
+            timeout=request_timeout(timeout, 60.0),
             max_retries=0,
         )
         self.max_retries = max_retries

@@ -33,7 +33,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from .base import Completion, GenerationRequest, LLMError, RemoteRequests
+from .base import Completion, GenerationRequest, LLMError, RemoteRequests, request_timeout
 from .registry import LOCAL_FOLDER, load_tokenizer, local_folder
 from .token_template import TokenTemplate
 
@@ -61,7 +61,7 @@ class VLLMTokens(TokenTemplate, RemoteRequests):
         tokenizer: str | None = None,
         base_url: str | None = None,
         api_key: str | None = None,
-        timeout: float = 120.0,
+        timeout: float | None = None,
         concurrency: int = 8,
         template: str = "auto",
         max_retries: int = 3,
@@ -76,7 +76,7 @@ class VLLMTokens(TokenTemplate, RemoteRequests):
         self.name = f"vllm:{model}"
         self.base_url = (base_url or os.environ.get("OPENAI_BASE_URL") or "http://127.0.0.1:8000/v1").rstrip("/")
         self.api_key = api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
-        self.timeout, self.concurrency = timeout, max(1, concurrency)
+        self.timeout, self.concurrency = request_timeout(timeout, 120.0), max(1, concurrency)
         self.max_retries, self.backoff_s = max_retries, backoff_s
         self.adapters: dict[str, str] = {}
         folder, chat_template = tokenizer_folder(tokenizer or model)
