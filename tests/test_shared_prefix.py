@@ -487,16 +487,17 @@ def test_a_greedy_reply_from_a_draft_is_the_reply_decoded_without_one(shared):
             assert backend.last_stats["draft_accepted"] == 4 * 8 and decode_rows[drafts] == []  # no decode step
         tampered = list(played[2].tokens.completion_ids)
         tampered[3] = (tampered[3] + 1) % len(tokenizer)
-        if drafts:
+        if drafts:  # and a shorter draft beside the others: rows keep different numbers of logits
             backend.drafts.record(played[2].tokens.prompt_ids, tampered)
+            backend.drafts.record(played[3].tokens.prompt_ids, played[3].tokens.completion_ids[:5])
         mixed_requests = [
             GenerationRequest(c, max_new_tokens=8, temperature=0.0, adapter=a, session=f"c{i}")
             for i, (c, a) in enumerate(zip(chats, ["x", "x", None, None]))
         ]
         decode_rows[drafts].clear()
         mixed = backend.complete(mixed_requests)
-        if drafts:  # the altered draft kept to its 4th token, base's own whole, the adapter's as it chose
-            assert backend.last_stats["draft_accepted"] >= 3 + 8 and decode_rows[drafts]
+        if drafts:  # the altered draft kept to its 4th token, the short one whole, the adapter's as it chose
+            assert backend.last_stats["draft_accepted"] >= 3 + 5 and decode_rows[drafts]
         turn2 = backend.complete(next_turns(backend, mixed_requests, mixed, max_new_tokens=4, seed=5))
         stats[drafts] = backend.last_stats["cached_tokens"]
         runs[drafts] = [(c.tokens.completion_ids, c.tokens.logprobs) for c in [*played, *replayed, *mixed, *turn2]]
@@ -507,16 +508,20 @@ def test_a_greedy_reply_from_a_draft_is_the_reply_decoded_without_one(shared):
 
 
 def test_a_draft_is_kept_up_to_the_rows_first_own_choice_and_sampled_rows_take_none():
+    from trace_gym.llm import GenerationRequest, LLMError
     from trace_gym.llm.local import LocalHF
     from trace_gym.llm.local.drafts import DraftBook, verify
 
     logits = torch.full((4, 10), -5.0)
     for position, token in enumerate([3, 1, 7, 2]):
         logits[position, token] = 5.0
-    assert verify(torch, logits, [3, 1, 7, 2])[0] == [3, 1, 7, 2]
-    kept, logprobs = verify(torch, logits, [3, 1, 4, 2])
+    assert verify(torch, logits, [3, 1, 7, 2], "m")[0] == [3, 1, 7, 2]
+    kept, logprobs = verify(torch, logits, [3, 1, 4, 2], "m")
     assert kept == [3, 1, 7] and len(logprobs) == 3 and all(-0.01 < lp < 0 for lp in logprobs)
-    assert verify(torch, logits, [9, 1])[0] == [3]
+    assert verify(torch, logits, [9, 1], "m")[0] == [3]
+    logits[2, 4] = float("nan")  # a draft's later position gone bad is refused, as a sampled step is
+    with pytest.raises(LLMError, match="non-finite logits"):
+        verify(torch, logits, [3, 1, 7, 2], "m")
 
     book = DraftBook(max_entries=2)
     book.record([1, 2], [5])  # one token: nothing to verify
@@ -532,12 +537,17 @@ def test_a_draft_is_kept_up_to_the_rows_first_own_choice_and_sampled_rows_take_n
     backend = LocalHF.from_model(model, tokenizer)
     chats = chats_of(["Hi.", "Bye."])
     greedy_episodes(backend, chats, tag="g")
-    from trace_gym.llm import GenerationRequest
-
     backend.complete([GenerationRequest(c, max_new_tokens=8, temperature=1.0, seed=0) for c in chats])
     assert backend.last_stats["draft_tokens"] == 0
     greedy_episodes(backend, chats, tag="h")
     assert backend.last_stats["draft_tokens"] > 0
+    twice = [GenerationRequest(chats[0], max_new_tokens=8, temperature=0.0)] * 2  # one prefill, drafted
+    backend.complete(twice)
+    stats = backend.last_stats
+    assert stats["draft_tokens"] == stats["draft_accepted"] == 2 * 8
+    ids, prefix = backend.encode_conversation(chats[0], None)
+    assert stats["prefill_tokens"] == len(ids) - prefix  # the prompt's own tokens once: a draft's counted apart
+    assert stats["cached_tokens"] == len(ids) + prefix
 
 
 def test_non_finite_logits_are_an_error_not_a_sample():

@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
+from .sampling import check_finite
+
 MAX_DRAFTS = 4096  # prompts remembered, least recently used out first
 MIN_DRAFT = 2  # tokens: a one-token draft saves nothing
 
@@ -28,7 +30,8 @@ MIN_DRAFT = 2  # tokens: a one-token draft saves nothing
 class DraftBook:
     """The latest greedy reply of each prompt, bounded. A prompt is known by a
     hash of its token ids only (a collision costs a rejected draft, never a
-    wrong reply: ``verify`` keeps only the row's own choices)."""
+    wrong reply: ``verify`` keeps only the row's own choices); for the same
+    reason the book outlives a change of weights (``clear_cache``)."""
 
     def __init__(self, max_entries: int = MAX_DRAFTS):
         self.max_entries = max_entries
@@ -54,12 +57,14 @@ class DraftBook:
         return list(reply[:budget])
 
 
-def verify(torch: Any, logits: Any, draft: list[int]) -> tuple[list[int], list[float]]:
+def verify(torch: Any, logits: Any, draft: list[int], model_name: str) -> tuple[list[int], list[float]]:
     """A greedy row's reply from a draft: ``logits`` [len(draft), vocabulary] are
     the row's logits at the last prompt position and at each fed draft token but
     the last. Returns the draft's tokens up to the first the row would not have
-    chosen, then the row's own choice there, each with its logprob."""
+    chosen, then the row's own choice there, each with its logprob. Non-finite
+    logits are refused, as ``RowSampler`` refuses them."""
     logp = torch.log_softmax(logits.float(), dim=-1)
+    check_finite(torch, logp, model_name)
     chosen = logp.argmax(dim=-1).tolist()
     tokens: list[int] = []
     for want, got in zip(draft, chosen):

@@ -196,8 +196,8 @@ class LocalHF(CachedPrefill, LoraAdapters, TokenTemplate, Generates):
             "prefix_tokens": 0,
             "cached_tokens": 0,
             "decode_tokens": 0,
-            "draft_tokens": 0,  # tokens of drafts fed to verify them
-            "draft_accepted": 0,  # of which the rows' own choices
+            "draft_tokens": 0,  # tokens of the drafts offered (all but each one's last fed with its prompt)
+            "draft_accepted": 0,  # of which kept: the rows' own choices
             "ttft_s": 0.0,
             "total_s": 0.0,
         }
@@ -300,9 +300,9 @@ class LocalHF(CachedPrefill, LoraAdapters, TokenTemplate, Generates):
         before its last kept one. Returns the cut row and the token it decodes
         from (the pad token once it has finished)."""
         entry, logits = prefilled
-        kept, logprobs = verify(self.torch, logits, draft)
+        kept, logprobs = verify(self.torch, logits, draft, self.name)
         taken = sampler.accept(row, kept, logprobs)
-        stats["draft_tokens"] += len(draft) - 1
+        stats["draft_tokens"] += len(draft)
         stats["draft_accepted"] += sum(1 for a, b in zip(kept[:taken], draft) if a == b)
         extra = (len(draft) - 1) - (taken - 1)  # draft tokens fed after the last kept one
         if extra:

@@ -63,8 +63,8 @@ class CachedPrefill:
         keys = [(adapter, id(start), tuple(ids), n) for (ids, start, adapter), n in zip(items, tails)]
         firsts: dict[tuple, tuple[list[int], KVEntry | None, str | None]] = {}
         for key, (ids, start, adapter) in zip(keys, items):
-            if key in firsts and stats is not None:
-                repeated = len(ids) - (len(start.ids) if start is not None else 0)
+            if key in firsts and stats is not None:  # (a row's last keep - 1 tokens are a draft's, counted apart)
+                repeated = len(ids) - (len(start.ids) if start is not None else 0) - (key[-1] - 1)
                 stats["prefill_tokens"] -= repeated
                 stats["cached_tokens"] += repeated
             firsts.setdefault(key, (ids, start, adapter))
@@ -133,7 +133,8 @@ class CachedPrefill:
                 [(k[:, :, cut:].contiguous(), v[:, :, cut:].contiguous()) for k, v in layers],
                 base=base,
             )
-        return entry, output.logits[0, -keep:].float()
+        logits = output.logits[0, -keep:]
+        return entry, logits.float() if keep == 1 else logits  # (a draft's: converted row by row as verified)
 
     def _prefill_batch(
         self, items: list[tuple[list[int], KVEntry, str | None]], keep: list[int]
@@ -196,7 +197,8 @@ class CachedPrefill:
             mine = [*range(h - held[i], h), *range(h + lead[i], h + q)]  # the row's own and new slots
             index = torch.tensor(mine, device=self.device)
             layers = [(k[i : i + 1].index_select(2, index), v[i : i + 1].index_select(2, index)) for k, v in out_layers]
-            logits = output.logits[i, output.logits.shape[1] - keep[i] :].float()
+            logits = output.logits[i, output.logits.shape[1] - keep[i] :]
+            logits = logits.float() if keep[i] == 1 else logits  # (a draft's: converted row by row as verified)
             results.append((KVEntry(list(ids), adapter, layers, base=bases[i]), logits))
         return results
 

@@ -12,6 +12,15 @@ from typing import Any
 from ..base import LLMError
 
 
+def check_finite(torch: Any, logp: Any, model_name: str) -> None:
+    """Refuse logprobs [rows, vocabulary] with a NaN or +inf logit in any row
+    (one spoils its whole row's softmax)."""
+    if not bool(torch.isfinite(logp.amax(dim=-1)).all()):
+        raise LLMError(
+            f"{model_name} produced non-finite logits (overflow in its weights or dtype); cannot sample from them"
+        )
+
+
 class RowSampler:
     """Draws one token per unfinished row at each step and records it.
 
@@ -64,10 +73,7 @@ class RowSampler:
             [self.temperatures[i] if self.temperatures[i] > 0 else 1.0 for i in live], device=logits.device
         )
         logp = torch.log_softmax(logits / t[:, None], dim=-1)
-        if not bool(torch.isfinite(logp.amax(dim=-1)).all()):  # a NaN or +inf logit spoils its whole row
-            raise LLMError(
-                f"{self.model_name} produced non-finite logits (overflow in its weights or dtype); cannot sample from them"
-            )
+        check_finite(torch, logp, self.model_name)
         chosen = logp.argmax(dim=-1)
         sampling = [j for j, i in enumerate(live) if self.temperatures[i] > 0]
         if sampling:
