@@ -95,6 +95,7 @@ def main() -> None:
     backend = make_backend(EMBEDDED_DEFAULT)
     backend.max_batch = args.rows
     backend.stop_ids = set()
+    backend.drafts = None  # every repeat decodes: with drafts, a repeat would take the first run's replies whole
     requests = workload(backend, args.rows, args.min_new, args.max_new)
     prefix = requests[0].prefix_len
     own = [len(r.prompt_ids) - prefix for r in requests]

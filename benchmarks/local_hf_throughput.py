@@ -57,6 +57,7 @@ def play_timed(backend, env, task: str, turns: int, new_tokens: int) -> list[dic
 
 def main(new_tokens: int = 32, turns: int = 4) -> None:
     backend = make_backend(EMBEDDED_DEFAULT)
+    backend.drafts = None  # the cache-on episode replays the cache-off one: drafts would decode none of it
     env = gym.make(ENV, split="test", max_steps=2 * turns + 2)  # tau2 counts every message, the greeting too
     task = env.unwrapped.task_ids[1]
     print(

@@ -280,7 +280,7 @@ class LocalHF(CachedPrefill, LoraAdapters, TokenTemplate, Generates):
             if draft:
                 rows[i], tokens[i] = self._take_draft(sampler, i, rows[i], draft, stats)
         stats["ttft_s"] += time.perf_counter() - t0
-        decoded = self._decode([(entry, None) for entry, _ in rows], [r.adapter for r in requests], sampler, tokens)
+        decoded = self._decode([entry for entry, _ in rows], [r.adapter for r in requests], sampler, tokens)
         stats["decode_tokens"] += sum(len(s) for s in sampler.sampled)
         completions = []
         for i, (request, ids) in enumerate(zip(requests, prompts)):
@@ -317,7 +317,7 @@ class LocalHF(CachedPrefill, LoraAdapters, TokenTemplate, Generates):
 
     def _decode(
         self,
-        rows: list[tuple[KVEntry, Any]],
+        rows: list[KVEntry],
         adapters: list[str | None],
         sampler: RowSampler,
         tokens: list[int],
@@ -339,9 +339,9 @@ class LocalHF(CachedPrefill, LoraAdapters, TokenTemplate, Generates):
 
         torch = self.torch
         steps = max(sampler.budget) - 1
-        lengths = [len(entry.ids) for entry, _ in rows]  # each row's tokens in its cache
+        lengths = [len(entry.ids) for entry in rows]  # each row's tokens in its cache
         first = [len(s) for s in sampler.sampled]  # tokens each row had before decoding
-        bases = [entry.base if self.shared_prefix else None for entry, _ in rows]
+        bases = [entry.base if self.shared_prefix else None for entry in rows]
         sharing = Counter(id(b) for b in bases if b is not None)
         bases = [b if b is not None and sharing[id(b)] > 1 else None for b in bases]
         held = [n - (len(b.ids) if b is not None else 0) for n, b in zip(lengths, bases)]  # tokens in the decode cache
@@ -350,15 +350,15 @@ class LocalHF(CachedPrefill, LoraAdapters, TokenTemplate, Generates):
         if sampler.done:
             return fed
         cache = StaticCache(config=self.model.config, max_cache_len=longest + steps)
-        n_layers = len(rows[0][0].layers)
+        n_layers = len(rows[0].layers)
         layers = cache.layers[:n_layers]
         for layer_index, layer in enumerate(layers):
-            k0, v0 = rows[0][0].layers[layer_index]
+            k0, v0 = rows[0].layers[layer_index]
             layer.lazy_initialization(
                 k0.new_zeros((len(rows), k0.shape[1], 1, k0.shape[3])),
                 v0.new_zeros((len(rows), v0.shape[1], 1, v0.shape[3])),
             )
-            for i, (entry, _) in enumerate(rows):
+            for i, entry in enumerate(rows):
                 write_right_aligned(
                     layer.keys, layer.values, i, own_segments(entry, bases[i] is not None, layer_index), longest
                 )
