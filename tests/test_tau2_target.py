@@ -333,6 +333,30 @@ def test_scripted_user_speaks_in_the_first_person(retail_env):
     assert "I am Yusuf Rossi in zip code 19122" in obs
 
 
+@pytest.mark.parametrize(
+    "scenario, spoken",
+    [
+        ("You want to check how much you paid.", "I want to check how much I paid."),
+        (
+            "If not, you want to return the watch you have received.",
+            "If not, I want to return the watch I have received.",
+        ),
+        ("For some reason, you want to return it.", "For some reason, I want to return it."),
+        ("If the agent asks you to confirm, you say yes.", "If the agent asks me to confirm, I say yes."),
+        (
+            "The agent can help you exchange it; it matters to you.",
+            "The agent can help me exchange it; it matters to me.",
+        ),
+        ("You name is Daiki Silva and your email is d@x.com.", "My name is Daiki Silva and my email is d@x.com."),
+        ("You're sure you've paid the refund you expect.", "I'm sure I've paid the refund I expect."),
+    ],
+)
+def test_first_person_tells_the_subject_from_the_object(scenario, spoken):
+    from trace_gym.targets.tau2.user import first_person
+
+    assert first_person(scenario) == spoken
+
+
 @pytest.mark.parametrize("domain", ["retail", "airline", "telecom", "mock"])
 def test_call_errors_are_worded_exactly_as_tau2_words_them(domain):
     """The host answers misnamed calls for synthesized envs; it must say what the target says."""

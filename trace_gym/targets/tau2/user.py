@@ -156,6 +156,12 @@ class LLMUser:
         raise UserSimulatorError(f"the LLM user simulator made more than {MAX_USER_TOOL_ROUNDS} tool calls in a row")
 
 
+# Words after which "you" is an object: "the agent asks you", "to you", "let you know".
+_TAKES_OBJECT = (
+    "to|for|with|from|about|of|by|at|without|against|towards?|like|asks?|asked|tells?|told|helps?|gives?|"
+    "offers?|lets?|thanks?|sends?|shows?|reminds?|contacts?|assists?|informs?"
+)
+
 _FIRST_PERSON = [
     (r"\byou are\b", "I am"),
     (r"\byou're\b", "I'm"),
@@ -166,8 +172,10 @@ _FIRST_PERSON = [
     (r"\byourself\b", "myself"),
     (r"\byours\b", "mine"),
     (r"\byour\b", "my"),
-    (r"(^|[.!?;:]\s+|\b(?:and|but|if|that|when|because|so|or)\s+)you\b", r"\1I"),
-    (r"\byou\b", "me"),
+    (r"\byou name\b", "my name"),  # tau2's own typo, in a retail task's known info
+    (rf"\b({_TAKES_OBJECT})\s+you\b", r"\1 me"),
+    # elsewhere in a scenario "you" is the subject: "how much you paid", "If not, you want"
+    (r"\byou\b", "I"),
 ]
 
 
