@@ -349,6 +349,10 @@ def test_scripted_user_speaks_in_the_first_person(retail_env):
         ),
         ("You name is Daiki Silva and your email is d@x.com.", "My name is Daiki Silva and my email is d@x.com."),
         ("You're sure you've paid the refund you expect.", "I'm sure I've paid the refund I expect."),
+        (
+            "You prefer whatever saves you most money, and the delay caused you to miss it.",
+            "I prefer whatever saves me most money, and the delay caused me to miss it.",
+        ),
     ],
 )
 def test_first_person_tells_the_subject_from_the_object(scenario, spoken):

@@ -159,7 +159,8 @@ class LLMUser:
 # Words after which "you" is an object: "the agent asks you", "to you", "let you know".
 _TAKES_OBJECT = (
     "to|for|with|from|about|of|by|at|without|against|towards?|like|asks?|asked|tells?|told|helps?|gives?|"
-    "offers?|lets?|thanks?|sends?|shows?|reminds?|contacts?|assists?|informs?"
+    "offers?|lets?|thanks?|sends?|shows?|reminds?|contacts?|assists?|informs?|made|makes?|saves?|provides?|"
+    "allows?|caused?|causes|compensates?|corrects?"
 )
 
 _FIRST_PERSON = [
