@@ -353,6 +353,7 @@ def test_scripted_user_speaks_in_the_first_person(retail_env):
             "You prefer whatever saves you most money, and the delay caused you to miss it.",
             "I prefer whatever saves me most money, and the delay caused me to miss it.",
         ),
+        ("The agent offered you a refund and told you so.", "The agent offered me a refund and told me so."),
     ],
 )
 def test_first_person_tells_the_subject_from_the_object(scenario, spoken):

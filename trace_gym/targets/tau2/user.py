@@ -157,11 +157,10 @@ class LLMUser:
 
 
 # Words after which "you" is an object: "the agent asks you", "to you", "let you know".
-_TAKES_OBJECT = (
-    "to|for|with|from|about|of|by|at|without|against|towards?|like|asks?|asked|tells?|told|helps?|gives?|"
-    "offers?|lets?|thanks?|sends?|shows?|reminds?|contacts?|assists?|informs?|made|makes?|saves?|provides?|"
-    "allows?|caused?|causes|compensates?|corrects?"
-)
+# Regular verbs as stems, which also match with -s, -d or -ed ("caused you", "offers you").
+_PREPOSITIONS = "to|for|with|from|about|of|by|at|without|against|towards?|like"
+_VERBS = "ask|tell|help|give|offer|thank|send|show|remind|contact|assist|inform|make|save|provide|allow|cause|compensate|correct"
+_TAKES_OBJECT = rf"{_PREPOSITIONS}|(?:{_VERBS})(?:s|d|ed)?|told|gave|sent|made|lets?"
 
 _FIRST_PERSON = [
     (r"\byou are\b", "I am"),
