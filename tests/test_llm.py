@@ -437,3 +437,22 @@ def test_a_trajectory_file_records_a_local_models_dtype_where_earlier_versions_d
     monkeypatch.setenv("TRACE_GYM_DTYPE", "fp4")
     with pytest.raises(TraceGymError, match="TRACE_GYM_DTYPE must be one of auto, float32, bfloat16, got 'fp4'"):
         recorded()
+
+
+def test_a_trajectory_file_records_strict_tool_calls_only_where_they_were_on(monkeypatch):
+    """Episodes decoded with calls held to their schemas are another run than free ones."""
+    from types import SimpleNamespace
+
+    from trace_gym.rollout import run_settings
+
+    def strict(agent="llm", **kwargs):
+        return run_settings("trace/tau2-mock-v0", agent, kwargs, {})["agent_options"].get("strict_tools")
+
+    monkeypatch.setattr("trace_gym.rollout.local_device", lambda: "cpu")
+    monkeypatch.delenv("TRACE_GYM_STRICT_TOOLS", raising=False)
+    assert strict() is None  # off: files from before the option resume as they were
+    monkeypatch.setenv("TRACE_GYM_STRICT_TOOLS", "1")
+    assert strict() is True and strict(model="smollm2-135m-instruct") is True
+    assert strict(model="openai:m") is None and strict("oracle") is None  # no local decoding to hold
+    assert strict(model=SimpleNamespace(name="m", strict_tools=False)) is None  # an object says for itself
+    assert strict(model=SimpleNamespace(name="m", strict_tools=True)) is True

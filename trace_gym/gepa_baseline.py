@@ -41,7 +41,7 @@ from .evaluation import method_result
 from .llm import EMBEDDED_DEFAULT, GenerationRequest, make_backend
 from .llm.registry import is_chat_endpoint
 from .registry import EnvKind, get_entry, make
-from .rollout import local_dtype, rollout
+from .rollout import local_settings, rollout
 from .seeding import derive_seed
 from .store import read_trajectories
 
@@ -113,11 +113,10 @@ class GEPAConfig:
         return self
 
     def settings(self) -> dict[str, Any]:
-        """What makes two searches the same (a resumed one must match); a local policy's dtype
-        where it is not float32 on a CPU (``rollout.local_dtype``)."""
+        """What makes two searches the same (a resumed one must match); how a local policy
+        decodes, where that must be recorded (``rollout.local_settings``)."""
         settings = {k: v for k, v in asdict(self).items() if k not in ("out", "batch", "workers", "servers")}
-        dtype = local_dtype("llm", {"model": self.model})
-        return {**settings, "dtype": dtype} if dtype is not None else settings
+        return {**settings, **local_settings("llm", {"model": self.model})}
 
 
 @dataclass

@@ -44,6 +44,7 @@ from trace_gym.llm.base import LoadsAdapters
 from trace_gym.llm.local import LocalHF
 from .llm.precision import engine_dtype, local_device, recorded_dtype
 from .llm.registry import is_chat_endpoint, is_local
+from .llm.local.strict_calls import strict_from_env
 from .registry import EnvKind, add_registry_dir, get_entry, make, registry_dirs
 from .seeding import derive_seed
 from .store import TrajectoryStore
@@ -156,10 +157,7 @@ def run_settings(env_id: str, agent: str, agent_kwargs: dict[str, Any], env_kwar
     def options(kwargs: dict[str, Any]) -> dict[str, Any]:
         return {k: plain(v) for k, v in kwargs.items() if k != "split" and "key" not in k and "base_url" not in k}
 
-    agent_options = options(agent_kwargs)
-    dtype = local_dtype(agent, agent_kwargs)
-    if dtype is not None:
-        agent_options["dtype"] = dtype
+    agent_options = {**options(agent_kwargs), **local_settings(agent, agent_kwargs)}
     return {
         "env_id": env_id,
         "agent": agent,
@@ -168,22 +166,29 @@ def run_settings(env_id: str, agent: str, agent_kwargs: dict[str, Any], env_kwar
     }
 
 
-def local_dtype(agent: str, agent_kwargs: dict[str, Any]) -> str | None:
-    """The dtype a local model agent plays in, where a file must record it (``recorded_dtype``):
-    in bf16 a batch samples other tokens than float32 does, and a resumed run must not mix them."""
+def local_settings(agent: str, agent_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """How a local model agent decodes, where a file must record it, so that a resumed
+    run does not mix two ways: its dtype where it is not float32 on a CPU
+    (``recorded_dtype``; in bf16 a batch samples other tokens than float32 does), and
+    ``strict_tools`` where its tool calls are held to their schemas (``strict_calls.py``)."""
     if agent not in MODEL_AGENTS:
-        return None
+        return {}
     model = agent_kwargs.get("model") or EMBEDDED_DEFAULT
     if isinstance(model, str):
         if not is_local(model):
-            return None
+            return {}
+        strict = strict_from_env()
         try:
             device = local_device()
-            return recorded_dtype(engine_dtype(None, device), device)
+            dtype = recorded_dtype(engine_dtype(None, device), device)
         except ImportError:
-            return None  # no torch: the model's own loading says so, in one line
-    dtype = getattr(model, "dtype", None)
-    return recorded_dtype(dtype, str(getattr(model, "device", "cpu"))) if isinstance(dtype, str) else None
+            dtype = None  # no torch: the model's own loading says so, in one line
+    else:
+        strict = bool(getattr(model, "strict_tools", False))
+        dtype = getattr(model, "dtype", None)
+        dtype = recorded_dtype(dtype, str(getattr(model, "device", "cpu"))) if isinstance(dtype, str) else None
+    settings: dict[str, Any] = {"dtype": dtype} if dtype is not None else {}
+    return {**settings, "strict_tools": True} if strict else settings
 
 
 @dataclass

@@ -35,6 +35,7 @@ Loads only from local files; never downloads weights. The package's
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import time
 from collections import Counter
@@ -50,6 +51,7 @@ from .prefill import CachedPrefill
 from ..precision import engine_dtype, local_device
 from ..registry import load_local
 from .sampling import RowSampler
+from .strict_calls import CallGrammar, strict_from_env
 from ..token_template import TokenTemplate
 
 DROP_FINISHED = 0.25  # rows that have stopped leave the decode batch once they are this share of it
@@ -79,6 +81,9 @@ class LocalHF(CachedPrefill, LoraAdapters, TokenTemplate, Generates):
         one that appends turn for turn, else takes TRL's training template for the
         family; ``stock`` keeps the tokenizer's; or a template's name (ours or
         TRL's) or a ``.jinja`` path. ``template_note`` says what was chosen and why.
+    strict_tools: hold every tool call a request with ``tools`` opens to their
+        schemas as it is decoded (``strict_calls.py``; no greedy drafts for those
+        requests); None reads ``TRACE_GYM_STRICT_TOOLS`` (``1``: on), else off.
     """
 
     token_level = True
@@ -100,6 +105,7 @@ class LocalHF(CachedPrefill, LoraAdapters, TokenTemplate, Generates):
         shared_prefix_attention: bool = True,
         dtype: str | None = None,
         greedy_drafts: bool = True,
+        strict_tools: bool | None = None,
     ):
         try:
             import torch
@@ -139,6 +145,9 @@ class LocalHF(CachedPrefill, LoraAdapters, TokenTemplate, Generates):
             cache_bytes = cache_budget(self.device, free)
         self.store = KVStore(cache_bytes)
         self.drafts = DraftBook() if greedy_drafts else None
+        self.strict_tools = strict_from_env() if strict_tools is None else strict_tools
+        self._grammars: dict[str, CallGrammar] = {}
+        self._pieces: list[str] | None = None
         self._set_template(
             chat_template, template, getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
         )
@@ -254,9 +263,12 @@ class LocalHF(CachedPrefill, LoraAdapters, TokenTemplate, Generates):
                 r.prefix_len = r.prefix_len or prefix_len
                 prompts.append(ids)
         starts = [self._find_start(r, ids, stats) for r, ids in zip(requests, prompts)]
+        grammars = [self._grammar(r.tools) for r in requests]
         drafts = [
-            self.drafts.draft(ids, r.max_new_tokens) if self.drafts is not None and r.temperature <= 0 else []
-            for r, ids in zip(requests, prompts)
+            self.drafts.draft(ids, r.max_new_tokens)
+            if self.drafts is not None and r.temperature <= 0 and grammar is None
+            else []
+            for r, ids, grammar in zip(requests, prompts, grammars)
         ]
         fed = [[*ids, *draft[:-1]] for ids, draft in zip(prompts, drafts)]
         rows = self._prefill_rows(
@@ -271,6 +283,8 @@ class LocalHF(CachedPrefill, LoraAdapters, TokenTemplate, Generates):
             stop_ids=self.stop_ids,
             pad_id=self.tokenizer.pad_token_id,
             model_name=self.name,
+            grammars=[g.start() if g is not None else None for g in grammars],
+            pieces=self._token_pieces() if any(g is not None for g in grammars) else None,
         )
         plain = [i for i, d in enumerate(drafts) if not d]
         tokens = [self.tokenizer.pad_token_id] * len(requests)
@@ -287,10 +301,26 @@ class LocalHF(CachedPrefill, LoraAdapters, TokenTemplate, Generates):
             if request.session is not None and self.kv_cache:
                 self._keep_session(request.session, ids, rows[i][0], sampler.sampled[i], decoded[i])
             completions.append(self._completion(ids, sampler.sampled[i], sampler.logprobs[i]))
-            if self.drafts is not None and request.temperature <= 0:
+            if self.drafts is not None and request.temperature <= 0 and grammars[i] is None:
                 self.drafts.record(ids, sampler.sampled[i])
         stats["total_s"] += time.perf_counter() - t0
         return completions
+
+    def _grammar(self, tools: list[dict[str, Any]] | None) -> CallGrammar | None:
+        """The grammar of ``tools``' calls, built once per set of tools (None: free)."""
+        if not self.strict_tools or not tools:
+            return None
+        key = json.dumps(tools, sort_keys=True)
+        if key not in self._grammars:
+            self._grammars[key] = CallGrammar(tools)
+        return self._grammars[key]
+
+    def _token_pieces(self) -> list[str]:
+        """Each token id's text, as the grammars read it (built once)."""
+        if self._pieces is None:
+            size = max(len(self.tokenizer), int(getattr(self.model.config, "vocab_size", 0) or 0))
+            self._pieces = self.tokenizer.batch_decode([[i] for i in range(size)])
+        return self._pieces
 
     def _take_draft(
         self, sampler: RowSampler, row: int, prefilled: tuple[KVEntry, Any], draft: list[int], stats: dict[str, Any]

@@ -3,6 +3,16 @@
 Each row keeps its own generator (its seed), temperature and token budget, and
 every sampled token comes with its logprob under the distribution it was drawn
 from (the logits divided by the temperature; plain logits for greedy rows).
+
+A row may be held to a grammar (``strict_calls.Progress``: a tool call that keeps
+to its schemas). While it is, its token is drawn from the model's distribution
+restricted to the tokens the grammar accepts: the row draws as a free row does,
+and only a token the grammar refuses is drawn again from the restriction (which
+makes the draw the restricted distribution's: p(t)/A = p(t) + (1 - A) p(t)/A).
+Candidates for that second draw are examined in the model's order until the mass
+not yet examined is below ``TAIL`` of the accepted mass. A token's recorded
+logprob is the model's own (unrestricted), as for a free row: what the policy
+gives the token, which a trainer's ratios are about.
 """
 
 from __future__ import annotations
@@ -10,6 +20,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..base import LLMError
+
+TAIL = 1e-3  # a constrained row's candidates are examined until the rest weigh less than this share of the accepted
+FIRST = 64  # candidates looked at first (by the model's order); all of them if none of these is accepted
 
 
 def check_finite(torch: Any, logp: Any, model_name: str) -> None:
@@ -39,7 +52,11 @@ class RowSampler:
         stop_ids: set[int] | frozenset[int],
         pad_id: int,
         model_name: str,
+        grammars: list[Any] | None = None,
+        pieces: list[str] | None = None,
     ):
+        """``grammars``: each row's ``Progress`` (None: the row is free);
+        ``pieces``: each token id's text, which the grammars read."""
         self.torch = torch
         self.temperatures = [r.temperature for r in requests]
         self.budget = [r.max_new_tokens for r in requests]
@@ -53,6 +70,10 @@ class RowSampler:
         self.sampled: list[list[int]] = [[] for _ in requests]
         self.logprobs: list[list[float]] = [[] for _ in requests]
         self.finished = [False] * len(requests)
+        self.grammars = grammars or [None] * len(requests)
+        if any(g is not None for g in self.grammars) and pieces is None:
+            raise ValueError("rows held to a grammar need the tokens' text (pieces)")
+        self.pieces = pieces
 
     @property
     def done(self) -> bool:
@@ -86,10 +107,55 @@ class RowSampler:
             drawn = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
             chosen[at] = drawn.clamp(max=logp.shape[-1] - 1)
         picked = logp.gather(1, chosen[:, None]).squeeze(1).tolist()
-        for j, (i, token) in enumerate(zip(live, chosen.tolist())):
+        chosen = chosen.tolist()
+        for j, i in enumerate(live):
+            grammar = self.grammars[i]
+            if grammar is not None and grammar.constrained and not self._allowed(grammar, chosen[j]):
+                chosen[j] = self._constrained(i, logp[j])
+                picked[j] = float(logp[j, chosen[j]])
+        for j, (i, token) in enumerate(zip(live, chosen)):
             self._append(i, token, picked[j])
             tokens[i] = token
         return tokens
+
+    def _allowed(self, grammar: Any, token: int) -> bool:
+        if token in self.stop_ids:
+            return not grammar.in_call
+        return grammar.accepts(self.pieces[token])
+
+    def _constrained(self, row: int, logp: Any) -> int:
+        """A token for ``row`` from ``logp`` [vocabulary] restricted to what its
+        grammar accepts (called when the token drawn unrestricted was refused:
+        drawing again from the restriction makes the whole draw the restricted
+        distribution's)."""
+        torch = self.torch
+        grammar = self.grammars[row]
+        accepted: list[tuple[int, float]] = []
+        mass = seen = 0.0
+        for wide in (False, True):
+            if wide:
+                order = torch.argsort(logp, descending=True)[FIRST:]
+            else:
+                order = torch.topk(logp, min(FIRST, logp.shape[-1])).indices
+            for token, p in zip(order.tolist(), logp[order].double().exp().tolist()):
+                if accepted and 1.0 - seen < TAIL * mass:
+                    break
+                seen += p
+                if self._allowed(grammar, token):
+                    accepted.append((token, p))
+                    mass += p
+            if accepted:
+                break
+        if not accepted:  # (cannot happen: a call's JSON can always go on)
+            raise LLMError(f"{self.model_name}: no token keeps row {row}'s tool call to its schema")
+        if self.temperatures[row] <= 0:
+            return accepted[0][0]
+        u = float(torch.rand(1, generator=self.generators[row], device=self.device, dtype=torch.float64)) * mass
+        for token, p in accepted:
+            u -= p
+            if u <= 0:
+                return token
+        return accepted[-1][0]
 
     def accept(self, row: int, tokens: list[int], logprobs: list[float]) -> int:
         """Record tokens chosen elsewhere (a verified draft) for ``row``, up to its
@@ -103,6 +169,8 @@ class RowSampler:
         return taken
 
     def _append(self, row: int, token: int, logprob: float) -> None:
+        if self.grammars[row] is not None and token not in self.stop_ids:
+            self.grammars[row].advance(self.pieces[token])
         self.sampled[row].append(token)
         self.logprobs[row].append(logprob)
         if token in self.stop_ids or len(self.sampled[row]) >= self.budget[row]:

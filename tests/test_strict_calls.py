@@ -1,0 +1,171 @@
+"""Strict tool calls: the grammar refuses every kind of call a small policy gets
+wrong, and a sampler that holds a row to it never emits a refused token."""
+
+import json
+
+import pytest
+
+from trace_gym.actions import ActionKind, parse_action
+from trace_gym.llm import LLMError
+from trace_gym.llm.local.sampling import RowSampler
+from trace_gym.llm.local.strict_calls import CallGrammar, strict_from_env
+from trace_gym.tools import check_arguments
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_order_details",
+            "parameters": {
+                "type": "object",
+                "properties": {"order_id": {"type": "string"}},
+                "required": ["order_id"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "return_delivered_order_items",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "order_id": {"type": "string"},
+                    "item_ids": {"type": "array", "items": {"type": "string"}},
+                    "payment_method_id": {"type": "string"},
+                    "quantity": {"type": "integer"},
+                    "reason": {"type": "string", "enum": ["damaged", "unwanted"]},
+                },
+                "required": ["order_id", "item_ids", "payment_method_id"],
+            },
+        },
+    },
+    {"type": "function", "function": {"name": "list_all_product_types", "parameters": {"type": "object"}}},
+]
+
+
+def feed(text: str):
+    """The reply's progress after ``text``, or None where the grammar refuses it."""
+    progress = CallGrammar(TOOLS).start()
+    for ch in text:
+        if not progress.accepts(ch):
+            return None
+        progress.advance(ch)
+    return progress
+
+
+CALL = '<tool_call>\n{"name": "get_order_details", "arguments": {"order_id": "#W1"}}\n</tool_call>'
+RETURN = (
+    '{"name": "return_delivered_order_items", "arguments": {"order_id": "#W1", '
+    '"item_ids": ["1", "2"], "payment_method_id": "card_1", "quantity": 2, "reason": "damaged"}}'
+)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        CALL,
+        RETURN,
+        '<tool_call>{"name": "list_all_product_types", "arguments": {}}</tool_call>',
+        '<tool_call>{"name":"get_order_details","arguments":{"order_id":"a \\"quoted\\" \\u00e9"}}</tool_call>\n',
+    ],
+)
+def test_calls_that_keep_to_their_schema_are_accepted_whole(text):
+    progress = feed(text)
+    assert progress is not None and not progress.in_call
+    (call,) = parse_action(text).tool_calls
+    schema = next(t for t in TOOLS if t["function"]["name"] == call.name)
+    assert check_arguments(schema, call.arguments) == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '<tool_call>{"name": "get_orderdetails"',  # no such tool
+        '<tool_call>{"name": "get_order_details", "arguments": {"order_id": "#W1", "item_ids"',  # not its argument
+        '<tool_call>{"name": "get_order_details", "arguments": {}',  # required argument missing
+        '<tool_call>{"name": "return_delivered_order_items", "arguments": {"order_id": "#W1"}',  # two missing
+        '<tool_call>{"arguments"',  # name first
+        '<tool_call>{"name": "get_order_details", "extra"',  # a call has name and arguments only
+        '{"name": "get_order_details", "arguments": {"order_id": "#W1", "order_id"',  # a key twice
+        '{"name": "return_delivered_order_items", "arguments": {"quantity": "2"',  # a string for an integer
+        '{"name": "return_delivered_order_items", "arguments": {"quantity": 2.5',  # not an integer
+        '{"name": "return_delivered_order_items", "arguments": {"reason": "broken',  # not in its enum
+        '{"name": "return_delivered_order_items", "arguments": {"item_ids": "1"',  # a string for an array
+        '{"name": "return_delivered_order_items", "arguments": {"item_ids": [1',  # an integer for a string item
+        '{"name": "get_order_details", "arguments": {"order_id": "a\nb',  # a raw control character
+        '{"name": "get_order_details", "arguments": {"order_id": "\\x',  # not an escape
+        '{"name": "get_order_details", "arguments": {"order_id": "#W1"}} and more',  # text after the call
+        CALL + "<tool_call>",  # one call per reply
+        '<tool_call>{"name": "get_order_details", "arguments": {"order_id": "#W1"}} Sure',  # text before the tag
+    ],
+)
+def test_the_grammar_refuses_the_calls_a_small_policy_gets_wrong(text):
+    assert feed(text) is None
+
+
+def test_a_message_is_free_until_it_opens_a_call_which_is_then_held():
+    progress = feed("I'm sorry, I can't do that")
+    assert progress is not None and not progress.constrained and not progress.in_call
+    assert feed('Let me look. <tool_call>{"name": "nope"') is None
+    assert feed('Let me look. <tool_call>{"name": "get_order_details", "arguments": {"order_id"').in_call
+
+
+def test_strict_calls_are_switched_on_by_the_environment_or_refused_in_one_line(monkeypatch):
+    monkeypatch.delenv("TRACE_GYM_STRICT_TOOLS", raising=False)
+    assert strict_from_env() is False
+    monkeypatch.setenv("TRACE_GYM_STRICT_TOOLS", "1")
+    assert strict_from_env() is True
+    monkeypatch.setenv("TRACE_GYM_STRICT_TOOLS", "maybe")
+    with pytest.raises(LLMError, match="must be 1 or 0"):
+        strict_from_env()
+
+
+class Request:
+    def __init__(self, temperature: float, seed: int, max_new_tokens: int = 400):
+        self.temperature, self.seed, self.max_new_tokens = temperature, seed, max_new_tokens
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_sampler_holding_rows_to_the_grammar_never_emits_a_refused_token(temperature):
+    """Random logits over the embedded tokenizer's vocabulary, on rows that have just
+    opened a call: held rows write calls their schemas accept; free rows do not."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from trace_gym.llm.embedded import ensure_embedded_model
+
+    tokenizer = AutoTokenizer.from_pretrained(str(ensure_embedded_model()))
+    pieces = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
+    grammar = CallGrammar(TOOLS)
+    stop = {tokenizer.eos_token_id}
+    opened = "<tool_call>"
+    rows = 4
+
+    def play(held: bool) -> list[str]:
+        progress = [grammar.start() for _ in range(rows)]
+        for p in progress:
+            p.advance(opened)
+        sampler = RowSampler(
+            torch,
+            [Request(temperature, seed) for seed in range(rows)],
+            device="cpu",
+            stop_ids=stop,
+            pad_id=0,
+            model_name="random",
+            grammars=progress if held else None,
+            pieces=pieces,
+        )
+        logits = torch.Generator().manual_seed(7)
+        while not sampler.done:
+            sampler(torch.randn(rows, len(pieces), generator=logits) * 3)
+        return [opened + "".join(pieces[t] for t in s if t not in stop) for s in sampler.sampled]
+
+    for text in play(held=True):
+        assert feed(text) is not None, text
+        action = parse_action(text)
+        if action.kind is ActionKind.TOOL_CALLS:  # (a row may run out of budget inside its call)
+            (call,) = action.tool_calls
+            schema = next(t for t in TOOLS if t["function"]["name"] == call.name)
+            assert check_arguments(schema, call.arguments) == [], json.dumps(call.arguments)
+    assert all(feed(text) is None for text in play(held=False))
