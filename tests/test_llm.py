@@ -456,3 +456,5 @@ def test_a_trajectory_file_records_strict_tool_calls_only_where_they_were_on(mon
     assert strict(model="openai:m") is None and strict("oracle") is None  # no local decoding to hold
     assert strict(model=SimpleNamespace(name="m", strict_tools=False)) is None  # an object says for itself
     assert strict(model=SimpleNamespace(name="m", strict_tools=True)) is True
+    monkeypatch.setenv("TRACE_GYM_STRICT_TOOLS", "ids")
+    assert strict() == "ids"  # (grounded ids decode otherwise again: a resume must not mix them)

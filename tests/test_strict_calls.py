@@ -44,9 +44,10 @@ TOOLS = [
 ]
 
 
-def feed(text: str):
-    """The reply's progress after ``text``, or None where the grammar refuses it."""
-    progress = CallGrammar(TOOLS).start()
+def feed(text: str, messages=None):
+    """The reply's progress after ``text``, or None where the grammar refuses it
+    (``messages``: the conversation that grounds its ids)."""
+    progress = CallGrammar(TOOLS).start(messages)
     for ch in text:
         if not progress.accepts(ch):
             return None
@@ -111,13 +112,50 @@ def test_a_message_is_free_until_it_opens_a_call_which_is_then_held():
     assert feed('Let me look. <tool_call>{"name": "get_order_details", "arguments": {"order_id"').in_call
 
 
+CONVERSATION = [
+    {"role": "system", "content": "Example: user id sara_doe_496, order #W0000000."},
+    {"role": "user", "content": "Hi, my order #W2378156 came broken."},
+    {"role": "assistant", "content": "Let me check order #W9999999."},
+    {"role": "tool", "content": '{"items": [{"item_id": "6469567736"}], "payment_method_id": "credit_card_9513926"}'},
+]
+
+
+@pytest.mark.parametrize(
+    "order, items, card, kept",
+    [
+        ("#W2378156", '["6469567736"]', "credit_card_9513926", True),  # all copied from the user and the tool
+        ("#W0000000", '["6469567736"]', "credit_card_9513926", False),  # the system prompt's example
+        ("#W9999999", '["6469567736"]', "credit_card_9513926", False),  # the agent's own words ground nothing
+        ("W2378156", '["6469567736"]', "credit_card_9513926", False),  # its "#" dropped
+        ("#W2378156", '["646956773"]', "credit_card_9513926", False),  # an id cut short
+        ("#W2378156", '["6469567736"]', "credit_card_1", False),  # invented
+    ],
+)
+def test_grounded_ids_are_copied_whole_from_the_users_and_the_tools_messages(order, items, card, kept):
+    call = (
+        '{"name": "return_delivered_order_items", "arguments": {"order_id": "%s", "item_ids": %s, '
+        '"payment_method_id": "%s", "reason": "damaged"}}' % (order, items, card)
+    )
+    assert (feed(call, CONVERSATION) is not None) is kept
+    assert feed(call) is not None  # schema-strict alone: any string is an id
+
+
+def test_ids_are_free_where_the_conversation_holds_none_and_other_strings_always_are():
+    opening = [{"role": "user", "content": "Hi, I want to return something."}]
+    assert feed('{"name": "get_order_details", "arguments": {"order_id": "#W1"}}', opening) is not None
+    anything = '{"name": "return_delivered_order_items", "arguments": {"reason": "unwanted"'
+    assert feed(anything, CONVERSATION) is not None
+
+
 def test_strict_calls_are_switched_on_by_the_environment_or_refused_in_one_line(monkeypatch):
     monkeypatch.delenv("TRACE_GYM_STRICT_TOOLS", raising=False)
     assert strict_from_env() is False
     monkeypatch.setenv("TRACE_GYM_STRICT_TOOLS", "1")
     assert strict_from_env() is True
+    monkeypatch.setenv("TRACE_GYM_STRICT_TOOLS", "ids")
+    assert strict_from_env() == "ids"
     monkeypatch.setenv("TRACE_GYM_STRICT_TOOLS", "maybe")
-    with pytest.raises(LLMError, match="must be 1 or 0"):
+    with pytest.raises(LLMError, match="must be 1, ids or 0"):
         strict_from_env()
 
 
@@ -169,3 +207,29 @@ def test_a_sampler_holding_rows_to_the_grammar_never_emits_a_refused_token(tempe
             schema = next(t for t in TOOLS if t["function"]["name"] == call.name)
             assert check_arguments(schema, call.arguments) == [], json.dumps(call.arguments)
     assert all(feed(text) is None for text in play(held=False))
+
+
+def test_a_local_model_grounds_each_requests_ids_in_that_requests_own_messages(monkeypatch):
+    from families import family_tokenizer, tiny_model
+
+    from trace_gym.llm.local import LocalHF
+    from trace_gym.llm.local import model as local_model
+
+    held = []
+
+    def sampler(*args, grammars=None, **kwargs):
+        held.extend(grammars)
+        return RowSampler(*args, grammars=grammars, **kwargs)
+
+    monkeypatch.setattr(local_model, "RowSampler", sampler)
+    tokenizer = family_tokenizer("embedded")
+    backend = LocalHF.from_model(tiny_model(tokenizer), tokenizer, strict_tools="ids")
+    mine = [{"role": "user", "content": "My order is #W2378156."}]
+    theirs = [{"role": "user", "content": "Order #W1111111, please."}]
+    backend.generate([mine, theirs], tools=TOOLS, max_new_tokens=2)
+    assert [set(p.call["x-ids"].full) for p in held] == [{"#W2378156"}, {"#W1111111"}]
+    held.clear()
+    LocalHF.from_model(backend.model, tokenizer, strict_tools=True).generate([mine], tools=TOOLS, max_new_tokens=2)
+    assert "x-ids" not in held[0].call  # held to the schema, ids free
+    with pytest.raises(LLMError, match="strict_tools must be False, True or 'ids'"):
+        LocalHF.from_model(backend.model, tokenizer, strict_tools="yes")

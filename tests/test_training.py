@@ -291,16 +291,19 @@ def test_resume_continues_in_the_dtype_the_run_started_in(tmp_path, saved, asked
         assert _check_run_folder(config, resume=True) == continues_in
 
 
-@pytest.mark.parametrize("saved, now", [(True, "0"), (None, "1")])
-def test_resume_refuses_to_mix_strict_and_free_tool_call_decoding(tmp_path, monkeypatch, saved, now):
+@pytest.mark.parametrize(
+    "saved, now, said, value",
+    [(True, "0", "strict tool calls", "1"), (None, "1", "strict tool calls", "0"), ("ids", "1", "grounded ids", "ids")],
+)
+def test_resume_refuses_to_mix_strict_and_free_tool_call_decoding(tmp_path, monkeypatch, saved, now, said, value):
     from trace_gym.training.trainer import _check_run_folder
 
     config = GRPOTrainingConfig(env_ids=[TWO_REPLIES], out=str(tmp_path))
     (tmp_path / "run.json").write_text(json.dumps({**config.as_dict(), "dtype": "float32", "strict_tools": saved}))
     monkeypatch.setenv("TRACE_GYM_STRICT_TOOLS", now)
-    with pytest.raises(TrainingError, match=f"strict tool calls; set TRACE_GYM_STRICT_TOOLS={int(bool(saved))}"):
+    with pytest.raises(TrainingError, match=f"{said}; set TRACE_GYM_STRICT_TOOLS={value} to continue"):
         _check_run_folder(config, resume=True)
-    monkeypatch.setenv("TRACE_GYM_STRICT_TOOLS", str(int(bool(saved))))
+    monkeypatch.setenv("TRACE_GYM_STRICT_TOOLS", value)
     assert _check_run_folder(config, resume=True) == "float32"
 
 

@@ -170,7 +170,8 @@ def local_settings(agent: str, agent_kwargs: dict[str, Any]) -> dict[str, Any]:
     """How a local model agent decodes, where a file must record it, so that a resumed
     run does not mix two ways: its dtype where it is not float32 on a CPU
     (``recorded_dtype``; in bf16 a batch samples other tokens than float32 does), and
-    ``strict_tools`` where its tool calls are held to their schemas (``strict_calls.py``)."""
+    ``strict_tools`` where its tool calls are held to their schemas (True, or ``"ids"``
+    with grounded ids: ``strict_calls.py``)."""
     if agent not in MODEL_AGENTS:
         return {}
     model = agent_kwargs.get("model") or EMBEDDED_DEFAULT
@@ -184,11 +185,11 @@ def local_settings(agent: str, agent_kwargs: dict[str, Any]) -> dict[str, Any]:
         except ImportError:
             dtype = None  # no torch: the model's own loading says so, in one line
     else:
-        strict = bool(getattr(model, "strict_tools", False))
+        strict = getattr(model, "strict_tools", False)
         dtype = getattr(model, "dtype", None)
         dtype = recorded_dtype(dtype, str(getattr(model, "device", "cpu"))) if isinstance(dtype, str) else None
     settings: dict[str, Any] = {"dtype": dtype} if dtype is not None else {}
-    return {**settings, "strict_tools": True} if strict else settings
+    return {**settings, "strict_tools": strict} if strict else settings
 
 
 @dataclass

@@ -41,7 +41,7 @@ from trace_gym.errors import UnknownEnvError
 from trace_gym.hashing import code_hash, interface_hash
 from trace_gym.llm import LLMError
 from trace_gym.llm.local import LocalHF
-from trace_gym.llm.local.strict_calls import STRICT_ENV, strict_from_env
+from trace_gym.llm.local.strict_calls import STRICT_ENV, STRICT_VALUES, strict_from_env
 from trace_gym.llm.local.lora import without_checkpointing_deprecations
 from trace_gym.llm.precision import native_bf16
 from trace_gym.llm.registry import is_server, load_local, local_folder, split_spec
@@ -154,11 +154,12 @@ def _check_run_folder(config: GRPOTrainingConfig, resume: bool) -> str:
             f"--resume with other settings than the run in {out}: {', '.join(changed)} differ "
             f"(was {', '.join(f'{k}={before.get(k)!r}' for k in changed)})"
         )
-    if bool(before.get("strict_tools")) != strict_from_env():
+    saved, strict = before.get("strict_tools") or False, strict_from_env()
+    if saved != strict:
+        how = {False: "without strict tool calls", True: "with strict tool calls", "ids": "with grounded ids"}
         raise TrainingError(
             f"--resume with other settings than the run in {out}: its rollouts were decoded "
-            f"{'with' if before.get('strict_tools') else 'without'} strict tool calls; "
-            f"set {STRICT_ENV}={1 if before.get('strict_tools') else 0} to continue it"
+            f"{how.get(saved, repr(saved))}; set {STRICT_ENV}={STRICT_VALUES.get(saved, saved)} to continue it"
         )
     # (a run.json written before runs recorded their dtype: float32 on CPU, bf16 on CUDA)
     dtype = before.get("dtype") or ("bfloat16" if before.get("device") == "cuda" else "float32")
@@ -458,7 +459,7 @@ def build_trainer(
         previous = log.truncate_to(start) if resume else []
         record = {**config.as_dict(), "env_code": _env_code_history(config, out, start, resume)}
         if strict_from_env():  # (the policy's LocalHF reads it: strict_calls.py)
-            record["strict_tools"] = True
+            record["strict_tools"] = strict_from_env()
         (out / "run.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     ranks.barrier()
     if not ranks.is_main():

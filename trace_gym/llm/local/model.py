@@ -51,7 +51,7 @@ from .prefill import CachedPrefill
 from ..precision import engine_dtype, local_device
 from ..registry import load_local
 from .sampling import RowSampler
-from .strict_calls import CallGrammar, strict_from_env
+from .strict_calls import STRICT_VALUES, CallGrammar, strict_from_env
 from ..token_template import TokenTemplate
 
 DROP_FINISHED = 0.25  # rows that have stopped leave the decode batch once they are this share of it
@@ -83,7 +83,9 @@ class LocalHF(CachedPrefill, LoraAdapters, TokenTemplate, Generates):
         TRL's) or a ``.jinja`` path. ``template_note`` says what was chosen and why.
     strict_tools: hold every tool call a request with ``tools`` opens to their
         schemas as it is decoded (``strict_calls.py``; no greedy drafts for those
-        requests); None reads ``TRACE_GYM_STRICT_TOOLS`` (``1``: on), else off.
+        requests); ``"ids"`` also holds its id arguments to the id-like words of the
+        request's messages; None reads ``TRACE_GYM_STRICT_TOOLS`` (``1``: on, ``ids``),
+        else off.
     """
 
     token_level = True
@@ -105,7 +107,7 @@ class LocalHF(CachedPrefill, LoraAdapters, TokenTemplate, Generates):
         shared_prefix_attention: bool = True,
         dtype: str | None = None,
         greedy_drafts: bool = True,
-        strict_tools: bool | None = None,
+        strict_tools: bool | str | None = None,
     ):
         try:
             import torch
@@ -146,6 +148,8 @@ class LocalHF(CachedPrefill, LoraAdapters, TokenTemplate, Generates):
         self.store = KVStore(cache_bytes)
         self.drafts = DraftBook() if greedy_drafts else None
         self.strict_tools = strict_from_env() if strict_tools is None else strict_tools
+        if self.strict_tools not in STRICT_VALUES:
+            raise LLMError(f"strict_tools must be False, True or 'ids', got {self.strict_tools!r}")
         self._grammars: dict[str, CallGrammar] = {}
         self._pieces: list[str] | None = None
         self._set_template(
@@ -283,7 +287,10 @@ class LocalHF(CachedPrefill, LoraAdapters, TokenTemplate, Generates):
             stop_ids=self.stop_ids,
             pad_id=self.tokenizer.pad_token_id,
             model_name=self.name,
-            grammars=[g.start() if g is not None else None for g in grammars],
+            grammars=[
+                None if g is None else g.start(r.messages if self.strict_tools == "ids" else None)
+                for r, g in zip(requests, grammars)
+            ],
             pieces=self._token_pieces() if any(g is not None for g in grammars) else None,
         )
         plain = [i for i, d in enumerate(drafts) if not d]

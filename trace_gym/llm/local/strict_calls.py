@@ -18,8 +18,14 @@ call that its tool's schema accepts:
 
 A reply that opens with other text is a message and is left free (a call it
 opens later with ``<tool_call>`` is held to the schema from there). What is
-constrained is the form of a call, never its content: an id is any string of
-the right type, so a wrong id still reaches the tool and its error.
+constrained is the form of a call, not its content: an id is any string of the
+right type, so a wrong id still reaches the tool and its error.
+
+Grounded ids (``TRACE_GYM_STRICT_TOOLS=ids``) go one step further, into content:
+a string argument named ``id``, ``*_id`` or ``*_ids`` must be copied whole from
+the conversation, one of the id-like words (``ground``) of its user and tool
+messages, so a policy cannot invent ``sara_doe_496`` or drop the ``#`` of
+``#W2378156``. Where the conversation holds no such word yet, ids are free.
 
 ``CallGrammar`` is built once per set of tools; ``CallGrammar.start()`` gives a
 row's ``Progress``, which ``accepts(piece)`` checks a token's text against and
@@ -29,6 +35,7 @@ candidate copies nothing.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from typing import Any
@@ -36,6 +43,8 @@ from typing import Any
 from ..base import LLMError
 
 STRICT_ENV = "TRACE_GYM_STRICT_TOOLS"
+STRICT_VALUES: dict[bool | str, str] = {False: "0", True: "1", "ids": "ids"}
+"""Each way of holding calls (``strict_from_env``), as ``TRACE_GYM_STRICT_TOOLS`` sets it."""
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
@@ -61,6 +70,49 @@ _START, _TAG, _FREE, _JSON, _AFTER, _DONE = range(6)
 ANY: dict[str, Any] = {}
 """The schema of a value of any JSON type."""
 
+ID_KEY = re.compile(r"(?:^|_)ids?$")
+"""The argument names grounded ids hold to the conversation."""
+_ID_WORD = re.compile(r"#?[A-Za-z0-9][A-Za-z0-9_\-]*")
+
+
+class Choices:
+    """The strings a string value may be (a tool's name, an enum, grounded ids), and
+    their prefixes, so that a character is checked in one look-up."""
+
+    __slots__ = ("full", "prefixes")
+
+    def __init__(self, strings):
+        self.full = frozenset(strings)
+        self.prefixes = frozenset(s[:i] for s in self.full for i in range(len(s) + 1))
+
+
+def ground(messages: list[dict[str, Any]]) -> tuple[str, ...]:
+    """The id-like words of ``messages``' user and tool turns: at least three
+    characters with a digit (``#W2378156``, ``sara_doe_496``, ``6469567736``)."""
+    words: dict[str, None] = {}
+    for message in messages:
+        if message.get("role") in ("user", "tool"):
+            content = message.get("content")
+            text = content if isinstance(content, str) else json.dumps(content)
+            for word in _ID_WORD.findall(text or ""):
+                if len(word) >= 3 and any(c.isdigit() for c in word):
+                    words[word] = None
+    return tuple(words)
+
+
+def _grounded(parameters: dict[str, Any], ids: Choices) -> dict[str, Any]:
+    """``parameters`` with their id strings (and arrays of them) held to ``ids``."""
+    properties = {}
+    for key, schema in (parameters.get("properties") or {}).items():
+        if ID_KEY.search(key) and isinstance(schema, dict) and "enum" not in schema:
+            items = schema.get("items")
+            if schema.get("type") == "string":
+                schema = {**schema, "x-choices": ids}
+            elif schema.get("type") == "array" and isinstance(items, dict) and items.get("type") == "string":
+                schema = {**schema, "items": {**items, "x-choices": ids}}
+        properties[key] = schema
+    return {**parameters, "properties": properties}
+
 
 class CallGrammar:
     """The calls ``tools`` (OpenAI tool schemas) accept, as a grammar over their text."""
@@ -77,21 +129,29 @@ class CallGrammar:
         self.call = {
             "type": "object",
             "x-call": True,
-            "properties": {"name": {"type": "string", "enum": list(self.names)}, "arguments": ANY},
+            "properties": {"name": {"type": "string", "x-choices": Choices(self.names)}, "arguments": ANY},
             "required": ["name", "arguments"],
         }
 
-    def start(self) -> "Progress":
-        return Progress(self, (_START, 0, ()))
+    def start(self, messages: list[dict[str, Any]] | None = None) -> "Progress":
+        """A reply's progress; with ``messages`` (the conversation it continues),
+        its id arguments are grounded in them."""
+        ids = ground(messages) if messages is not None else ()
+        call = {**self.call, "x-ids": Choices(ids)} if ids else self.call
+        return Progress(self, (_START, 0, ()), call)
+
+    def arguments(self, tool: str, ids: Choices | None) -> dict[str, Any]:
+        """The schema of ``tool``'s arguments, its ids held to ``ids`` where given."""
+        return self.parameters[tool] if ids is None else _grounded(self.parameters[tool], ids)
 
 
 class Progress:
     """One reply's place in the grammar."""
 
-    __slots__ = ("grammar", "state", "blank")
+    __slots__ = ("grammar", "state", "blank", "call")
 
-    def __init__(self, grammar: CallGrammar, state: tuple):
-        self.grammar, self.state = grammar, state
+    def __init__(self, grammar: CallGrammar, state: tuple, call: dict[str, Any]):
+        self.grammar, self.state, self.call = grammar, state, call
         self.blank = 0  # the whitespace run the reply's call ends with
 
     @property
@@ -105,19 +165,20 @@ class Progress:
         return self.state[0] != _FREE
 
     def accepts(self, piece: str) -> bool:
-        return _feed(self.grammar, self.state, self.blank, piece) is not None
+        return _feed(self.grammar, self.call, self.state, self.blank, piece) is not None
 
     def advance(self, piece: str) -> None:
         """Move on by a token's text; text the grammar refuses (a token chosen without
         it) leaves the reply free from here on."""
-        fed = _feed(self.grammar, self.state, self.blank, piece)
+        fed = _feed(self.grammar, self.call, self.state, self.blank, piece)
         self.state, self.blank = fed if fed is not None else ((_FREE, 0, ()), 0)
 
 
-def _feed(grammar: CallGrammar, state: tuple, blank: int, text: str) -> tuple[tuple, int] | None:
-    """The state after ``text`` and the whitespace run it ends with, or None."""
+def _feed(grammar: CallGrammar, call: dict, state: tuple, blank: int, text: str) -> tuple[tuple, int] | None:
+    """The state after ``text`` and the whitespace run it ends with, or None
+    (``call``: the schema of the reply's call)."""
     for ch in text:
-        state = _char(grammar, state, ch)
+        state = _char(grammar, call, state, ch)
         if state is None:
             return None
         mode, _, stack = state
@@ -130,23 +191,23 @@ def _feed(grammar: CallGrammar, state: tuple, blank: int, text: str) -> tuple[tu
     return state, blank
 
 
-def _char(grammar: CallGrammar, state: tuple, ch: str) -> tuple | None:
+def _char(grammar: CallGrammar, call: dict, state: tuple, ch: str) -> tuple | None:
     mode, matched, stack = state
     if mode == _START:
         if ch in _WS:
             return state
         if ch == "{":
-            return _json(grammar, (_JSON, 0, (("value", grammar.call),)), ch, tagged=False)
+            return _json(grammar, (_JSON, 0, (("value", call),)), ch, tagged=False)
         if ch == "<":
             return (_TAG, 1, ())
         return (_FREE, 0, ())
     if mode == _TAG:
         if ch == OPEN[matched]:
-            return (_JSON, 1, (("value", grammar.call),)) if matched + 1 == len(OPEN) else (_TAG, matched + 1, ())
+            return (_JSON, 1, (("value", call),)) if matched + 1 == len(OPEN) else (_TAG, matched + 1, ())
         return (_FREE, 1 if ch == "<" else 0, ())
     if mode == _FREE:  # a message: only a "<tool_call>" it opens is held to the schema
         if ch == OPEN[matched]:
-            return (_JSON, 1, (("value", grammar.call),)) if matched + 1 == len(OPEN) else (_FREE, matched + 1, ())
+            return (_JSON, 1, (("value", call),)) if matched + 1 == len(OPEN) else (_FREE, matched + 1, ())
         return (_FREE, 1 if ch == "<" else 0, ())
     if mode == _JSON:
         return _json(grammar, state, ch, tagged=bool(matched))
@@ -198,12 +259,12 @@ def _step(grammar: CallGrammar, frames: list, ch: str) -> bool | None:
             frames[-1] = ("str", choices, text, 0 if escape == 5 else escape + 1)
             return True
         if ch == '"':
-            if choices is not None and text not in choices:
+            if choices is not None and text not in choices.full:
                 return None
             frames.pop()
             return _close_value(grammar, frames, text)
         if ch == "\\":
-            if choices is not None:  # (a name or an enum value is written plain)
+            if choices is not None:  # (a name, an enum value or an id is written plain)
                 return None
             frames[-1] = ("str", choices, text, 1)
             return True
@@ -211,7 +272,7 @@ def _step(grammar: CallGrammar, frames: list, ch: str) -> bool | None:
             return None
         if choices is not None:
             text += ch
-            if not any(c.startswith(text) for c in choices):
+            if text not in choices.prefixes:
                 return None
         frames[-1] = ("str", choices, text, 0)
         return True
@@ -262,10 +323,13 @@ def _begin(grammar: CallGrammar, frames: list, schema: dict[str, Any], ch: str) 
     """Start a value of ``schema`` with its first character."""
     types = schema.get("type")
     allowed = set(types) if isinstance(types, list) else {types} if types else None
-    if "enum" in schema and all(isinstance(v, str) for v in schema["enum"]):
+    choices = schema.get("x-choices")
+    if choices is None and "enum" in schema and all(isinstance(v, str) for v in schema["enum"]):
+        choices = Choices(schema["enum"])
+    if choices is not None:
         if ch != '"':
             return None
-        frames.append(("str", tuple(schema["enum"]), "", 0))
+        frames.append(("str", choices, "", 0))
         return True
 
     def may(name: str) -> bool:
@@ -335,13 +399,13 @@ def _object(grammar: CallGrammar, frames: list, ch: str) -> bool | None:
         if keys is not None and not keys:
             return None
         frames[-1] = ("obj", schema, seen, "key", None, tool)
-        frames.append(("str", keys, "", 0))
+        frames.append(("str", Choices(keys) if keys is not None else None, "", 0))
         return True
     if phase == "colon":
         if ch != ":":
             return None
         if schema.get("x-call") and key == "arguments":
-            value = grammar.parameters[tool]
+            value = grammar.arguments(tool, schema.get("x-ids"))
         else:
             value = (schema.get("properties") or {}).get(key, ANY)
         frames[-1] = ("obj", schema, seen, "value", key, tool)
@@ -360,11 +424,14 @@ def _object(grammar: CallGrammar, frames: list, ch: str) -> bool | None:
     return None
 
 
-def strict_from_env() -> bool:
-    """Whether ``TRACE_GYM_STRICT_TOOLS`` turns strict tool calls on (``1``, ``true``, ``on``)."""
+def strict_from_env() -> bool | str:
+    """How ``TRACE_GYM_STRICT_TOOLS`` holds tool calls: False (``0``, unset: free),
+    True (``1``: to their schemas) or ``"ids"`` (to their schemas, ids grounded)."""
     value = os.environ.get(STRICT_ENV, "").strip().lower()
     if value in ("", "0", "false", "off", "no"):
         return False
     if value in ("1", "true", "on", "yes"):
         return True
-    raise LLMError(f"{STRICT_ENV} must be 1 or 0, got {value!r}")
+    if value in STRICT_VALUES.values():
+        return "ids"
+    raise LLMError(f"{STRICT_ENV} must be 1, ids or 0, got {value!r}")
