@@ -8,7 +8,7 @@ import pytest
 from trace_gym.actions import ActionKind, parse_action
 from trace_gym.llm import LLMError
 from trace_gym.llm.local.sampling import RowSampler
-from trace_gym.llm.local.strict_calls import CallGrammar, strict_from_env
+from trace_gym.llm.local.strict_calls import CallGrammar, ground, strict_from_env
 from trace_gym.tools import check_arguments
 
 TOOLS = [
@@ -44,10 +44,10 @@ TOOLS = [
 ]
 
 
-def feed(text: str, messages=None):
+def feed(text: str, messages=None, tools=TOOLS):
     """The reply's progress after ``text``, or None where the grammar refuses it
     (``messages``: the conversation that grounds its ids)."""
-    progress = CallGrammar(TOOLS).start(messages)
+    progress = CallGrammar(tools).start(messages)
     for ch in text:
         if not progress.accepts(ch):
             return None
@@ -147,6 +147,44 @@ def test_ids_are_free_where_the_conversation_holds_none_and_other_strings_always
     assert feed(anything, CONVERSATION) is not None
 
 
+def test_grounding_reads_ids_without_digits_and_json_results_as_their_values():
+    """τ² airline's reservation ids can be all capitals; a JSON result's escapes are
+    not read as text; an id may be a prefix of another, and held whole."""
+    messages = [
+        {"role": "user", "content": "My reservation is VAAOXJ, URGENT."},
+        {"role": "tool", "content": json.dumps({"note": "x\nW2378156", "user": "josé_12", "orders": ["#W1", "#W12"]})},
+        {"role": "tool", "content": [{"type": "text", "text": "card_7 ok"}]},
+    ]
+    assert ground(messages) == ("VAAOXJ", "URGENT", "W2378156", "josé_12", "#W1", "#W12", "card_7")
+    order = '{"name": "get_order_details", "arguments": {"order_id": "%s"}}'
+    assert [feed(order % i, messages) is not None for i in ("#W1", "#W12", "#W123", "nW2378156", "VAAOX")] == [
+        True,
+        True,
+        False,
+        False,
+        False,
+    ]
+    assert ground([{"role": "user", "content": "Hi, I need help with my order."}]) == ()
+
+
+def test_a_grounded_id_that_may_be_null_takes_null_or_a_grounded_id():
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "find",
+                "parameters": {"type": "object", "properties": {"user_id": {"type": ["string", "null"]}}},
+            },
+        }
+    ]
+    messages = [{"role": "user", "content": "I am sara_lee_123."}]
+    call = '{"name": "find", "arguments": {"user_id": %s}}'
+    assert feed(call % "null", messages, tools) is not None
+    assert feed(call % '"sara_lee_123"', messages, tools) is not None
+    assert feed(call % '"sara_doe_496"', messages, tools) is None
+    assert feed(call % "12", messages, tools) is None
+
+
 def test_strict_calls_are_switched_on_by_the_environment_or_refused_in_one_line(monkeypatch):
     monkeypatch.delenv("TRACE_GYM_STRICT_TOOLS", raising=False)
     assert strict_from_env() is False
@@ -164,8 +202,8 @@ class Request:
         self.temperature, self.seed, self.max_new_tokens = temperature, seed, max_new_tokens
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_a_sampler_holding_rows_to_the_grammar_never_emits_a_refused_token(temperature):
+@pytest.mark.parametrize("temperature, messages", [(0.0, None), (1.0, None), (1.0, CONVERSATION)])
+def test_a_sampler_holding_rows_to_the_grammar_never_emits_a_refused_token(temperature, messages):
     """Random logits over the embedded tokenizer's vocabulary, on rows that have just
     opened a call: held rows write calls their schemas accept; free rows do not."""
     import torch
@@ -181,7 +219,7 @@ def test_a_sampler_holding_rows_to_the_grammar_never_emits_a_refused_token(tempe
     rows = 4
 
     def play(held: bool) -> list[str]:
-        progress = [grammar.start() for _ in range(rows)]
+        progress = [grammar.start(messages) for _ in range(rows)]
         for p in progress:
             p.advance(opened)
         sampler = RowSampler(
@@ -200,7 +238,7 @@ def test_a_sampler_holding_rows_to_the_grammar_never_emits_a_refused_token(tempe
         return [opened + "".join(pieces[t] for t in s if t not in stop) for s in sampler.sampled]
 
     for text in play(held=True):
-        assert feed(text) is not None, text
+        assert feed(text, messages) is not None, text
         action = parse_action(text)
         if action.kind is ActionKind.TOOL_CALLS:  # (a row may run out of budget inside its call)
             (call,) = action.tool_calls
@@ -231,5 +269,6 @@ def test_a_local_model_grounds_each_requests_ids_in_that_requests_own_messages(m
     held.clear()
     LocalHF.from_model(backend.model, tokenizer, strict_tools=True).generate([mine], tools=TOOLS, max_new_tokens=2)
     assert "x-ids" not in held[0].call  # held to the schema, ids free
-    with pytest.raises(LLMError, match="strict_tools must be False, True or 'ids'"):
-        LocalHF.from_model(backend.model, tokenizer, strict_tools="yes")
+    for wrong in ("yes", 1):
+        with pytest.raises(LLMError, match="strict_tools must be False, True or 'ids'"):
+            LocalHF.from_model(backend.model, tokenizer, strict_tools=wrong)

@@ -51,7 +51,7 @@ from .prefill import CachedPrefill
 from ..precision import engine_dtype, local_device
 from ..registry import load_local
 from .sampling import RowSampler
-from .strict_calls import STRICT_VALUES, CallGrammar, strict_from_env
+from .strict_calls import CallGrammar, strict_from_env
 from ..token_template import TokenTemplate
 
 DROP_FINISHED = 0.25  # rows that have stopped leave the decode batch once they are this share of it
@@ -148,7 +148,7 @@ class LocalHF(CachedPrefill, LoraAdapters, TokenTemplate, Generates):
         self.store = KVStore(cache_bytes)
         self.drafts = DraftBook() if greedy_drafts else None
         self.strict_tools = strict_from_env() if strict_tools is None else strict_tools
-        if self.strict_tools not in STRICT_VALUES:
+        if not (type(self.strict_tools) is bool or self.strict_tools == "ids"):
             raise LLMError(f"strict_tools must be False, True or 'ids', got {self.strict_tools!r}")
         self._grammars: dict[str, CallGrammar] = {}
         self._pieces: list[str] | None = None

@@ -38,7 +38,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Any
+from typing import Any, Iterator
 
 from ..base import LLMError
 
@@ -72,7 +72,7 @@ ANY: dict[str, Any] = {}
 
 ID_KEY = re.compile(r"(?:^|_)ids?$")
 """The argument names grounded ids hold to the conversation."""
-_ID_WORD = re.compile(r"#?[A-Za-z0-9][A-Za-z0-9_\-]*")
+_ID_WORD = re.compile(r"#?[^\W_][\w\-]*")
 
 
 class Choices:
@@ -86,18 +86,54 @@ class Choices:
         self.prefixes = frozenset(s[:i] for s in self.full for i in range(len(s) + 1))
 
 
+def _id_like(word: str) -> bool:
+    """At least three characters with a digit (``#W2378156``, ``sara_doe_496``), or
+    five capitals or more (τ² airline's reservation ids, such as ``VAAOXJ``)."""
+    if len(word) >= 3 and any(c.isdigit() for c in word):
+        return True
+    return len(word) >= 5 and word.isalpha() and word.isupper()
+
+
+def _texts(value: Any) -> Iterator[str]:
+    """The strings a message's content holds: a JSON result's string values, keys
+    and integers (so that its escapes are never read as text), else the text."""
+    if isinstance(value, str):
+        if value.lstrip()[:1] in ("{", "[", '"'):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                yield value
+                return
+            yield from _texts(value)
+            return
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield str(key)
+            yield from _texts(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _texts(item)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        yield str(value)
+
+
 def ground(messages: list[dict[str, Any]]) -> tuple[str, ...]:
-    """The id-like words of ``messages``' user and tool turns: at least three
-    characters with a digit (``#W2378156``, ``sara_doe_496``, ``6469567736``)."""
+    """The id-like words (``_id_like``) of ``messages``' user and tool turns."""
     words: dict[str, None] = {}
     for message in messages:
         if message.get("role") in ("user", "tool"):
-            content = message.get("content")
-            text = content if isinstance(content, str) else json.dumps(content)
-            for word in _ID_WORD.findall(text or ""):
-                if len(word) >= 3 and any(c.isdigit() for c in word):
-                    words[word] = None
+            for text in _texts(message.get("content")):
+                for word in _ID_WORD.findall(text):
+                    if _id_like(word):
+                        words[word] = None
     return tuple(words)
+
+
+def _is_string(schema: Any) -> bool:
+    """A schema whose values are strings (or strings or null)."""
+    types = schema.get("type") if isinstance(schema, dict) else None
+    return types == "string" or isinstance(types, list) and "string" in types
 
 
 def _grounded(parameters: dict[str, Any], ids: Choices) -> dict[str, Any]:
@@ -106,9 +142,9 @@ def _grounded(parameters: dict[str, Any], ids: Choices) -> dict[str, Any]:
     for key, schema in (parameters.get("properties") or {}).items():
         if ID_KEY.search(key) and isinstance(schema, dict) and "enum" not in schema:
             items = schema.get("items")
-            if schema.get("type") == "string":
+            if _is_string(schema):
                 schema = {**schema, "x-choices": ids}
-            elif schema.get("type") == "array" and isinstance(items, dict) and items.get("type") == "string":
+            elif schema.get("type") == "array" and _is_string(items) and "enum" not in items:
                 schema = {**schema, "items": {**items, "x-choices": ids}}
         properties[key] = schema
     return {**parameters, "properties": properties}
@@ -327,10 +363,12 @@ def _begin(grammar: CallGrammar, frames: list, schema: dict[str, Any], ch: str) 
     if choices is None and "enum" in schema and all(isinstance(v, str) for v in schema["enum"]):
         choices = Choices(schema["enum"])
     if choices is not None:
-        if ch != '"':
+        if ch == '"':
+            frames.append(("str", choices, "", 0))
+            return True
+        if "x-choices" not in schema or allowed is None:
             return None
-        frames.append(("str", choices, "", 0))
-        return True
+        allowed -= {"string"}  # a grounded id that may also be null
 
     def may(name: str) -> bool:
         return allowed is None or name in allowed or (name == "number" and "integer" in allowed)
@@ -432,6 +470,6 @@ def strict_from_env() -> bool | str:
         return False
     if value in ("1", "true", "on", "yes"):
         return True
-    if value in STRICT_VALUES.values():
+    if value == "ids":
         return "ids"
     raise LLMError(f"{STRICT_ENV} must be 1, ids or 0, got {value!r}")
