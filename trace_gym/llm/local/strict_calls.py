@@ -289,7 +289,7 @@ def _step(grammar: CallGrammar, frames: list, ch: str) -> bool | None:
                 return None
             frames[-1] = ("str", choices, text, 2 if ch == "u" else 0)
             return True
-        if escape >= 2:  # \uXXXX: four hex digits
+        if escape >= 2:  # the four hex digits after \u
             if ch not in _HEX:
                 return None
             frames[-1] = ("str", choices, text, 0 if escape == 5 else escape + 1)
