@@ -11,7 +11,9 @@ Timings depend on the machine's load: take them on an idle machine.
 
 The update scores the rows' shared prompt once per micro-batch
 (``shared_prefix_update``, the default); ``--whole-rows`` times TRL's own
-passes, every row run whole, for comparison.
+passes, every row run whole, for comparison. While the adapter is fresh
+(iteration 1) the policy is its own KL reference and TRL's reference pass is
+skipped; ``--keep-reference-pass`` runs it, for comparison.
 
 At the paper's scale, on a GPU: ``--random-model llama-3.1-8b`` (or qwen2.5-7b,
 qwen3-8b) builds a model of that family's shapes from its config with random
@@ -25,7 +27,7 @@ nothing, so its turns are short on text; the tokens sampled are what is timed). 
 keeps N layers (a smoke run on a CPU). Peak GPU memory is printed on cuda.
 
 Usage: python benchmarks/grpo_iteration.py [--env trace/tool-precision-v0]
-       [--iterations 3] [--max-new-tokens 64] [--threads N] [--device cpu] [--micro-batch N] [--dtype auto|float32|bfloat16] [--whole-rows]
+       [--iterations 3] [--max-new-tokens 64] [--threads N] [--device cpu] [--micro-batch N] [--dtype auto|float32|bfloat16] [--whole-rows] [--keep-reference-pass]
        [--model SPEC | --random-model llama-3.1-8b [--random-layers N]] [--gradient-checkpointing]
 """
 
@@ -137,6 +139,11 @@ def main() -> int:
         help="model weights (auto: bfloat16 where the CPU has bf16 instructions)",
     )
     parser.add_argument("--whole-rows", action="store_true", help="TRL's own update passes (no shared prompt)")
+    parser.add_argument(
+        "--keep-reference-pass",
+        action="store_true",
+        help="run TRL's KL reference pass also while the fresh adapter is its own reference (iteration 1)",
+    )
     parser.add_argument("--model", default=EMBEDDED, help="the policy: a model spec (default: the embedded model)")
     parser.add_argument(
         "--random-model", choices=sorted(FAMILIES), help="a random-weight model of this family's shapes instead"
@@ -186,7 +193,7 @@ def main() -> int:
         )
         t0 = time.perf_counter()
         try:
-            result = train(config, progress=False)
+            result = train(config, progress=False, on_trainer=keep_reference_pass if args.keep_reference_pass else None)
         except TraceGymError as exc:  # a bad setting (e.g. --micro-batch 3) is one line
             print(f"grpo_iteration: {exc}", file=sys.stderr)
             return 2
@@ -200,7 +207,8 @@ def main() -> int:
         f"max_new_tokens {args.max_new_tokens}, torch threads {torch.get_num_threads()}, {os.cpu_count()} CPUs, "
         f"update: {'every row whole (TRL)' if args.whole_rows else 'shared prompt once per micro-batch'}, "
         f"micro-batch {args.micro_batch or args.rollouts_per_group}, weights {rows[0]['dtype'] if rows else '?'} (--dtype {args.dtype}), "
-        f"gradient checkpointing {'on' if args.gradient_checkpointing else 'off'}"
+        f"gradient checkpointing {'on' if args.gradient_checkpointing else 'off'}, "
+        f"reference pass at iteration 1 {'kept' if args.keep_reference_pass else 'skipped (the fresh adapter is its own)'}"
     )
     print(f"{'iter':>4} {'wall s':>8} {'rollout s':>10} {'update s':>9} {'tokens':>7} {'reward':>7}")
     for r in rows:
@@ -231,6 +239,10 @@ def main() -> int:
     if args.device == "cuda":
         print(f"peak GPU memory allocated (rollout and update): {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
     return 0
+
+
+def keep_reference_pass(trainer) -> None:
+    trainer.skip_identity_reference = False
 
 
 if __name__ == "__main__":

@@ -406,3 +406,37 @@ def test_the_fallback_pass_is_zero_off_the_scored_positions_as_the_shared_pass_i
 
     logps, _, _ = chunk_logps(model, ids, mask, keep, scored=scored, whole=impossible_tokens, temperature=TEMPERATURE)
     assert bool(torch.isfinite(logps).all()) and not logps[~scored].any()
+
+
+def test_only_a_lora_that_adds_nothing_is_its_own_reference():
+    """``adapter_is_identity`` (the trainer skips TRL's KL reference pass on it): a
+    fresh LoRA, every B zero, gives exactly its base model's logits; one non-zero B,
+    DoRA, a ``ref`` adapter or a model without an adapter are refused."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from trace_gym.training.shared_update import adapter_is_identity
+
+    def fresh(**lora):
+        config = AutoConfig.for_model(
+            "llama", vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4
+        )
+        torch.manual_seed(0)
+        base = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        return base, get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], **lora))
+
+    ids = torch.arange(1, 13).unsqueeze(0)
+    base, model = fresh()
+    assert adapter_is_identity(model)
+    with torch.no_grad():
+        enabled = model(input_ids=ids).logits
+        with model.disable_adapter():
+            assert torch.equal(enabled, model(input_ids=ids).logits)
+        next(p for n, p in model.named_parameters() if "lora_B" in n)[0, 0] = 1e-3
+    assert not adapter_is_identity(model)
+    assert not adapter_is_identity(tiny_lora_model("llama"))  # B drawn at random (init_lora_weights=False)
+    assert not adapter_is_identity(fresh(use_dora=True)[1])
+    assert not adapter_is_identity(base) and not adapter_is_identity(torch.nn.Linear(2, 2))
+    _, model = fresh()
+    model.add_adapter("ref", LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    assert not adapter_is_identity(model)

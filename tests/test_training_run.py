@@ -108,6 +108,17 @@ def trained(tmp_path_factory):
         finally:
             torch.randperm = original
 
+    compute_loss, trainer.reference_errors = trainer._compute_loss, []
+
+    def loss_spy(model, batch):  # a micro-batch scored without TRL's reference pass: its reference against the true one
+        skipped = "ref_per_token_logps" not in batch
+        loss = compute_loss(model, batch)
+        if skipped:
+            error = batch["ref_per_token_logps"] - trainer.reference_logps(batch)
+            trainer.reference_errors.append(float(error.abs().max()))
+        return loss
+
+    trainer._compute_loss = loss_spy
     trainer._prepare_inputs, trainer._scored, shared_update.group_rows = prepare_spy, scored_spy, regroup_spy
     grpo_trainer.shuffle_sequence_dict = splitting_shuffle
     try:
@@ -134,6 +145,33 @@ def test_two_iterations_log_rewards_and_change_the_lora(trained):
     lora_b = [v for k, v in weights.items() if "lora_B" in k]
     assert lora_b and any(float(v.abs().max()) > 0 for v in lora_b)  # peft starts every lora_B at zero
     assert weights[next(k for k in weights if "lora_A" in k)].shape[0] == config.lora_rank
+
+
+def test_a_fresh_adapter_is_its_own_kl_reference_until_its_first_step(trained):
+    """Iteration 1 (every lora_B still zero) runs no reference pass: each micro-batch's
+    reference is the policy's own log-probabilities, equal to the base model's, and
+    the KL logged is 0. Iteration 2, after a step, takes TRL's reference pass."""
+    config, result, captured, _, _, trainer = trained
+    first, second = captured[0][0], captured[1][0]
+    assert "ref_per_token_logps" not in first and "ref_per_token_logps" in second
+    assert trainer.reference_passes_skipped == 1
+    assert len(trainer.reference_errors) == trainer.args.steps_per_generation  # iteration 1's micro-batches, no more
+    assert max(trainer.reference_errors) < 1e-5
+    rows = [json.loads(line) for line in result.log.read_text().splitlines()]
+    assert rows[0]["kl"] == 0.0 and rows[1]["kl"] > 0.0
+    # a batch scored while the adapter was fresh, its loss taken after a step: the reference is computed then
+    import torch
+
+    batch = {key: value for key, value in second.items() if key != "ref_per_token_logps"}  # (its tokens' table is kept)
+    type(trainer)._compute_loss(trainer, trainer.model, batch)
+    assert torch.equal(batch["ref_per_token_logps"], trainer.reference_logps(batch))
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    with torch.no_grad():
+        policy = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, batch["completion_ids"].size(1))[
+            0
+        ]
+    assert float((policy - batch["ref_per_token_logps"]).abs().max()) > 0  # the trained policy is not its reference
 
 
 def test_each_micro_batch_is_one_group_and_only_sampled_tokens_are_scored(trained):

@@ -32,6 +32,14 @@ Two more savings, both exact for the loss:
 - ``group_rows`` puts the rows of one group into one micro-batch after TRL's
   shuffle, so a micro-batch shares its whole prompt, not only the system prompt.
 
+One pass skipped, exact as well: while the LoRA adds nothing (every B at peft's
+zero init, so before the first optimizer step of a fresh adapter), the policy
+is its own KL reference (``adapter_is_identity``). TRL's reference pass (a whole
+forward per generation) is then not run; the loss takes the policy's own
+log-probabilities, detached, as the reference, which gives the KL term its true
+value (0) and gradient (0). A resumed or warm adapter has non-zero B and takes
+TRL's pass.
+
 Under gradient checkpointing (non-reentrant, as the trainer sets it) the shared
 passes keep working: the prefix's keys and values reach each layer through a
 cache that never changes (``prefix_cache``), so a layer the backward pass
@@ -420,6 +428,27 @@ def chunk_logps(
     return logps, entropy, False
 
 
+def adapter_is_identity(model: Any) -> bool:
+    """Whether ``model`` is a peft LoRA that adds nothing yet: every B matrix zero
+    (peft's default init) and nothing else trained (no DoRA, LoRA bias or module
+    copies, no ``ref`` adapter). Its output is then exactly its base model's, the
+    KL reference of a fresh adapter. False for anything else."""
+    configs = getattr(model, "peft_config", None)
+    if not isinstance(configs, dict) or not configs or "ref" in configs:
+        return False
+    for config in configs.values():
+        if str(getattr(config, "peft_type", "")).rsplit(".", 1)[-1] != "LORA":
+            return False
+        if getattr(config, "use_dora", False) or getattr(config, "lora_bias", False) or config.modules_to_save:
+            return False
+    import torch
+
+    tensors = [p.detach() for name, p in model.named_parameters() if "lora_B" in name or "lora_embedding_B" in name]
+    if not tensors:
+        return False
+    return not bool(torch.stack([t.ne(0).any() for t in tensors]).any())  # (one device sync, not one per matrix)
+
+
 def trainer_class() -> type:
     """TRL's ``GRPOTrainer`` whose log-probability passes (the KL reference's, the
     policy's) go through ``shared_prefix_logps`` where it applies."""
@@ -429,6 +458,53 @@ def trainer_class() -> type:
         shared_prefix_update = True  # False: every pass is TRL's own
         shared_prefix_chunks = (0, 0)  # (chunks scored with a shared prefix, chunks scored whole), read by tests
         _sampled: dict[tuple[int, ...], list[int]] = {}  # completion ids -> env_mask of the last generation
+        skip_identity_reference = True  # False: TRL's reference pass runs even while the adapter adds nothing
+        reference_passes_skipped = 0  # generations scored without TRL's reference pass, read by tests
+        _reference_slot: dict[str, Any] | None = None  # a micro-batch whose reference is the policy's own
+
+        def _policy_is_reference(self) -> bool:
+            return (
+                self.beta != 0.0
+                and self.ref_model is None
+                and adapter_is_identity(self.accelerator.unwrap_model(self.model))
+            )
+
+        def _generate_and_score_completions(self, inputs):
+            if not (self.skip_identity_reference and self.model.training and self._policy_is_reference()):
+                return super()._generate_and_score_completions(inputs)
+            beta, self.beta = self.beta, 0.0  # (TRL reads beta once there: only to run its reference pass)
+            try:
+                output = super()._generate_and_score_completions(inputs)
+            finally:
+                self.beta = beta
+            self.reference_passes_skipped += 1
+            return output
+
+        def _compute_loss(self, model, inputs):
+            if self.beta == 0.0 or "ref_per_token_logps" in inputs:
+                return super()._compute_loss(model, inputs)
+            if not self._policy_is_reference():  # (an optimizer step came between this batch's scoring and now)
+                inputs["ref_per_token_logps"] = self.reference_logps(inputs)
+                return super()._compute_loss(model, inputs)
+            self._reference_slot = inputs  # filled by the policy's pass below, before TRL reads it
+            try:
+                return super()._compute_loss(model, inputs)
+            finally:
+                self._reference_slot = None
+
+        def reference_logps(self, inputs):
+            """The reference's log-probabilities of one micro-batch, as TRL's reference pass
+            computes them (the base model: the adapter disabled)."""
+            import torch
+            from trl.trainer.utils import use_adapter
+
+            input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+            attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+            with torch.no_grad(), use_adapter(self.accelerator.unwrap_model(self.model), adapter_name=None):
+                logps, _, _ = self._get_per_token_logps_and_entropies(
+                    self.model, input_ids, attention_mask, inputs["completion_ids"].size(1)
+                )
+            return logps
 
         def _generate(self, prompts):
             result = super()._generate(prompts)
@@ -452,7 +528,14 @@ def trainer_class() -> type:
         def _scored(self, input_ids, attention_mask, logits_to_keep):
             return scored_positions(self._sampled, input_ids, attention_mask, logits_to_keep)
 
-        def _get_per_token_logps_and_entropies(
+        def _get_per_token_logps_and_entropies(self, model, input_ids, *args, **kwargs):
+            result = self._scored_logps_and_entropies(model, input_ids, *args, **kwargs)
+            slot, self._reference_slot = self._reference_slot, None
+            if slot is not None:  # the policy's pass of a micro-batch whose reference it is
+                slot["ref_per_token_logps"] = result[0].detach()
+            return result
+
+        def _scored_logps_and_entropies(
             self,
             model,
             input_ids,
