@@ -159,19 +159,20 @@ def test_a_fresh_adapter_is_its_own_kl_reference_until_its_first_step(trained):
     assert max(trainer.reference_errors) < 1e-5
     rows = [json.loads(line) for line in result.log.read_text().splitlines()]
     assert rows[0]["kl"] == 0.0 and rows[1]["kl"] > 0.0
-    # a batch scored while the adapter was fresh, its loss taken after a step: the reference is computed then
+    # a batch without its reference whose loss comes after a step: the reference is computed then, and it is
+    # TRL's own (iteration 2's, from TRL's pass; the base model has not changed since, only the LoRA)
     import torch
 
     batch = {key: value for key, value in second.items() if key != "ref_per_token_logps"}  # (its tokens' table is kept)
     type(trainer)._compute_loss(trainer, trainer.model, batch)
-    assert torch.equal(batch["ref_per_token_logps"], trainer.reference_logps(batch))
+    assert float((batch["ref_per_token_logps"] - second["ref_per_token_logps"]).abs().max()) < 1e-4  # (float rounding)
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
     mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
     with torch.no_grad():
         policy = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, batch["completion_ids"].size(1))[
             0
         ]
-    assert float((policy - batch["ref_per_token_logps"]).abs().max()) > 0  # the trained policy is not its reference
+    assert float((policy - batch["ref_per_token_logps"]).abs().max()) > 1e-3  # the trained policy is not its reference
 
 
 def test_each_micro_batch_is_one_group_and_only_sampled_tokens_are_scored(trained):
