@@ -235,14 +235,24 @@ def test_saved_adapter_reloads_through_local_hf_and_changes_generations(trained)
 def test_bf16_weights_train_a_float32_lora_that_reloads_and_changes_generations(tmp_path):
     """--dtype bfloat16 on CPU (``auto`` picks it where the CPU has bf16 instructions;
     this test runs it on any CPU): bf16 weights, a float32 LoRA and optimizer, TRL's
-    mixed precision off, finite KL and loss, and the adapter moves and reloads."""
+    mixed precision off, finite KL and loss, and the adapter moves and reloads. A tiny
+    random model with the embedded tokenizer: the dtype's plumbing does not depend on
+    the model's size, and a CPU without bf16 instructions runs the 135M model's bf16
+    backward about 13 times slower than one with them (260 s against 19 in `make test`)."""
     import torch
+    from families import tiny_model
     from safetensors.torch import load_file
+    from transformers import AutoTokenizer
 
     from trace_gym.llm import GenerationRequest, make_backend
+    from trace_gym.llm.embedded import ensure_embedded_model
     from trace_gym.training import build_trainer, run_trainer
 
-    config = tiny_config(tmp_path / "run", dtype="bfloat16")
+    folder = tmp_path / "tiny"
+    tokenizer = AutoTokenizer.from_pretrained(str(ensure_embedded_model()))
+    tiny_model(tokenizer, layers=2, init=0.5).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    config = tiny_config(tmp_path / "run", model=f"hf:{folder}", dtype="bfloat16")
     trainer, parts = build_trainer(config, progress=False)
     assert not trainer.args.bf16 and trainer.args.use_cpu
     weights = {p.dtype for n, p in trainer.model.named_parameters() if "lora_" not in n}
@@ -255,7 +265,7 @@ def test_bf16_weights_train_a_float32_lora_that_reloads_and_changes_generations(
     saved = load_file(str(result.adapter / "adapter_model.safetensors"))
     assert {v.dtype for v in saved.values()} == {torch.float32}
     assert any(float(v.abs().max()) > 0 for k, v in saved.items() if "lora_B" in k)
-    backend = make_backend("smollm2-135m-instruct", adapters={"trained": str(result.adapter)})
+    backend = make_backend(f"hf:{folder}", adapters={"trained": str(result.adapter)})
     prompt = [
         {"role": "system", "content": "You are a retail support agent."},
         {"role": "user", "content": "Hi! Where is my order #W1234567?"},
