@@ -356,6 +356,9 @@ def _earlier_run(tmp_path):
         evaluate=EvaluateStage(tasks=1, samples=1, max_steps=4),
     )
     config.policy.max_new_tokens = 24
+    # τ²-retail's system turn in 3.9k tokens, not 5.2k: each method row prefills it under its own
+    # adapter, most of what evaluating the run costs; a policy's template travels to every row
+    config.policy.chat_template = "chatml_compact_tools"
     (run / "config.json").write_text(json.dumps(to_table(config), indent=2))
     state = RunState(run)
     state.stages["identify"] = StageRecord(
@@ -525,7 +528,8 @@ def test_evaluate_plays_the_same_episodes_through_a_vllm_server_of_the_policy(ev
     assert served.returncode == 0, served.stderr
     assert "kept as" in served.stderr and (run / "eval" / "earlier" / "base.1.jsonl").exists()
     [remote] = read_trajectories(run / "eval" / "base.jsonl")
-    assert read_run_settings(run / "eval" / "base.jsonl")[0]["agent_options"]["model"] == "vllm:smollm2-135m-instruct"
+    played = read_run_settings(run / "eval" / "base.jsonl")[0]["agent_options"]["model"]
+    assert played == "vllm:smollm2-135m-instruct?template=chatml_compact_tools"  # rendered as the policy's rows are
     assert [m.content for m in remote.messages] == [m.content for m in in_process.messages]
     assert remote.reward == in_process.reward
     rows = {r.method: r for r in load_results(run / "eval")}
