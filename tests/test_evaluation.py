@@ -387,6 +387,12 @@ def test_evaluate_plays_every_method_row_from_an_earlier_runs_artifacts(evaluate
     rows = {r.method: r for r in load_results(run / "eval")}
     assert list(rows) == ["base", "trace", "grpo-target", "merged", "summed", "control"]
     from trace_gym.llm import make_backend
+    from trace_gym.store import read_run_settings, read_trajectories
+
+    played = {
+        read_run_settings(run / "eval" / f"{m}.jsonl")[0]["agent_options"]["model"] for m in rows if m != "grpo-target"
+    }
+    assert played == {"smollm2-135m-instruct?template=chatml_compact_tools"}  # every row under the policy's template
 
     summed = run / "eval" / "summed-adapter"  # saved, and loads where any adapter does
     make_backend("smollm2-135m-instruct").load_adapter("summed", str(summed))
@@ -404,8 +410,6 @@ def test_evaluate_plays_every_method_row_from_an_earlier_runs_artifacts(evaluate
     assert set(rows["base"].lacking) == {"precise_arguments", "complete_actions", "communicates_required_info"}
     assert rows["base"].flips == {} and set(rows["trace"].flips) == {"gained", "lost"}
     assert set(rows["trace"].specificity) == {"targeted", "untargeted"} and not rows["grpo-target"].specificity
-    from trace_gym.store import read_trajectories
-
     [episode] = read_trajectories(run / "eval" / "trace.jsonl")
     assert episode.agent_info["route"]["capability"] in {"precise_arguments", "complete_actions", None}
     report = (run / "report.md").read_text()

@@ -1,7 +1,8 @@
-"""GRPO training runs on CPU with the embedded model, kept tiny (G=2 or 1, K=2,
-a few tokens per turn): the LoRA changes and reloads, the training batch gives
-no loss weight to hint or environment tokens, kill -9 then --resume, and the
-env pool's replace-and-retry around dead sandbox workers."""
+"""GRPO training runs on CPU with the embedded model (the bf16 test: a tiny random
+model), kept tiny (G=2 or 1, K=2, a few tokens per turn): the LoRA changes and
+reloads, the training batch gives no loss weight to hint or environment tokens,
+kill -9 then --resume, and the env pool's replace-and-retry around dead sandbox
+workers."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ pytestmark = pytest.mark.slow
 def tiny_config(out: Path, **change):
     from trace_gym.training import GRPOTrainingConfig
 
-    # lr well above the paper's 1e-5 so that two steps visibly move a 135M model
+    # lr well above the paper's 1e-5 so that two steps visibly move the model
     settings = dict(
         env_ids=[TWO_REPLIES],
         out=str(out),
