@@ -72,6 +72,15 @@ def tiny_model(tokenizer, arch: str = "llama", seed: int = 0, layers: int = 1, i
     return AutoModelForCausalLM.from_config(config)
 
 
+def tiny_model_folder(folder: Path, family: str = "embedded", **model) -> Path:
+    """A model folder as a user has it (``model=f"hf:{folder}"``): ``tiny_model``'s
+    weights (``model``: its arguments) beside ``family``'s tokenizer and template."""
+    tokenizer = family_tokenizer(family)
+    tiny_model(tokenizer, **model).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 def backend_for(family: str, template: str = "auto"):
     """``LocalHF`` over a tiny random model with ``family``'s tokenizer and template."""
     from trace_gym.llm.local import LocalHF

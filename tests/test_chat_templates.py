@@ -244,15 +244,12 @@ def oracle_demos(tmp_path_factory):
 def test_one_grpo_iteration_and_an_sft_run_under_each_familys_stock_template(family, tmp_path, oracle_demos):
     """A model folder as a user has it (stock template in its tokenizer): GRPO and SFT both
     play and train under the template the loop chose, and the SFT policy keeps it."""
-    from families import tiny_model
+    from families import tiny_model_folder
 
     from trace_gym.training import GRPOTrainingConfig, train
     from trace_gym.training.sft import SFTTrainingConfig, sft
 
-    tokenizer = family_tokenizer(family)
-    folder = tmp_path / family
-    tiny_model(tokenizer, arch="qwen3" if family == "qwen3" else "llama").save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    folder = tiny_model_folder(tmp_path / family, family, arch="qwen3" if family == "qwen3" else "llama")
 
     config = GRPOTrainingConfig(
         env_ids=["trace/tau2-mock-v0"],
@@ -301,13 +298,9 @@ def test_one_grpo_iteration_and_an_sft_run_under_each_familys_stock_template(fam
 @pytest.fixture(scope="module")
 def qwen3_folder(tmp_path_factory):
     """A tiny Qwen3 model folder as a user has it: the stock template, which cannot append."""
-    from families import tiny_model
+    from families import tiny_model_folder
 
-    tokenizer = family_tokenizer("qwen3")
-    folder = tmp_path_factory.mktemp("qwen3") / "model"
-    tiny_model(tokenizer, arch="qwen3").save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+    return tiny_model_folder(tmp_path_factory.mktemp("qwen3") / "model", "qwen3", arch="qwen3")
 
 
 def test_a_template_named_with_the_model_is_the_one_every_stage_loads(qwen3_folder):
