@@ -301,15 +301,14 @@ def test_lacking_rates_count_only_the_episodes_where_a_capability_applies():
 # --- trace-gym evaluate and route over an earlier run ------------------------------------------------
 
 
-def _lora(folder, b=0.0):
-    """A real peft LoRA for the embedded model; B = 0 (peft's start) leaves the policy unchanged."""
+def _lora(folder, base_folder, b=0.0):
+    """A real peft LoRA for the model in ``base_folder``; B = 0 (peft's start) leaves the
+    policy unchanged."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from trace_gym.llm.embedded import ensure_embedded_model
-
-    base = AutoModelForCausalLM.from_pretrained(str(ensure_embedded_model()))
+    base = AutoModelForCausalLM.from_pretrained(str(base_folder))
     model = get_peft_model(base, LoraConfig(r=2, target_modules=["q_proj"]))
     with torch.no_grad():
         for name, weight in model.named_parameters():
@@ -318,14 +317,26 @@ def _lora(folder, b=0.0):
     model.save_pretrained(folder)
 
 
+def _policy(run) -> str:
+    """The policy of an ``_earlier_run``: a tiny random model beside the run's folder."""
+    return f"hf:{run.parent / 'model'}"
+
+
 def _earlier_run(tmp_path):
-    """The artifacts a finished `trace-gym run` leaves, made by their own classes."""
+    """The artifacts a finished `trace-gym run` leaves, made by their own classes. The
+    policy is a tiny random model (``_policy``): what is checked is how each method row
+    is built and played, not what the model says (with the 135M model, prefilling
+    τ²-retail's system turn under each row's adapter was most of what this cost)."""
+    from families import tiny_model_folder
+
     from trace_gym.pipeline import EvaluateStage, PipelineConfig, RunSettings, RunState, StageRecord, TrainStage
 
     run = tmp_path / "run"
+    model = tiny_model_folder(tmp_path / "model", init=0.5)  # distinct logits: greedy tokens that floats do not flip
+    assert _policy(run) == f"hf:{model}"
     _identification().save(run / "identify")
-    _lora(tmp_path / "lora")
-    _lora(tmp_path / "lora-trained", b=1e-3)
+    _lora(tmp_path / "lora", model)
+    _lora(tmp_path / "lora-trained", model, b=1e-3)
     records = []
     for name, kind, extra in (
         ("precise_arguments", "capability", {}),
@@ -355,10 +366,9 @@ def _earlier_run(tmp_path):
         train=TrainStage(control=["communicates_required_info"]),
         evaluate=EvaluateStage(tasks=1, samples=1, max_steps=4),
     )
+    config.policy.model = _policy(run)
     config.policy.max_new_tokens = 24
-    # τ²-retail's system turn in 3.9k tokens, not 5.2k: each method row prefills it under its own
-    # adapter, most of what evaluating the run costs; a policy's template travels to every row
-    config.policy.chat_template = "chatml_compact_tools"
+    config.policy.chat_template = "chatml_compact_tools"  # a policy's template travels to every row
     (run / "config.json").write_text(json.dumps(to_table(config), indent=2))
     state = RunState(run)
     state.stages["identify"] = StageRecord(
@@ -392,10 +402,10 @@ def test_evaluate_plays_every_method_row_from_an_earlier_runs_artifacts(evaluate
     played = {
         read_run_settings(run / "eval" / f"{m}.jsonl")[0]["agent_options"]["model"] for m in rows if m != "grpo-target"
     }
-    assert played == {"smollm2-135m-instruct?template=chatml_compact_tools"}  # every row under the policy's template
+    assert played == {f"{_policy(run)}?template=chatml_compact_tools"}  # every row under the policy's template
 
     summed = run / "eval" / "summed-adapter"  # saved, and loads where any adapter does
-    make_backend("smollm2-135m-instruct").load_adapter("summed", str(summed))
+    make_backend(_policy(run)).load_adapter("summed", str(summed))
     assert json.loads((summed / "adapter_config.json").read_text())["r"] == 4  # two rank-2 adapters, concatenated
     assert all(r.episodes == 1 and r.tasks == 1 for r in rows.values())
     assert rows["trace"].routing["accuracy"] is not None  # the gold analyst's labels of base are a truth
@@ -518,14 +528,15 @@ def test_evaluate_plays_the_same_episodes_through_a_vllm_server_of_the_policy(ev
     run = tmp_path / "run"
     shutil.copytree(evaluated_run, run)  # evaluated in process, every row
     [in_process] = read_trajectories(run / "eval" / "base.jsonl")
-    with serving("--model", "smollm2-135m-instruct", "--allow-adapter-loading") as url:
+    policy = _policy(evaluated_run)
+    with serving("--model", policy, "--allow-adapter-loading") as url:
         served = run_cli(
             "evaluate",
             str(run),
             "--methods",
             "base,trace",
             "--model",
-            "vllm:smollm2-135m-instruct",
+            f"vllm:{policy}",
             env={"OPENAI_BASE_URL": url, "TRACE_GYM_REQUEST_TIMEOUT": "600"},  # a slow CPU day took over 120 s
             timeout=900,
         )
@@ -533,7 +544,7 @@ def test_evaluate_plays_the_same_episodes_through_a_vllm_server_of_the_policy(ev
     assert "kept as" in served.stderr and (run / "eval" / "earlier" / "base.1.jsonl").exists()
     [remote] = read_trajectories(run / "eval" / "base.jsonl")
     played = read_run_settings(run / "eval" / "base.jsonl")[0]["agent_options"]["model"]
-    assert played == "vllm:smollm2-135m-instruct?template=chatml_compact_tools"  # rendered as the policy's rows are
+    assert played == f"vllm:{policy}?template=chatml_compact_tools"  # rendered as the policy's rows are
     assert [m.content for m in remote.messages] == [m.content for m in in_process.messages]
     assert remote.reward == in_process.reward
     rows = {r.method: r for r in load_results(run / "eval")}

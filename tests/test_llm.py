@@ -260,15 +260,16 @@ def test_embedded_model_from_a_clean_cache_runs_tau2_offline(tmp_path, monkeypat
                 assert (kind == "tool_calls") == bool(message.tool_calls) and (kind == "malformed") == message.error
 
 
-def save_visible_lora(folder) -> str:
-    """A real peft LoRA for the embedded model, scaled to change its outputs; returns the base model's path."""
+def save_visible_lora(folder, base=None) -> str:
+    """A real peft LoRA for the model in ``base`` (default: the embedded model), scaled to
+    change its outputs; returns the base model's path."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     from trace_gym.llm.embedded import ensure_embedded_model
 
-    path = str(ensure_embedded_model())
+    path = str(base or ensure_embedded_model())
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_pretrained(path)
     lora = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))

@@ -17,6 +17,9 @@ target = "trace/tau2-retail-v0"
 dir = "{run}"
 stages = ["rollout", "identify", "synthesize", "train"]
 
+[policy]
+model = "hf:{model}"  # a tiny random model: what is tested is where the run resumes, not what it learns
+
 [rollout]
 trajectories = "{trajectories}"
 
@@ -32,7 +35,7 @@ grpo_target = false
 merged = false
 
 [train.grpo]
-iterations = 2
+iterations = 4       # a tiny model's iteration takes about a second: room to kill the run in the middle
 groups = 2
 rollouts_per_group = 2
 max_new_tokens = 24
@@ -45,6 +48,8 @@ max_draws = 1
 
 @pytest.mark.slow
 def test_a_run_killed_in_training_resumes_there_and_keeps_unchanged_stages(tmp_path):
+    from families import tiny_model_folder
+
     trajectories = tmp_path / "planted.jsonl"
     made = run_cli(
         "rollout",
@@ -65,35 +70,41 @@ def test_a_run_killed_in_training_resumes_there_and_keeps_unchanged_stages(tmp_p
     assert made.returncode == 0, made.stderr
     run_dir = tmp_path / "run"
     config = tmp_path / "run.toml"
-    config.write_text(CONFIG.format(run=run_dir, trajectories=trajectories))
-    log = run_dir / "adapters" / "precise_arguments" / "train_log.jsonl"
+    text = CONFIG.format(run=run_dir, trajectories=trajectories, model=tiny_model_folder(tmp_path / "tiny"))
+    config.write_text(text)
+    adapter = run_dir / "adapters" / "precise_arguments"
+    log, state_1 = adapter / "train_log.jsonl", adapter / "checkpoints" / "checkpoint-1" / "trainer_state.json"
 
     exe = str(Path(PYTHON).parent / "trace-gym")
     first = subprocess.Popen(
         [exe, "run", str(config)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
-    deadline = time.monotonic() + 1500
-    while time.monotonic() < deadline and first.poll() is None:
-        if log.exists() and log.read_text().count("\n") >= 1:
-            break
-        time.sleep(1)
-    assert first.poll() is None, first.stdout.read()
-    os.killpg(first.pid, signal.SIGKILL)  # kill -9, mid-run: iteration 1 logged, iteration 2 under way
-    first.wait()
+    deadline = time.monotonic() + 900
+    try:
+        while not state_1.exists():
+            assert first.poll() is None, first.stdout.read()
+            assert time.monotonic() < deadline, "iteration 1 did not finish in 15 minutes"
+            time.sleep(0.1)
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)  # kill -9, mid-run: iteration 1 checkpointed, the next under way
+        first.wait()
     state = json.loads((run_dir / "state.json").read_text())
     assert set(state["stages"]) == {"rollout", "identify", "synthesize"}  # train never finished
     finished = {k: v["finished_at"] for k, v in state["stages"].items()}
+    before = [json.loads(line) for line in log.read_text().splitlines()]
+    assert 1 <= len(before) < 4, before
 
-    again = run_cli("run", str(config), "--resume", timeout=1500)
+    again = run_cli("run", str(config), "--resume", timeout=900)
     assert again.returncode == 0, again.stderr
     for stage in ("rollout", "identify", "synthesize"):
         assert f"[{stage}] unchanged since" in again.stderr, again.stderr
     assert "precise_arguments on trace/tool-precision-v0" in again.stderr and "(resuming)" in again.stderr
     rows = [json.loads(line) for line in log.read_text().splitlines()]
-    assert [r["iteration"] for r in rows] == [1, 2]  # iteration 1 was not played again
+    assert [r["iteration"] for r in rows] == [1, 2, 3, 4]
+    assert rows[0] == before[0]  # iteration 1 was not played again
     state = json.loads((run_dir / "state.json").read_text())
     assert {k: state["stages"][k]["finished_at"] for k in finished} == finished
-    assert (run_dir / "adapters" / "precise_arguments" / "adapter" / "adapter_config.json").exists()
+    assert (adapter / "adapter" / "adapter_config.json").exists()
     report = (run_dir / "report.md").read_text()
     assert "| precise_arguments |" in report and "## 4. Training" in report
     assert "given (not rolled out)" in report
@@ -101,11 +112,11 @@ def test_a_run_killed_in_training_resumes_there_and_keeps_unchanged_stages(tmp_p
     # Nothing changed: nothing is redone. A changed stage setting redoes that stage and what follows.
     third = run_cli("run", str(config), "--resume", timeout=600)
     assert third.returncode == 0 and "[train] unchanged since" in third.stderr, third.stderr
-    config.write_text(CONFIG.format(run=run_dir, trajectories=trajectories).replace("runs = 4", "runs = 5"))
+    config.write_text(text.replace("runs = 4", "runs = 5"))
     fourth = run_cli("run", str(config), "--resume", timeout=600)
     assert fourth.returncode == 0, fourth.stderr
     assert "[rollout] unchanged since" in fourth.stderr and "[identify] running" in fourth.stderr
-    assert "already trained (2 iterations); kept" in fourth.stderr  # same capabilities, same adapter
+    assert "already trained (4 iterations); kept" in fourth.stderr  # same capabilities, same adapter
 
 
 def test_an_existing_run_without_resume_is_refused(tmp_path):

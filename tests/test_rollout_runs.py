@@ -254,10 +254,14 @@ def test_an_adapter_path_that_is_not_an_adapter_is_a_clear_error(tmp_path):
 
 @pytest.mark.slow
 def test_a_local_model_loads_the_adapter_given_by_path(tmp_path):
-    save_visible_lora(tmp_path / "adapter")
+    """The adapter's path travels from the agent's options to the model and the run's
+    settings: a tiny random model shows it (the 135M one prefilled τ²'s prompt twice)."""
+    from families import tiny_model_folder
+
+    model = f"hf:{save_visible_lora(tmp_path / 'adapter', tiny_model_folder(tmp_path / 'tiny', layers=2, init=0.5))}"
     adapter = str(tmp_path / "adapter")
     runs = {}
-    for name, options in (("plain", {}), ("adapted", {"adapter": adapter})):
+    for name, options in (("plain", {"model": model}), ("adapted", {"model": model, "adapter": adapter})):
         out = tmp_path / f"{name}.jsonl"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

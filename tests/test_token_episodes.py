@@ -80,24 +80,34 @@ def test_a_sandboxed_registry_env_episode_is_token_faithful(smol):
 
 
 @pytest.mark.slow
-def test_cached_and_uncached_generation_agree_on_a_multi_turn_tau2_episode(smol):
+def test_cached_and_uncached_generation_agree_on_a_multi_turn_tau2_episode():
+    """The cache's bookkeeping does not depend on the model's size: a two-layer random model
+    (distinct logits, so that float rounding flips no greedy token) over the embedded
+    tokenizer. Uncached, the 135M model prefilled τ²'s 4k-token prompt in every turn."""
+    from families import tiny_model
+
+    from trace_gym.llm.embedded import ensure_embedded_model
+    from trace_gym.llm.local import LocalHF
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(ensure_embedded_model()))
+    tiny = LocalHF.from_model(tiny_model(tokenizer, layers=2, init=0.5), tokenizer)
     env = gym.make("trace/tau2-retail-v0", split="test", max_steps=4)  # tau2 counts every message: two turns
     task = env.unwrapped.task_ids[1]
     runs = {}
     for cached in (False, True):
-        smol.kv_cache = cached
-        smol.clear_cache()
-        agent = LLMAgent(smol, max_new_tokens=16)
+        tiny.kv_cache = cached
+        tiny.clear_cache()
+        agent = LLMAgent(tiny, max_new_tokens=16)
         trajectory = run_episode(env, agent, "trace/tau2-retail-v0", Episode(task, 0, 0))
-        runs[cached] = (agent.tokens, trajectory, smol.cache_stats())
-    smol.kv_cache = True
+        runs[cached] = (agent.tokens, trajectory, tiny.cache_stats())
     (plain, _, _), (cached, cached_traj, stats) = runs[False], runs[True]
     assert len(cached.turns) >= 2, cached_traj.termination_reason
     assert stats["hits"] >= len(cached.turns)  # the cached run did reuse keys and values
     assert [t.completion_ids for t in cached.turns] == [t.completion_ids for t in plain.turns]
     assert [t.prompt_ids for t in cached.turns] == [t.prompt_ids for t in plain.turns]
     assert len(cached.turns[0].prompt_ids) > 4000  # τ²'s real prompt: policy + 15 tool schemas
-    assert_token_faithful(cached, smol.tokenizer, cached_traj.messages)
+    assert_token_faithful(cached, tokenizer, cached_traj.messages)
     env.close()
 
 

@@ -458,12 +458,21 @@ def test_a_finished_run_gives_its_policy_back(tmp_path):
 def test_independent_jobs_train_one_process_per_device_at_once(tmp_path):
     """The train stage's jobs spread over the visible GPUs: here two stand-in devices on
     the CPU, each a process that sees only its own name in CUDA_VISIBLE_DEVICES and trains
-    its jobs in turn; a job that fails stops the stage in one line once all have stopped."""
+    its jobs in turn; a job that fails stops the stage in one line once all have stopped.
+    What is checked is where the jobs run, not what they learn: a tiny random model
+    (each of the five jobs loaded the 135M model before, 90 s of an AVX2 CPU's suite)."""
+    from families import tiny_model_folder
+
     from trace_gym.training import GRPOTrainingConfig
     from trace_gym.training.config import TrainingError
     from trace_gym.training.jobs import Job, train_jobs
 
-    jobs = [Job(name, tiny_config(tmp_path / name, iterations=1), False) for name in ("a", "b", "c")]
+    model = f"hf:{tiny_model_folder(tmp_path / 'tiny')}"
+
+    def tiny_job(name: str) -> Job:
+        return Job(name, tiny_config(tmp_path / name, iterations=1, model=model), False)
+
+    jobs = [tiny_job(name) for name in ("a", "b", "c")]
     said: list[str] = []
     outcomes = train_jobs(jobs, ["3", "5"], said.append, registry=[str(FIXTURE_ENVS)])
     assert {name: o.device for name, o in outcomes.items()} == {"a": "3", "b": "5", "c": "3"}  # job i on device i mod 2
@@ -473,8 +482,8 @@ def test_independent_jobs_train_one_process_per_device_at_once(tmp_path):
         assert len((tmp_path / name / "train_log.jsonl").read_text().splitlines()) == 1
     assert said[0] == "training on GPU 3: a, c; GPU 5: b"
 
-    broken = GRPOTrainingConfig(**{**tiny_config(tmp_path / "d").as_dict(), "env_ids": ["trace/no-such-env-v0"]})
-    later = [Job(name, tiny_config(tmp_path / name, iterations=1), False) for name in ("e", "f")]
+    broken = GRPOTrainingConfig(**{**tiny_job("d").run.as_dict(), "env_ids": ["trace/no-such-env-v0"]})
+    later = [tiny_job(name) for name in ("e", "f")]
     with pytest.raises(TrainingError, match=r"^d \(GPU 3\): .*no-such-env"):  # once GPU 5 has trained e
         train_jobs([Job("d", broken, False), *later], ["3", "5"], said.append)
     assert (tmp_path / "e" / "adapter").exists() and not (tmp_path / "f").exists()  # GPU 3 stopped at d
