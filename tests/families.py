@@ -81,9 +81,10 @@ def tiny_model_folder(folder: Path, family: str = "embedded", **model) -> Path:
     return folder
 
 
-def backend_for(family: str, template: str = "auto"):
-    """``LocalHF`` over a tiny random model with ``family``'s tokenizer and template."""
+def backend_for(family: str, template: str = "auto", **model):
+    """``LocalHF`` over a tiny random model (``model``: ``tiny_model``'s arguments) with
+    ``family``'s tokenizer and template."""
     from trace_gym.llm.local import LocalHF
 
     tokenizer = family_tokenizer(family)
-    return LocalHF.from_model(tiny_model(tokenizer), tokenizer, template=template)
+    return LocalHF.from_model(tiny_model(tokenizer, **model), tokenizer, template=template)

@@ -317,9 +317,14 @@ def _lora(folder, base_folder, b=0.0):
     model.save_pretrained(folder)
 
 
+def _model_folder(run):
+    """The folder of an ``_earlier_run``'s policy: a tiny random model beside the run's folder."""
+    return run.parent / "model"
+
+
 def _policy(run) -> str:
-    """The policy of an ``_earlier_run``: a tiny random model beside the run's folder."""
-    return f"hf:{run.parent / 'model'}"
+    """An ``_earlier_run``'s policy, as its config names it."""
+    return f"hf:{_model_folder(run)}"
 
 
 def _earlier_run(tmp_path):
@@ -332,8 +337,7 @@ def _earlier_run(tmp_path):
     from trace_gym.pipeline import EvaluateStage, PipelineConfig, RunSettings, RunState, StageRecord, TrainStage
 
     run = tmp_path / "run"
-    model = tiny_model_folder(tmp_path / "model", init=0.5)  # distinct logits: greedy tokens that floats do not flip
-    assert _policy(run) == f"hf:{model}"
+    model = tiny_model_folder(_model_folder(run), init=0.5)  # distinct logits: greedy tokens that floats do not flip
     _identification().save(run / "identify")
     _lora(tmp_path / "lora", model)
     _lora(tmp_path / "lora-trained", model, b=1e-3)

@@ -258,7 +258,8 @@ def test_a_local_model_loads_the_adapter_given_by_path(tmp_path):
     settings: a tiny random model shows it (the 135M one prefilled τ²'s prompt twice)."""
     from families import tiny_model_folder
 
-    model = f"hf:{save_visible_lora(tmp_path / 'adapter', tiny_model_folder(tmp_path / 'tiny', layers=2, init=0.5))}"
+    base = tiny_model_folder(tmp_path / "tiny", layers=2, init=0.5)
+    model = f"hf:{save_visible_lora(tmp_path / 'adapter', base)}"
     adapter = str(tmp_path / "adapter")
     runs = {}
     for name, options in (("plain", {"model": model}), ("adapted", {"model": model, "adapter": adapter})):

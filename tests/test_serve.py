@@ -97,7 +97,7 @@ def test_the_vllm_client_plays_the_episodes_the_local_model_plays():
 def test_serve_routes_each_conversation_of_an_earlier_run_to_its_adapter(tmp_path):
     import openai
 
-    from test_evaluation import _earlier_run, _lora, _policy
+    from test_evaluation import _earlier_run, _lora, _model_folder, _policy
 
     run = _earlier_run(tmp_path)
     tools = [
@@ -156,7 +156,7 @@ def test_serve_routes_each_conversation_of_an_earlier_run_to_its_adapter(tmp_pat
             assert status == 400 and words in json.loads(body)["error"]["message"], body
         for bad, words in (
             ({"prompt": [10**9], "max_tokens": 2}, "outside the vocabulary"),
-            ({"prompt": [1, 2, 3], "max_tokens": 40000}, "context"),  # the model's own limit, one line
+            ({"prompt": [1, 2, 3], "max_tokens": 40000}, "context"),  # over the tiny model's 32k: one line
             ({"prompt": [1, 2, 3], "seed": 10**40}, "'seed' must be between"),
             ({"prompt": [1, 2, 3], "temperature": 1e9}, "'temperature' must be between"),
             ({"prompt": [1, 2, 3], "stream": True}, "'stream' is not supported"),
@@ -171,7 +171,7 @@ def test_serve_routes_each_conversation_of_an_earlier_run_to_its_adapter(tmp_pat
         with pytest.raises(urllib.error.HTTPError, match="403"):
             urllib.request.urlopen(host, timeout=30)  # a page that rebinds its name to 127.0.0.1
 
-        _lora(tmp_path / "new", tmp_path / "model")
+        _lora(tmp_path / "new", _model_folder(run))
         status, body = post(f"{url}/load_lora_adapter", {"lora_name": "late", "lora_path": str(tmp_path / "new")}, key)
         assert status == 200 and "Success" in body
         assert "late" in [m.id for m in client.models.list().data]

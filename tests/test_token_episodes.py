@@ -84,14 +84,9 @@ def test_cached_and_uncached_generation_agree_on_a_multi_turn_tau2_episode():
     """The cache's bookkeeping does not depend on the model's size: a two-layer random model
     (distinct logits, so that float rounding flips no greedy token) over the embedded
     tokenizer. Uncached, the 135M model prefilled τ²'s 4k-token prompt in every turn."""
-    from families import tiny_model
+    from families import backend_for
 
-    from trace_gym.llm.embedded import ensure_embedded_model
-    from trace_gym.llm.local import LocalHF
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(ensure_embedded_model()))
-    tiny = LocalHF.from_model(tiny_model(tokenizer, layers=2, init=0.5), tokenizer)
+    tiny = backend_for("embedded", layers=2, init=0.5)
     env = gym.make("trace/tau2-retail-v0", split="test", max_steps=4)  # tau2 counts every message: two turns
     task = env.unwrapped.task_ids[1]
     runs = {}
@@ -107,7 +102,7 @@ def test_cached_and_uncached_generation_agree_on_a_multi_turn_tau2_episode():
     assert [t.completion_ids for t in cached.turns] == [t.completion_ids for t in plain.turns]
     assert [t.prompt_ids for t in cached.turns] == [t.prompt_ids for t in plain.turns]
     assert len(cached.turns[0].prompt_ids) > 4000  # τ²'s real prompt: policy + 15 tool schemas
-    assert_token_faithful(cached, tokenizer, cached_traj.messages)
+    assert_token_faithful(cached, tiny.tokenizer, cached_traj.messages)
     env.close()
 
 
