@@ -541,7 +541,7 @@ def test_evaluate_plays_the_same_episodes_through_a_vllm_server_of_the_policy(ev
             "base,trace",
             "--model",
             f"vllm:{policy}",
-            env={"OPENAI_BASE_URL": url, "TRACE_GYM_REQUEST_TIMEOUT": "600"},  # a slow CPU day took over 120 s
+            env={"OPENAI_BASE_URL": url},
             timeout=900,
         )
     assert served.returncode == 0, served.stderr

@@ -317,6 +317,8 @@ def test_a_resume_over_changed_env_code_says_so_and_records_from_which_iteration
 
 
 def test_kill_9_during_iteration_2_then_resume(tmp_path):
+    from trace_gym.training.trainer import last_checkpoint
+
     out = tmp_path / "run"
     exe = str(Path(sys.executable).parent / "trace-gym")
     args = [
@@ -346,10 +348,9 @@ def test_kill_9_during_iteration_2_then_resume(tmp_path):
     ]
     env = {**os.environ, "TRACE_GYM_REGISTRY_PATH": str(FIXTURE_ENVS)}
     proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    state = out / "checkpoints" / "checkpoint-1" / "trainer_state.json"
     deadline = time.monotonic() + 900
     try:
-        while not state.exists():
+        while last_checkpoint(out / "checkpoints") is None:  # what a resume starts from, written whole
             assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
             assert time.monotonic() < deadline, "iteration 1 did not finish in 15 minutes"
             time.sleep(0.1)
@@ -482,7 +483,9 @@ def test_independent_jobs_train_one_process_per_device_at_once(tmp_path):
         assert len((tmp_path / name / "train_log.jsonl").read_text().splitlines()) == 1
     assert said[0] == "training on GPU 3: a, c; GPU 5: b"
 
-    broken = GRPOTrainingConfig(**{**tiny_job("d").run.as_dict(), "env_ids": ["trace/no-such-env-v0"]})
+    broken = GRPOTrainingConfig(
+        **{**tiny_config(tmp_path / "d", model=model).as_dict(), "env_ids": ["trace/no-such-env-v0"]}
+    )
     later = [tiny_job(name) for name in ("e", "f")]
     with pytest.raises(TrainingError, match=r"^d \(GPU 3\): .*no-such-env"):  # once GPU 5 has trained e
         train_jobs([Job("d", broken, False), *later], ["3", "5"], said.append)
